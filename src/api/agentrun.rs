@@ -1,0 +1,542 @@
+//! The `AgentRun` resource: a plan of steps, each run as one Pod, with every
+//! step's checkpoint kept in the status subresource.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{Duration, any_json};
+
+/// Longest step name. Pod names (`<run>-<step>-r<rev>-a<attempt>`, `-c` for
+/// compensation) and label values must stay within Kubernetes' limits.
+pub const MAX_STEP_NAME: usize = 48;
+/// Longest AgentRun name: the run name is a label value on every step Pod.
+pub const MAX_RUN_NAME: usize = 63;
+/// Most steps one plan may have.
+pub const MAX_STEPS: usize = 500;
+/// Default and ceiling of `context.maxBytes`: the context travels in a Pod annotation.
+pub const DEFAULT_CONTEXT_BYTES: i32 = 32 * 1024;
+pub const MAX_CONTEXT_BYTES: i32 = 128 * 1024;
+
+/// A durable AI-agent run: an ordered plan of steps, each executed as one Pod,
+/// whose results are checkpointed in status before the next step starts.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "agentrun.dev",
+    version = "v1alpha1",
+    kind = "AgentRun",
+    plural = "agentruns",
+    singular = "agentrun",
+    shortname = "ar",
+    category = "agentrun",
+    namespaced,
+    status = "AgentRunStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Step", type_ = "string", json_path = ".status.currentStep"),
+    printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress"),
+    printcolumn(name = "Tokens", type_ = "integer", json_path = ".status.tokensUsed"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("size(self.metadata.name) <= 63").message("metadata.name: an AgentRun name must be at most 63 characters, because it is a label value on every step Pod"),
+)]
+#[x_kube(
+    validation = Rule::new("(has(self.steps) && size(self.steps) > 0) || has(self.planner)").message("spec.steps: at least one step is required unless spec.planner is set").reason(Reason::FieldValueRequired)
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRunSpec {
+    /// The steps of the plan, run in order, one Pod each. Step names are unique.
+    /// When a planner is set, these are the steps the planner may start from
+    /// (they may be empty).
+    #[serde(default)]
+    #[schemars(length(max = 500))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub steps: Vec<StepSpec>,
+
+    /// A step that runs first and whose result (`plan` in its termination
+    /// message) becomes the plan, as plan revision 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planner: Option<StepSpec>,
+
+    /// Limits across the whole run, counting every attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+
+    /// How much prior context each step receives, and how it is compacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextSpec>,
+
+    /// Defaults applied to every step Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodDefaults>,
+
+    /// When true, no new step Pod is started; a running step finishes and is checkpointed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
+
+    /// When true, the run stops: running steps are stopped, the compensations of
+    /// applied steps run in reverse order, and the run ends Cancelled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel: bool,
+
+    /// Wall-clock limit for the whole run, counted from its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
+
+    /// Delete the run (and, through owner references, its Pods and Approvals)
+    /// this many seconds after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
+}
+
+/// One step of a plan: a container run once per attempt.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StepSpec {
+    /// Unique within the plan; a DNS label of at most 48 characters.
+    #[schemars(length(min = 1, max = 48), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+
+    /// The container that performs the step.
+    pub container: StepContainer,
+
+    /// What the step does to the outside world. `None`: nothing; `Idempotent`:
+    /// safe to repeat with the same idempotency key; `NonIdempotent` (default):
+    /// may not be repeated blindly, so a disruption after it started asks a person.
+    #[serde(default)]
+    pub effect: Effect,
+
+    /// How long the step's result stays true. A later step never starts on a
+    /// result older than this: the run re-plans from the stale step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh_for: Option<Duration>,
+
+    /// Longest time one attempt may run before it is stopped and counted as failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+
+    /// Retries after a failed attempt (exit code or timeout). Disruptions do not count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+
+    /// A human decision required before the step starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalGate>,
+
+    /// The container that undoes this step's effect, run (in reverse step order)
+    /// when the run is cancelled or fails after this step applied its effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensate: Option<StepContainer>,
+}
+
+/// The container of a step. The step Pod gets exactly one container built from it.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StepContainer {
+    /// Container image.
+    #[schemars(length(min = 1))]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_from: Vec<EnvFromSource>,
+    /// Overrides `podTemplate.resources` for this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["Always", "IfNotPresent", "Never"]))]
+    pub image_pull_policy: Option<String>,
+}
+
+/// What a step does to the world outside the cluster.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Effect {
+    /// Reads only; always safe to run again.
+    None,
+    /// Changes the world, but the same idempotency key makes a repeat harmless.
+    Idempotent,
+    /// Changes the world and a repeat may double the change.
+    #[default]
+    NonIdempotent,
+}
+
+/// Retries of a step after failed attempts.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryPolicy {
+    /// Attempts after the first that may fail before the step fails (0–100).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
+    pub limit: i32,
+    /// Delay between attempts: starts at `initial`, doubles, capped at `max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Backoff>,
+}
+
+/// Exponential backoff between attempts.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("duration(self.initial) <= duration(self.max)").message("backoff.initial must not be longer than backoff.max").reason(Reason::FieldValueInvalid)
+)]
+pub struct Backoff {
+    /// First delay (default 10s).
+    #[serde(default = "Backoff::default_initial")]
+    pub initial: Duration,
+    /// Longest delay (default 5m).
+    #[serde(default = "Backoff::default_max")]
+    pub max: Duration,
+}
+
+impl Backoff {
+    fn default_initial() -> Duration {
+        Duration::from("10s")
+    }
+    fn default_max() -> Duration {
+        Duration::from("5m")
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Self::default_initial(),
+            max: Self::default_max(),
+        }
+    }
+}
+
+/// A human approval required before a step starts.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalGate {
+    /// Whether the approval is required (default true when the block is present).
+    #[serde(default = "default_true")]
+    pub required: bool,
+    /// The question put to the person deciding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub question: Option<String>,
+    /// How long to wait for a decision; unset waits indefinitely.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// What an expired approval means.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The decision taken when an approval expires.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnTimeout {
+    /// Treat expiry as a rejection: the run fails and compensates.
+    #[default]
+    Reject,
+    /// Treat expiry as consent: the step runs.
+    Approve,
+}
+
+/// Limits on what the whole run may spend.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    /// Total tokens (input + output) reported by all attempts of all steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub tokens: Option<i64>,
+    /// Total step Pods the run may create, retries and re-plans included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub step_executions: Option<i32>,
+}
+
+/// The context materialised into each step's input.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextSpec {
+    /// Largest context a step receives, in bytes (default 32768, at most 131072).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024, max = 131072))]
+    pub max_bytes: Option<i32>,
+    /// A container that turns prior results into a summary when the context
+    /// would exceed `maxBytes`. Without one, the oldest results are dropped from
+    /// the context (they stay in status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compactor: Option<StepContainer>,
+}
+
+/// Defaults for every step Pod of the run.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodDefaults {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Mount the service account token (default false: steps get no API credentials).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub automount_service_account_token: Option<bool>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Resources for step containers that do not set their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Extra labels for step Pods (the `agentrun.dev/` labels cannot be overridden).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra annotations for step Pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+// ---------------------------------------------------------------------------
+// Status
+// ---------------------------------------------------------------------------
+
+/// The durable record of a run. Everything the operator knows lives here.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRunStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RunPhase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The plan being executed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStatus>,
+    /// One checkpoint per (step, plan revision) that has started, in start order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepCheckpoint>,
+    /// Checkpoints of compensations run for applied steps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compensations: Vec<CompensationCheckpoint>,
+    /// Tokens reported by every attempt so far, failed ones included.
+    #[serde(default)]
+    pub tokens_used: i64,
+    /// Step Pods created so far, retries and re-plans included.
+    #[serde(default)]
+    pub step_executions: i32,
+    /// The compacted context that replaces older raw results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// The step currently running or waiting (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_step: Option<String>,
+    /// Steps of the current plan that have succeeded, as `done/total`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+    /// Standard conditions: Succeeded, Progressing, AwaitingApproval, BudgetExceeded, Stale.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Where a run stands.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RunPhase {
+    Pending,
+    Planning,
+    Running,
+    WaitingForApproval,
+    Compensating,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl RunPhase {
+    /// Terminal phases are sticky: nothing moves a run out of them.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RunPhase::Succeeded | RunPhase::Failed | RunPhase::Cancelled)
+    }
+}
+
+/// The plan in force.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanStatus {
+    /// Starts at 1; every re-plan adds one. Part of every idempotency key.
+    pub revision: i64,
+    /// Why this revision exists (e.g. "initial plan from spec", "step lookup stale").
+    #[serde(default)]
+    pub reason: String,
+    /// Where the steps come from.
+    #[serde(default)]
+    pub source: PlanSource,
+    /// The names of the steps of this plan, in order.
+    #[serde(default)]
+    pub step_names: Vec<String>,
+    /// The full step definitions when the planner wrote the plan (empty when the
+    /// plan is `spec.steps`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepSpec>,
+}
+
+/// The origin of a plan's steps.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PlanSource {
+    #[default]
+    Spec,
+    Planner,
+}
+
+/// The durable record of one step at one plan revision. Once `outcome` is
+/// set it is never changed (D3).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StepCheckpoint {
+    pub name: String,
+    pub plan_revision: i64,
+    /// The current or last attempt, from 1.
+    pub attempt: i32,
+    /// Stable across attempts of this (run, step, plan revision); passed to the step.
+    pub idempotency_key: String,
+    /// The Pod of the current or last attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// What the step is doing or how it ended.
+    pub phase: StepPhase,
+    /// Whether the outcome has been written to this status: `Committed` once
+    /// the step finished and its result is durable.
+    #[serde(default)]
+    pub checkpoint: CheckpointState,
+    /// What happened outside the cluster: Applied, NotApplied or Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<EffectOutcome>,
+    /// The step's result (capped; see `resultTruncated`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json")]
+    pub result: Option<serde_json::Value>,
+    /// True when the result was too large to keep inline or was compacted into the summary.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub result_truncated: bool,
+    /// Tokens of all attempts of this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// After this instant the result is stale and later steps will not use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh_until: Option<Time>,
+    /// Attempts that failed (exit code, timeout, bad result); counts against `retry.limit`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures: i32,
+    /// Attempts lost to eviction, preemption or deletion; never count against `retry.limit`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub disruptions: i32,
+    /// Earliest time of the next attempt (backoff timer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<Time>,
+    /// The Approval this step waits on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
+    /// A person-readable account of the last thing that happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
+/// The lifecycle of one step.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum StepPhase {
+    /// Not started yet (waiting for backoff, budget or a decision).
+    #[default]
+    Pending,
+    /// Waiting for a person's Approval before starting.
+    WaitingForApproval,
+    /// A Pod for the current attempt exists.
+    Running,
+    /// Finished successfully; result committed.
+    Succeeded,
+    /// Failed for good (retries exhausted, rejected, or marked failed).
+    Failed,
+    /// Result was superseded by a re-plan before it was used.
+    Superseded,
+}
+
+impl StepPhase {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, StepPhase::Succeeded | StepPhase::Failed | StepPhase::Superseded)
+    }
+}
+
+/// Whether a step's outcome is durable.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CheckpointState {
+    /// The step has no final outcome yet.
+    #[default]
+    Pending,
+    /// The outcome is recorded in status and will not change.
+    Committed,
+}
+
+/// What a step did to the outside world.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EffectOutcome {
+    Applied,
+    NotApplied,
+    /// The step may or may not have acted (a NonIdempotent step disrupted mid-run).
+    Unknown,
+}
+
+/// Tokens reported by a step.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenUsage {
+    #[serde(default)]
+    pub input: i64,
+    #[serde(default)]
+    pub output: i64,
+}
+
+impl TokenUsage {
+    pub fn total(&self) -> i64 {
+        self.input.saturating_add(self.output)
+    }
+}
+
+/// The record of one compensation Pod.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CompensationCheckpoint {
+    /// The step being compensated.
+    pub name: String,
+    pub plan_revision: i64,
+    pub attempt: i32,
+    pub idempotency_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    pub phase: StepPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

@@ -1,0 +1,155 @@
+//! The `Approval` resource: a human decision a run waits on durably.
+//!
+//! The operator creates it (owned by the run) with the run's identity and the
+//! context a person needs; a person sets `spec.decision` (with kubectl, a UI
+//! or GitOps); the operator records the outcome in `status` and the run goes on.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{Effect, OnTimeout};
+
+/// A decision a person owes an AgentRun.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "agentrun.dev",
+    version = "v1alpha1",
+    kind = "Approval",
+    plural = "approvals",
+    singular = "approval",
+    shortname = "apv",
+    category = "agentrun",
+    namespaced,
+    status = "ApprovalStatus",
+    derive = "PartialEq",
+    printcolumn(name = "Run", type_ = "string", json_path = ".spec.runName"),
+    printcolumn(name = "Step", type_ = "string", json_path = ".spec.step"),
+    printcolumn(name = "Kind", type_ = "string", json_path = ".spec.kind"),
+    printcolumn(name = "Decision", type_ = "string", json_path = ".spec.decision"),
+    printcolumn(name = "Expires", type_ = "date", json_path = ".spec.expiresAt"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+)]
+#[x_kube(
+    validation = Rule::new("!has(self.decision) || (self.kind == 'Approve' ? self.decision in ['Approved', 'Rejected'] : self.decision in ['Retry', 'MarkSucceeded', 'MarkFailed'])").message("spec.decision: an Approve approval takes Approved or Rejected; a Reconcile approval takes Retry, MarkSucceeded or MarkFailed").field_path(".decision").reason(Reason::FieldValueInvalid),
+    validation = Rule::new("!has(oldSelf.decision) || (has(self.decision) && self.decision == oldSelf.decision)").message("spec.decision: a decision is final once made and cannot be changed or removed").field_path(".decision").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("!has(oldSelf.comment) || !has(oldSelf.decision) || (has(self.comment) && self.comment == oldSelf.comment)").message("spec.comment: the comment of a made decision cannot be changed").field_path(".comment").reason(Reason::FieldValueForbidden)
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalSpec {
+    /// The AgentRun waiting on this decision. Immutable.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.runName is immutable"))]
+    pub run_name: String,
+    /// The UID of that AgentRun, so a decision never reaches a newer run of the same name. Immutable.
+    #[schemars(length(min = 1, max = 64))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.runUid is immutable"))]
+    pub run_uid: String,
+    /// The step the decision is about. Immutable.
+    #[schemars(length(min = 1, max = 48))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.step is immutable"))]
+    pub step: String,
+    /// The plan revision of that step. Immutable.
+    #[schemars(range(min = 1))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.planRevision is immutable"))]
+    pub plan_revision: i64,
+    /// `Approve`: may the step run? `Reconcile`: a NonIdempotent step was
+    /// interrupted and may or may not have acted; what happened? Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.kind is immutable"))]
+    pub kind: ApprovalKind,
+    /// The question put to the person deciding.
+    #[schemars(length(max = 1024))]
+    #[serde(default)]
+    pub question: String,
+    /// What a person needs to decide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ApprovalContext>,
+    /// When the request expires; then `onTimeout` applies. Unset: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+    /// The decision taken at expiry (for `Approve` approvals).
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+    /// Set by the person deciding. Approve: `Approved` or `Rejected`.
+    /// Reconcile: `Retry`, `MarkSucceeded` or `MarkFailed`. Final once set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    /// Why the person decided as they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub comment: Option<String>,
+}
+
+/// What is being asked.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApprovalKind {
+    /// May the step run?
+    Approve,
+    /// Did an interrupted NonIdempotent step act?
+    Reconcile,
+}
+
+/// A person's answer.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// (Approve) The step may run.
+    Approved,
+    /// (Approve) The step must not run: the run fails and compensates.
+    Rejected,
+    /// (Reconcile) The step did not act: run it again with the same key.
+    Retry,
+    /// (Reconcile) The step acted: record it as succeeded and go on.
+    MarkSucceeded,
+    /// (Reconcile) The step failed: fail the run and compensate.
+    MarkFailed,
+}
+
+/// The facts a person needs to decide.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalContext {
+    /// Why the run is asking.
+    #[serde(default)]
+    pub reason: String,
+    /// The step's declared effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<Effect>,
+    /// The idempotency key the step ran (or will run) with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// The Pod of the interrupted attempt (Reconcile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The steps that already succeeded, with a short form of their results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub completed_steps: Vec<String>,
+}
+
+/// What became of the request.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalStatus {
+    #[serde(default)]
+    pub phase: ApprovalPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<Time>,
+    /// The field manager that wrote `spec.decision` (e.g. `kubectl-patch`), or
+    /// `agentrun-operator` for an expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The lifecycle of an Approval.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ApprovalPhase {
+    #[default]
+    Pending,
+    Approved,
+    Rejected,
+    Expired,
+    /// A Reconcile approval whose decision was applied.
+    Resolved,
+}

@@ -1,0 +1,55 @@
+//! The API of agentrun-operator: the `AgentRun` and `Approval` custom
+//! resources (`agentrun.dev/v1alpha1`).
+//!
+//! ```text
+//!   AgentRun ──owns──▶ step Pod (one per attempt, finalizer agentrun.dev/result)
+//!      │  └──owns──▶ Approval (Approve before a gated step, Reconcile after a lost NonIdempotent one)
+//!      └─ status: plan, one StepCheckpoint per (step, plan revision), tokens, conditions
+//! ```
+//!
+//! The CRDs in `crds/` are generated from these types (`agentrun-operator crd`).
+
+mod agentrun;
+mod approval;
+mod duration;
+
+pub use agentrun::*;
+pub use approval::*;
+pub use duration::{DURATION_PATTERN, Duration, DurationError};
+
+use kube::CustomResourceExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use schemars::{Schema, SchemaGenerator, json_schema};
+
+/// The API group of both resources.
+pub const GROUP: &str = "agentrun.dev";
+
+/// Both CRDs, in the order they are installed.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![AgentRun::crd(), Approval::crd()]
+}
+
+/// Both CRDs as one multi-document YAML stream, as checked in under `crds/`.
+pub fn crds_yaml() -> String {
+    crds()
+        .iter()
+        .map(|crd| serde_yaml::to_string(crd).expect("a CRD always serializes"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// Free-form JSON kept as written (a step's result).
+fn any_json(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
+}
+
+/// Conditions as a map keyed by `type`, the standard `metav1.Condition` list.
+fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
+    let item = generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>();
+    json_schema!({
+        "type": "array",
+        "items": item,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+    })
+}
