@@ -1,0 +1,1 @@
+//! The durable run state machine (being written).

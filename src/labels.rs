@@ -1,0 +1,35 @@
+//! Names the operator puts on the objects it creates. One place, so the
+//! engine, the controller, the chart's RBAC and the test tools agree.
+
+/// Label on every step Pod: the AgentRun's name.
+pub const RUN: &str = "agentrun.dev/run";
+/// Label on every step Pod: the step's name.
+pub const STEP: &str = "agentrun.dev/step";
+/// Label on every step Pod: the plan revision.
+pub const PLAN_REVISION: &str = "agentrun.dev/plan-revision";
+/// Label on every step Pod: the attempt number (from 1).
+pub const ATTEMPT: &str = "agentrun.dev/attempt";
+/// Label on every step Pod: `step`, `compensate`, `planner` or `compactor`.
+pub const ROLE: &str = "agentrun.dev/role";
+/// Label and annotation on every step Pod: the step's idempotency key (D1).
+pub const IDEMPOTENCY_KEY: &str = "agentrun.dev/idempotency-key";
+/// Annotation holding the step's materialised context JSON, mounted by the
+/// downward API at `/agentrun/context.json`.
+pub const CONTEXT: &str = "agentrun.dev/context";
+/// Finalizer on every step Pod, released only after its result is committed (D5).
+pub const RESULT_FINALIZER: &str = "agentrun.dev/result";
+/// The field manager of every write the operator makes.
+pub const FIELD_MANAGER: &str = "agentrun-operator";
+
+/// Environment variables a step container receives.
+pub mod env {
+    pub const IDEMPOTENCY_KEY: &str = "AGENTRUN_IDEMPOTENCY_KEY";
+    pub const RUN: &str = "AGENTRUN_RUN";
+    pub const STEP: &str = "AGENTRUN_STEP";
+    pub const ATTEMPT: &str = "AGENTRUN_ATTEMPT";
+    pub const PLAN_REVISION: &str = "AGENTRUN_PLAN_REVISION";
+    pub const CONTEXT_FILE: &str = "AGENTRUN_CONTEXT_FILE";
+}
+
+/// Where the context file is mounted in a step container.
+pub const CONTEXT_PATH: &str = "/agentrun/context.json";
