@@ -53,3 +53,6 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
         "x-kubernetes-list-map-keys": ["type"],
     })
 }
+
+#[cfg(test)]
+mod tests;

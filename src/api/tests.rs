@@ -1,0 +1,145 @@
+//! The CEL rules on the types, evaluated without an apiserver (kube's `cel`
+//! feature). The same rules are proven against the real apiserver in
+//! `e2e/tests/api_admission.rs`.
+
+use kube::core::cel::{Validator, validate_cel, validate_cel_update};
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn run(spec: Value) -> AgentRun {
+    serde_json::from_value(json!({
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "refund-4711", "namespace": "support"},
+        "spec": spec,
+    }))
+    .expect("test spec deserializes")
+}
+
+fn approval(kind: &str, decision: Option<&str>) -> Approval {
+    let mut spec = json!({
+        "runName": "refund-4711", "runUid": "0b7c6a1e-0000-4000-8000-000000000001",
+        "step": "issue-refund", "planRevision": 1, "kind": kind, "question": "Refund 23.90 EUR?",
+    });
+    if let Some(d) = decision {
+        spec["decision"] = json!(d);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "agentrun.dev/v1alpha1", "kind": "Approval",
+        "metadata": {"name": "refund-4711-issue-refund-r1", "namespace": "support"},
+        "spec": spec,
+    }))
+    .expect("test approval deserializes")
+}
+
+fn step(name: &str) -> Value {
+    json!({"name": name, "container": {"image": "ghcr.io/example/agent:1"}})
+}
+
+fn messages(result: Result<(), kube::core::cel::ValidationErrors>) -> String {
+    match result {
+        Ok(()) => String::new(),
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+#[test]
+fn valid_runs_pass_the_rules() {
+    let cases = [
+        ("one step", json!({"steps": [step("lookup")]})),
+        ("planner only", json!({"planner": step("plan")})),
+        (
+            "backoff within bounds",
+            json!({"steps": [{"name": "pay", "container": {"image": "x"},
+                "retry": {"limit": 3, "backoff": {"initial": "5s", "max": "1m"}}}]}),
+        ),
+    ];
+    for (name, spec) in cases {
+        assert_eq!(messages(validate_cel(&run(spec))), "", "{name}");
+    }
+}
+
+#[test]
+fn invalid_runs_are_refused_with_a_message_naming_the_field() {
+    let cases = [
+        ("no steps and no planner", json!({"steps": []}), "at least one step is required"),
+        ("steps omitted and no planner", json!({}), "at least one step is required"),
+        (
+            "backoff initial longer than max",
+            json!({"steps": [{"name": "pay", "container": {"image": "x"},
+                "retry": {"backoff": {"initial": "10m", "max": "1m"}}}]}),
+            "backoff.initial must not be longer than backoff.max",
+        ),
+    ];
+    for (name, spec, expected) in cases {
+        let got = messages(validate_cel(&run(spec)));
+        assert!(got.contains(expected), "{name}: expected {expected:?} in {got:?}");
+    }
+}
+
+#[test]
+fn approval_decisions_must_match_the_kind() {
+    let cases = [
+        ("Approve", "Approved", true),
+        ("Approve", "Rejected", true),
+        ("Approve", "Retry", false),
+        ("Reconcile", "Retry", true),
+        ("Reconcile", "MarkSucceeded", true),
+        ("Reconcile", "MarkFailed", true),
+        ("Reconcile", "Approved", false),
+    ];
+    for (kind, decision, ok) in cases {
+        let got = messages(validate_cel(&approval(kind, Some(decision))));
+        assert_eq!(got.is_empty(), ok, "{kind}/{decision}: {got}");
+        if !ok {
+            assert!(got.contains("an Approve approval takes Approved or Rejected"), "{got}");
+        }
+    }
+}
+
+#[test]
+fn a_decision_is_final_once_made() {
+    let pending = approval("Approve", None);
+    let approved = approval("Approve", Some("Approved"));
+    let rejected = approval("Approve", Some("Rejected"));
+    assert_eq!(messages(validate_cel_update(&approved, &pending)), "", "deciding is allowed");
+    assert_eq!(messages(validate_cel_update(&approved, &approved)), "", "no-op update is allowed");
+    let changed = messages(validate_cel_update(&rejected, &approved));
+    assert!(changed.contains("a decision is final"), "{changed}");
+    let removed = messages(validate_cel_update(&pending, &approved));
+    assert!(removed.contains("a decision is final"), "{removed}");
+}
+
+#[test]
+fn approval_identity_is_immutable() {
+    let old = approval("Approve", None);
+    let mut moved = old.clone();
+    moved.spec.run_uid = "another-uid".into();
+    let got = messages(validate_cel_update(&moved, &old));
+    assert!(got.contains("spec.runUid is immutable"), "{got}");
+}
+
+#[test]
+fn a_planner_plan_is_checked_by_the_step_schema() {
+    // The engine validates planner output with the same schema and rules.
+    let crd = AgentRun::crd();
+    let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    let step_schema = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["steps"]["items"];
+    let bad = json!({"name": "pay", "container": {"image": "x"},
+        "retry": {"backoff": {"initial": "10m", "max": "1m"}}});
+    let got = messages(Validator::new().validate(step_schema, &bad, None));
+    assert!(got.contains("backoff.initial"), "{got}");
+}
+
+#[test]
+fn crds_are_namespaced_with_status_and_short_names() {
+    for (crd, short) in [(AgentRun::crd(), "ar"), (Approval::crd(), "apv")] {
+        assert_eq!(crd.spec.scope, "Namespaced");
+        assert_eq!(crd.spec.names.short_names.as_deref(), Some(&[short.to_string()][..]));
+        assert_eq!(crd.spec.names.categories.as_deref(), Some(&["agentrun".to_string()][..]));
+        let version = &crd.spec.versions[0];
+        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+    }
+}
