@@ -1,0 +1,261 @@
+//! Carrying out one engine decision: the guarded status write first, then the
+//! actions in order. Nothing is applied when the status write fails, so no
+//! effect ever runs ahead of the checkpoint it depends on (D4).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType as KubeEventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{debug, info};
+
+use super::error::Error;
+use super::reconcile::World;
+use super::Context;
+use crate::api::{AgentRun, Approval};
+use crate::engine::{Action, Decision, EventType};
+use crate::labels;
+
+/// Why applying a decision stopped.
+pub(super) enum Outcome {
+    /// The status write hit a stale resourceVersion: re-read and re-decide.
+    Conflict,
+    Failed(Error),
+}
+
+impl From<Error> for Outcome {
+    fn from(e: Error) -> Self {
+        Outcome::Failed(e)
+    }
+}
+
+fn is_status(err: &kube::Error, code: u16) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == code)
+}
+
+/// Applies `decision` for `run`; returns when to look at the run again.
+pub(super) async fn apply(
+    runs: &Api<AgentRun>,
+    run: &AgentRun,
+    world: &World,
+    decision: Decision,
+    ctx: &Context,
+) -> Result<Option<Duration>, Outcome> {
+    let name = run.name_any();
+    let ns = run.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    let run_ref = format!("{ns}/{name}");
+
+    let current_status = run.status.clone().unwrap_or_default();
+    if decision.status != current_status {
+        // Server-side apply of the whole owned status, guarded by the
+        // resourceVersion we decided on: a stale or deposed operator gets 409.
+        let patch = json!({
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {
+                "name": name,
+                "resourceVersion": run.resource_version(),
+            },
+            "status": decision.status,
+        });
+        let params = PatchParams::apply(labels::FIELD_MANAGER).force();
+        match runs.patch_status(&name, &params, &Patch::Apply(&patch)).await {
+            Ok(_) => debug!("status committed"),
+            Err(err) if is_status(&err, 409) => return Err(Outcome::Conflict),
+            Err(source) => {
+                return Err(Error::WriteStatus {
+                    run: run_ref,
+                    source,
+                }
+                .into());
+            }
+        }
+    }
+
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let approvals: Api<Approval> = Api::namespaced(ctx.client.clone(), &ns);
+    let run_uid = run.uid().unwrap_or_default();
+    let fail = |action: String, source: kube::Error| {
+        Outcome::Failed(Error::Apply {
+            run: run_ref.clone(),
+            action,
+            source,
+        })
+    };
+    for action in decision.actions {
+        match action {
+            Action::CreatePod(pod) => {
+                let pod_name = pod.name_any();
+                let pp = PostParams {
+                    field_manager: Some(labels::FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                match pods.create(&pp, &pod).await {
+                    Ok(_) => info!(pod = %pod_name, "created step pod"),
+                    Err(err) if is_status(&err, 409) => {
+                        // Create-if-absent: the Pod exists. Ours (same owner UID) is success.
+                        let existing = pods
+                            .get(&pod_name)
+                            .await
+                            .map_err(|e| fail(format!("reading existing pod {pod_name}"), e))?;
+                        if !existing.owner_references().iter().any(|r| r.uid == run_uid) {
+                            return Err(Error::ForeignObject {
+                                run: run_ref.clone(),
+                                kind: "Pod",
+                                name: pod_name,
+                            }
+                            .into());
+                        }
+                        debug!(pod = %pod_name, "step pod already exists");
+                    }
+                    Err(err) => return Err(fail(format!("creating pod {pod_name}"), err)),
+                }
+            }
+            Action::DeletePod { name: pod_name, reason } => {
+                info!(pod = %pod_name, %reason, "deleting step pod");
+                match pods.delete(&pod_name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(err) if is_status(&err, 404) => {}
+                    Err(err) => return Err(fail(format!("deleting pod {pod_name}"), err)),
+                }
+            }
+            Action::ReleaseFinalizer { pod: pod_name } => {
+                release_finalizer(&pods, world, &pod_name)
+                    .await
+                    .map_err(|e| fail(format!("releasing finalizer of pod {pod_name}"), e))?;
+            }
+            Action::CreateApproval(approval) => {
+                let approval_name = approval.name_any();
+                let pp = PostParams {
+                    field_manager: Some(labels::FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                match approvals.create(&pp, &approval).await {
+                    Ok(_) => info!(approval = %approval_name, "created approval"),
+                    Err(err) if is_status(&err, 409) => {
+                        let existing = approvals.get(&approval_name).await.map_err(|e| {
+                            fail(format!("reading existing approval {approval_name}"), e)
+                        })?;
+                        if existing.spec.run_uid != run_uid {
+                            return Err(Error::ForeignObject {
+                                run: run_ref.clone(),
+                                kind: "Approval",
+                                name: approval_name,
+                            }
+                            .into());
+                        }
+                    }
+                    Err(err) => {
+                        return Err(fail(format!("creating approval {approval_name}"), err));
+                    }
+                }
+            }
+            Action::SetApprovalStatus { name: approval_name, status } => {
+                let patch = json!({
+                    "apiVersion": "agentrun.dev/v1alpha1",
+                    "kind": "Approval",
+                    "status": status,
+                });
+                let params = PatchParams::apply(labels::FIELD_MANAGER).force();
+                match approvals
+                    .patch_status(&approval_name, &params, &Patch::Apply(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(err) if is_status(&err, 404) => {}
+                    Err(err) => {
+                        return Err(fail(format!("updating approval {approval_name}"), err));
+                    }
+                }
+            }
+            Action::DeleteRun => {
+                info!("deleting finished run (ttlSecondsAfterFinished)");
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(run_uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::background()
+                };
+                match runs.delete(&name, &dp).await {
+                    Ok(_) => {}
+                    Err(err) if is_status(&err, 404) || is_status(&err, 409) => {}
+                    Err(err) => return Err(fail("deleting run".into(), err)),
+                }
+            }
+            Action::Event { type_, reason, message } => {
+                let event = Event {
+                    type_: match type_ {
+                        EventType::Normal => KubeEventType::Normal,
+                        EventType::Warning => KubeEventType::Warning,
+                    },
+                    reason: reason.into(),
+                    note: Some(message),
+                    action: reason.into(),
+                    secondary: None,
+                };
+                // Events are best effort: a lost event never blocks a run.
+                if let Err(err) = ctx.recorder.publish(&event, &run.object_ref(&())).await {
+                    debug!(error = %err, "publishing event failed");
+                }
+            }
+        }
+    }
+    Ok(decision.requeue_after.map(|d| d.unsigned_abs()))
+}
+
+/// Removes `agentrun.dev/result` from a Pod with a merge patch guarded by the
+/// resourceVersion we read, so a concurrent change to the finalizers is never lost.
+pub(super) async fn release_finalizer(
+    pods: &Api<Pod>,
+    world: &World,
+    pod_name: &str,
+) -> Result<(), kube::Error> {
+    let cached = world.pods.iter().find(|p| p.name_any() == pod_name).cloned();
+    let mut pod = match cached {
+        Some(p) => p,
+        None => match pods.get(pod_name).await {
+            Ok(p) => p,
+            Err(err) if is_status(&err, 404) => return Ok(()),
+            Err(err) => return Err(err),
+        },
+    };
+    for _ in 0..3 {
+        if !pod.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER) {
+            return Ok(());
+        }
+        let remaining: Vec<&String> = pod
+            .finalizers()
+            .iter()
+            .filter(|f| *f != labels::RESULT_FINALIZER)
+            .collect();
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": pod.resource_version(),
+                "finalizers": remaining,
+            }
+        });
+        match pods
+            .patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                debug!(pod = pod_name, "released result finalizer");
+                return Ok(());
+            }
+            Err(err) if is_status(&err, 404) => return Ok(()),
+            // The Pod changed since we read it (e.g. the cache was stale): re-read.
+            Err(err) if is_status(&err, 409) => {
+                pod = match pods.get(pod_name).await {
+                    Ok(p) => p,
+                    Err(err) if is_status(&err, 404) => return Ok(()),
+                    Err(err) => return Err(err),
+                };
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! One reconcile of one AgentRun: observe → decide → apply → requeue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use tracing::{debug, instrument};
+
+use super::apply;
+use super::error::{Error, Result, backoff};
+use super::Context;
+use crate::api::{AgentRun, Approval};
+use crate::engine::{self, Observed};
+use crate::labels;
+
+/// How many times one reconcile re-reads and re-decides after a 409 on the
+/// status write before handing the run back to the queue.
+const MAX_CONFLICTS: u32 = 5;
+
+/// What the cluster shows for one run, gathered from the caches.
+pub(super) struct World {
+    pub pods: Vec<Pod>,
+    pub approvals: Vec<Approval>,
+}
+
+/// Gathers the run's step Pods (by label, then by owner UID so a same-named
+/// newer run never sees an older run's Pods) and its Approvals (by run UID).
+pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
+    let name = run.metadata.name.as_deref().ok_or(Error::MissingMetadata("name"))?;
+    let ns = run.metadata.namespace.as_deref().ok_or(Error::MissingMetadata("namespace"))?;
+    let uid = run.metadata.uid.as_deref().ok_or(Error::MissingMetadata("uid"))?;
+    let owned_by_run = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
+        refs.iter().any(|r| r.uid == uid)
+    };
+    let pods = ctx
+        .pods
+        .state()
+        .into_iter()
+        .filter(|p| {
+            p.metadata.namespace.as_deref() == Some(ns)
+                && p.labels().get(labels::RUN).map(String::as_str) == Some(name)
+                && owned_by_run(p.owner_references())
+        })
+        .map(|p| (*p).clone())
+        .collect();
+    let approvals = ctx
+        .approvals
+        .state()
+        .into_iter()
+        .filter(|a| a.metadata.namespace.as_deref() == Some(ns) && a.spec.run_uid == uid)
+        .map(|a| (*a).clone())
+        .collect();
+    Ok(World { pods, approvals })
+}
+
+#[instrument(skip(run, ctx), fields(run = %run.name_any(), namespace = run.namespace().unwrap_or_default()))]
+pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Action> {
+    let obj_ref = ObjectRef::from_obj(run.as_ref());
+    let ns = run.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    let runs: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
+
+    let mut current: Arc<AgentRun> = run;
+    let mut conflicts = 0;
+    loop {
+        if current.meta().deletion_timestamp.is_some() {
+            // Owned Pods and Approvals go with the run; orphaned Pods give up
+            // their finalizer in `orphans`.
+            return Ok(Action::await_change());
+        }
+        let world = observe(&current, &ctx)?;
+        let decision = engine::decide(&Observed {
+            run: &current,
+            pods: &world.pods,
+            approvals: &world.approvals,
+            now: jiff::Timestamp::now(),
+        });
+        match apply::apply(&runs, &current, &world, decision, &ctx).await {
+            Ok(requeue) => {
+                ctx.record_success(&obj_ref);
+                return Ok(match requeue {
+                    Some(after) => Action::requeue(after),
+                    None => Action::await_change(),
+                });
+            }
+            Err(apply::Outcome::Conflict) => {
+                conflicts += 1;
+                if conflicts >= MAX_CONFLICTS {
+                    return Err(Error::StatusConflict {
+                        run: obj_ref.to_string(),
+                        attempts: conflicts,
+                    });
+                }
+                // Our view was stale: re-read the run and decide again.
+                debug!(conflicts, "status write conflicted; re-reading the run");
+                let name = current.name_any();
+                current = Arc::new(runs.get(&name).await.map_err(|source| Error::Reread {
+                    run: obj_ref.to_string(),
+                    source,
+                })?);
+            }
+            Err(apply::Outcome::Failed(err)) => return Err(err),
+        }
+    }
+}
+
+pub(super) fn error_policy(run: Arc<AgentRun>, err: &Error, ctx: Arc<Context>) -> Action {
+    let failures = ctx.record_failure(&ObjectRef::from_obj(run.as_ref()));
+    let delay: Duration = backoff(err.category(), failures);
+    debug!(run = %run.name_any(), failures, ?delay, "backing off");
+    Action::requeue(delay)
+}
