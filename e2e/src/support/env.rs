@@ -1,0 +1,138 @@
+//! Where the control plane is and how to reach it: the kubeconfig, clients
+//! (plain and impersonating), and [`TestEnv`], the per-test bundle of a client,
+//! the installed CRDs and a fresh namespace.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config, Resource};
+
+use super::crds::install_crds;
+use super::namespace::TestNamespace;
+
+/// How long the first request may take before the plane counts as unreachable.
+const REACHABLE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The repository root (the parent of the `e2e` crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the e2e crate lives inside the repository")
+        .to_path_buf()
+}
+
+/// The kubeconfig the tests use: the first path of `KUBECONFIG` when set,
+/// else `$AGENTRUN_E2E_DIR/kubeconfig` when that is set (where `e2e/cluster up`
+/// writes it), else `<repo>/target/e2e/kubeconfig`.
+pub fn kubeconfig() -> PathBuf {
+    if let Some(paths) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty())
+        && let Some(first) = std::env::split_paths(&paths).find(|p| !p.as_os_str().is_empty())
+    {
+        return first;
+    }
+    if let Some(dir) = std::env::var_os("AGENTRUN_E2E_DIR").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir).join("kubeconfig");
+    }
+    repo_root().join("target/e2e/kubeconfig")
+}
+
+/// The client configuration from [`kubeconfig()`], without contacting the server.
+pub(crate) async fn load_config() -> Result<Config, String> {
+    let path = kubeconfig();
+    if !path.exists() {
+        return Err(format!("no kubeconfig at {}", path.display()));
+    }
+    let file = Kubeconfig::read_from(&path)
+        .map_err(|e| format!("cannot read kubeconfig {}: {e}", path.display()))?;
+    Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| format!("cannot load kubeconfig {}: {e}", path.display()))
+}
+
+fn unreachable(at: &str, why: &str) -> ! {
+    panic!(
+        "control plane not reachable at {at}: {why}: run `make cluster-up` (or `e2e/cluster up`)"
+    )
+}
+
+/// A client for the test control plane, checked to answer (`/version`).
+///
+/// Panics when the kubeconfig is missing or the server does not answer: a
+/// test must fail, not skip, when its plane is down.
+pub async fn client() -> Client {
+    let config = load_config()
+        .await
+        .unwrap_or_else(|why| unreachable(&kubeconfig().display().to_string(), &why));
+    let url = config.cluster_url.to_string();
+    let client = Client::try_from(config).unwrap_or_else(|e| unreachable(&url, &e.to_string()));
+    match tokio::time::timeout(REACHABLE_TIMEOUT, client.apiserver_version()).await {
+        Ok(Ok(_)) => client,
+        Ok(Err(e)) => unreachable(&url, &e.to_string()),
+        Err(_) => unreachable(&url, &format!("no answer within {REACHABLE_TIMEOUT:?}")),
+    }
+}
+
+/// A client that acts as `user` (impersonation, e.g.
+/// `"system:serviceaccount:<ns>:<name>"`), built from the same kubeconfig.
+/// The admin user of the e2e plane is in `system:masters`, so it may impersonate.
+pub async fn client_as(user: &str) -> Client {
+    let mut config = load_config()
+        .await
+        .unwrap_or_else(|why| unreachable(&kubeconfig().display().to_string(), &why));
+    config.auth_info.impersonate = Some(user.to_owned());
+    let url = config.cluster_url.to_string();
+    Client::try_from(config).unwrap_or_else(|e| unreachable(&url, &e.to_string()))
+}
+
+/// Everything one test needs: a client, the CRDs installed (once per
+/// process), and a fresh namespace that is deleted at the end.
+///
+/// ```no_run
+/// # async fn t() {
+/// let env = agentrun_e2e::TestEnv::new("evicted_step_resumes_with_same_key").await;
+/// let runs = env.api::<agentrun_operator::api::AgentRun>();
+/// // ...
+/// env.cleanup().await; // or let it drop
+/// # }
+/// ```
+pub struct TestEnv {
+    client: Client,
+    namespace: TestNamespace,
+}
+
+impl TestEnv {
+    /// Connects (panicking if the plane is down), installs the CRDs and
+    /// creates a namespace named after `test_name` with a random suffix.
+    pub async fn new(test_name: &str) -> TestEnv {
+        let client = client().await;
+        install_crds(&client).await;
+        let namespace = TestNamespace::create(&client, test_name).await;
+        TestEnv { client, namespace }
+    }
+
+    /// A handle on the client (cheap to clone).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The test's namespace.
+    pub fn namespace(&self) -> &str {
+        self.namespace.name()
+    }
+
+    /// An `Api` for a namespaced kind in the test's namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), self.namespace())
+    }
+
+    /// Deletes the namespace now (the drop guard does the same, best-effort).
+    pub async fn cleanup(self) {
+        self.namespace.cleanup(&self.client).await;
+    }
+}
