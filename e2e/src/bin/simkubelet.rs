@@ -1,0 +1,935 @@
+//! `simkubelet`: a simulated kubelet for the test control plane, where nothing runs Pods.
+//!
+//! It watches Pods labelled `agentrun.dev/run` and reports each as a node would, writing
+//! only the `status` subresource (strategic merge patch, field manager `simkubelet`):
+//!
+//! ```text
+//!  Pending ──(pendingMs)──▶ Running ──(runMs)──▶ terminated(exitCode, message) ─▶ Succeeded | Failed
+//!     │                        │  (hang: stays Running)
+//!     └── deletionTimestamp ───┴──────────────▶ terminated(137, Error)          ─▶ Failed
+//! ```
+//!
+//! What a step does comes from the JSON in env `SIM_STEP` of its first container (see
+//! e2e/README.md). Each Pod's life is one task keyed by UID; its starting point is derived
+//! from the Pod's status, so a restarted simkubelet resumes rather than re-runs. It never
+//! deletes Pods and never touches finalizers.
+
+#![forbid(unsafe_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrun_e2e::ledger::{LedgerEntry, LedgerError, LedgerEvent, LedgerWriter, Outcome};
+use agentrun_operator::labels;
+use clap::{Parser, ValueEnum};
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, Pod,
+    PodCondition, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+const FIELD_MANAGER: &str = "simkubelet";
+/// Env var (on the first container) describing what the step does.
+const SIM_STEP: &str = "SIM_STEP";
+/// A kubelet keeps at most this many bytes of a termination message (the file's tail).
+const MAX_TERMINATION_MESSAGE: usize = 4096;
+/// Exit code of a container killed with SIGKILL.
+const SIGKILL_EXIT: i32 = 137;
+/// Exit code of a step whose SIM_STEP cannot be understood.
+const BAD_SIM_STEP_EXIT: i32 = 2;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "simkubelet",
+    about = "Drives agentrun step Pods through their lifecycle"
+)]
+struct Args {
+    /// Kubeconfig to use; without it KUBECONFIG, ~/.kube/config or the in-cluster config.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Only drive Pods in this namespace (default: all namespaces).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Append one JSON line per Pod that reaches Running, and one when it ends.
+    #[arg(long)]
+    ledger: Option<PathBuf>,
+    /// How long a step without `runMs` runs.
+    #[arg(long, default_value_t = 100)]
+    default_run_ms: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error("cannot read kubeconfig {path}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot build a client configuration")]
+    ClientConfig(#[source] kube::config::KubeconfigError),
+    #[error("cannot create the Kubernetes client")]
+    Client(#[source] kube::Error),
+    #[error("cannot open the ledger")]
+    Ledger(#[source] LedgerError),
+    #[error("cannot install the log subscriber: {0}")]
+    Logging(String),
+    #[error("cannot listen for shutdown signals")]
+    Signal(#[source] std::io::Error),
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    if let Err(e) = init_logging(args.log_format) {
+        eprintln!("simkubelet: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let mut chain = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                chain.push_str(": ");
+                chain.push_str(&s.to_string());
+                source = s.source();
+            }
+            error!(error = %chain, "simkubelet failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    }
+    .map_err(|e| Error::Logging(e.to_string()))
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client> {
+    let Some(path) = kubeconfig else {
+        return Client::try_default().await.map_err(Error::Client);
+    };
+    let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
+        path: path.clone(),
+        source,
+    })?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(Error::ClientConfig)?;
+    Client::try_from(config).map_err(Error::Client)
+}
+
+async fn run(args: Args) -> Result<()> {
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let ledger = args
+        .ledger
+        .as_ref()
+        .map(LedgerWriter::open)
+        .transpose()
+        .map_err(Error::Ledger)?;
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        ledger,
+        default_run: Duration::from_millis(args.default_run_ms),
+    });
+    let pods: Api<Pod> = match &args.namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    info!(
+        namespace = args.namespace.as_deref().unwrap_or("<all>"),
+        ledger = ?args.ledger,
+        "simkubelet watching Pods labelled {}",
+        labels::RUN
+    );
+
+    let mut events = watcher::watcher(pods, watcher::Config::default().labels(labels::RUN))
+        .default_backoff()
+        .boxed();
+    let mut dispatcher = Dispatcher::new(ctx);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(Error::Signal)?;
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(event)) => dispatcher.handle(event),
+                Some(Err(e)) => warn!(error = %e, "pod watch failed; retrying"),
+                None => return Ok(()),
+            },
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+        }
+    }
+    info!("simkubelet stopping; a restart resumes from the Pods' status");
+    Ok(())
+}
+
+struct Context {
+    client: Client,
+    ledger: Option<LedgerWriter>,
+    default_run: Duration,
+}
+
+impl Context {
+    fn record(&self, entry: &LedgerEntry) {
+        if let Some(ledger) = &self.ledger
+            && let Err(e) = ledger.append(entry)
+        {
+            // The ledger is the tests' evidence; losing a line must not go unnoticed.
+            error!(error = %e, pod = %entry.pod, "cannot append to the ledger");
+        }
+    }
+}
+
+/// Routes watch events to one task per Pod UID. The task learns only whether its Pod is
+/// being deleted (a `watch` channel) and, by the channel closing, that the Pod is gone.
+struct Dispatcher {
+    ctx: Arc<Context>,
+    pods: HashMap<String, watch::Sender<bool>>,
+    /// UIDs listed since the last `Init`, to drop Pods deleted while the watch was down.
+    relisted: Option<HashSet<String>>,
+}
+
+impl Dispatcher {
+    fn new(ctx: Arc<Context>) -> Self {
+        Self {
+            ctx,
+            pods: HashMap::new(),
+            relisted: None,
+        }
+    }
+
+    fn handle(&mut self, event: Event<Pod>) {
+        match event {
+            Event::Init => self.relisted = Some(HashSet::new()),
+            Event::InitApply(pod) => {
+                if let (Some(seen), Some(uid)) = (&mut self.relisted, pod.uid()) {
+                    seen.insert(uid);
+                }
+                self.apply(pod);
+            }
+            Event::InitDone => {
+                if let Some(seen) = self.relisted.take() {
+                    self.pods.retain(|uid, _| seen.contains(uid));
+                }
+            }
+            Event::Apply(pod) => self.apply(pod),
+            Event::Delete(pod) => {
+                if let Some(uid) = pod.uid() {
+                    // Dropping the sender tells the task its Pod is gone.
+                    self.pods.remove(&uid);
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, mut pod: Pod) {
+        let Some(uid) = pod.uid() else {
+            warn!(pod = %pod.name_any(), "pod without a uid; ignored");
+            return;
+        };
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        if let Some(tx) = self.pods.get(&uid) {
+            // Errors only mean the task has finished its work.
+            tx.send_if_modified(|d| std::mem::replace(d, deleting) != deleting);
+            return;
+        }
+        pod.metadata.managed_fields = None;
+        let (tx, rx) = watch::channel(deleting);
+        self.pods.insert(uid, tx);
+        tokio::spawn(drive(self.ctx.clone(), pod, rx));
+    }
+}
+
+/// What the step does, from `SIM_STEP` (camelCase JSON). Unknown fields are an error so a
+/// typo in a test fails loudly instead of silently running the default.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SimStep {
+    pending_ms: Option<u64>,
+    run_ms: Option<u64>,
+    #[serde(default)]
+    exit_code: i32,
+    result: Option<Value>,
+    tokens: Option<Value>,
+    plan: Option<Value>,
+    summary: Option<Value>,
+    raw_message: Option<String>,
+    #[serde(default)]
+    hang: bool,
+    /// Per-attempt behaviour: attempt N uses entry N-1, the last entry repeats.
+    attempts: Option<Vec<SimStep>>,
+}
+
+/// One attempt's behaviour, resolved.
+#[derive(Clone, Debug, PartialEq)]
+struct Behaviour {
+    pending: Duration,
+    run: Duration,
+    hang: bool,
+    exit_code: i32,
+    message: String,
+}
+
+impl SimStep {
+    fn parse(json: &str) -> std::result::Result<SimStep, String> {
+        serde_json::from_str(json).map_err(|e| format!("invalid {SIM_STEP}: {e}"))
+    }
+
+    /// The entry for `attempt` (from 1): `attempts[attempt-1]`, the last one repeating.
+    fn for_attempt(self, attempt: u32) -> std::result::Result<SimStep, String> {
+        let Some(attempts) = self.attempts else {
+            return Ok(self);
+        };
+        let index = (attempt.max(1) - 1) as usize;
+        let chosen = attempts
+            .get(index)
+            .or(attempts.last())
+            .cloned()
+            .ok_or_else(|| format!("{SIM_STEP}.attempts is empty"))?;
+        if chosen.attempts.is_some() {
+            return Err(format!("{SIM_STEP}.attempts entries cannot nest attempts"));
+        }
+        Ok(chosen)
+    }
+
+    fn behaviour(&self, default_run: Duration) -> Behaviour {
+        Behaviour {
+            pending: Duration::from_millis(self.pending_ms.unwrap_or(0)),
+            run: self
+                .run_ms
+                .map(Duration::from_millis)
+                .unwrap_or(default_run),
+            hang: self.hang,
+            exit_code: self.exit_code,
+            message: truncate_message(self.message()),
+        }
+    }
+
+    /// The termination message the step writes.
+    fn message(&self) -> String {
+        if let Some(raw) = &self.raw_message {
+            return raw.clone();
+        }
+        let mut message = Map::new();
+        message.insert(
+            "result".into(),
+            self.result.clone().unwrap_or_else(|| json!({})),
+        );
+        for (name, value) in [
+            ("tokens", &self.tokens),
+            ("plan", &self.plan),
+            ("summary", &self.summary),
+        ] {
+            if let Some(value) = value {
+                message.insert(name.into(), value.clone());
+            }
+        }
+        Value::Object(message).to_string()
+    }
+}
+
+/// Keeps the last [`MAX_TERMINATION_MESSAGE`] bytes, as a kubelet reads the file's tail.
+fn truncate_message(mut message: String) -> String {
+    if message.len() <= MAX_TERMINATION_MESSAGE {
+        return message;
+    }
+    let mut start = message.len() - MAX_TERMINATION_MESSAGE;
+    while !message.is_char_boundary(start) {
+        start += 1;
+    }
+    message.drain(..start);
+    message
+}
+
+/// The facts of one Pod that do not change over its life (its spec and labels).
+#[derive(Clone, Debug)]
+struct PodFacts {
+    name: String,
+    namespace: String,
+    uid: String,
+    generation: Option<i64>,
+    run: Option<String>,
+    step: Option<String>,
+    role: Option<String>,
+    idempotency_key: Option<String>,
+    attempt: Option<u32>,
+    /// (name, image) of every regular container; the first is the step.
+    containers: Vec<(String, String)>,
+    behaviour: std::result::Result<Behaviour, String>,
+}
+
+impl PodFacts {
+    fn of(pod: &Pod, default_run: Duration) -> Self {
+        let labels = pod.labels();
+        let containers: Vec<(String, String)> = pod
+            .spec
+            .as_ref()
+            .map(|s| {
+                s.containers
+                    .iter()
+                    .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let env = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.env.as_ref());
+        let env_value = |name: &str| {
+            env.and_then(|env| env.iter().find(|e| e.name == name))
+                .map(|e| e.value.clone())
+        };
+        let attempt = env_value(labels::env::ATTEMPT)
+            .flatten()
+            .or_else(|| labels.get(labels::ATTEMPT).cloned())
+            .and_then(|a| a.trim().parse::<u32>().ok());
+        let idempotency_key = pod
+            .annotations()
+            .get(labels::IDEMPOTENCY_KEY)
+            .cloned()
+            .or_else(|| env_value(labels::env::IDEMPOTENCY_KEY).flatten());
+        let behaviour = match env_value(SIM_STEP) {
+            None => Ok(SimStep::default()),
+            Some(None) => Err(format!("{SIM_STEP} must be a literal value")),
+            Some(Some(json)) => SimStep::parse(&json),
+        }
+        .and_then(|s| s.for_attempt(attempt.unwrap_or(1)))
+        .map(|s| s.behaviour(default_run));
+        Self {
+            name: pod.name_any(),
+            namespace: pod.namespace().unwrap_or_default(),
+            uid: pod.uid().unwrap_or_default(),
+            generation: pod.metadata.generation,
+            run: labels.get(labels::RUN).cloned(),
+            step: labels.get(labels::STEP).cloned(),
+            role: labels.get(labels::ROLE).cloned(),
+            idempotency_key,
+            attempt,
+            containers,
+            behaviour,
+        }
+    }
+
+    fn ledger_entry(&self, started_at: Timestamp) -> LedgerEntry {
+        LedgerEntry {
+            event: LedgerEvent::Started,
+            pod: self.name.clone(),
+            namespace: self.namespace.clone(),
+            uid: self.uid.clone(),
+            run: self.run.clone(),
+            step: self.step.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            attempt: self.attempt,
+            role: self.role.clone(),
+            started_at,
+            exit_code: None,
+            outcome: None,
+            finished_at: None,
+        }
+    }
+}
+
+/// Where a Pod's life stands, as its status shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Pending,
+    Running { started_at: Timestamp },
+    Terminated,
+}
+
+fn observe(pod: &Pod) -> Stage {
+    let status = pod.status.as_ref();
+    let first = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.as_str());
+    let state = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| Some(c.name.as_str()) == first))
+        .and_then(|c| c.state.as_ref());
+    if state.is_some_and(|s| s.terminated.is_some()) {
+        return Stage::Terminated;
+    }
+    let terminal_phase = matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    // Failed by someone else and not being deleted: nothing left for a kubelet to do.
+    if terminal_phase && pod.metadata.deletion_timestamp.is_none() {
+        return Stage::Terminated;
+    }
+    match state.and_then(|s| s.running.as_ref()) {
+        Some(ContainerStateRunning {
+            started_at: Some(Time(started_at)),
+        }) => Stage::Running {
+            started_at: *started_at,
+        },
+        _ => Stage::Pending,
+    }
+}
+
+/// How a step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    /// The step exited by itself with this code.
+    Exited(i32),
+    /// Killed (SIGKILL) because the Pod is being deleted.
+    Killed,
+}
+
+impl Ending {
+    fn exit_code(self) -> i32 {
+        match self {
+            Ending::Exited(code) => code,
+            Ending::Killed => SIGKILL_EXIT,
+        }
+    }
+
+    fn outcome(self) -> Outcome {
+        match self {
+            Ending::Exited(0) => Outcome::Succeeded,
+            Ending::Exited(_) => Outcome::Failed,
+            Ending::Killed => Outcome::Killed,
+        }
+    }
+}
+
+/// What the Pod's channel said while we waited.
+enum Wake {
+    Elapsed,
+    Deleting,
+    Gone,
+}
+
+/// Waits for `delay` (forever if `None`), or until the Pod is being deleted or gone.
+async fn wait(rx: &mut watch::Receiver<bool>, delay: Option<Duration>) -> Wake {
+    let sleep = async {
+        match delay {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep);
+    loop {
+        if *rx.borrow_and_update() {
+            return Wake::Deleting;
+        }
+        tokio::select! {
+            () = &mut sleep => return Wake::Elapsed,
+            changed = rx.changed() => if changed.is_err() { return Wake::Gone },
+        }
+    }
+}
+
+/// The life of one Pod, from wherever its status says it is.
+async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<bool>) {
+    let facts = PodFacts::of(&pod, ctx.default_run);
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &facts.namespace);
+    let pods = PodWriter {
+        api: &api,
+        facts: &facts,
+    };
+    let behaviour = match &facts.behaviour {
+        Ok(b) => b.clone(),
+        Err(problem) => {
+            warn!(pod = %facts.name, namespace = %facts.namespace, %problem, "step fails");
+            Behaviour {
+                pending: Duration::ZERO,
+                run: Duration::ZERO,
+                hang: false,
+                exit_code: BAD_SIM_STEP_EXIT,
+                message: truncate_message(format!("simkubelet: {problem}")),
+            }
+        }
+    };
+    let had_start_time = pod.status.as_ref().and_then(|s| s.start_time.as_ref());
+
+    let started_at = match observe(&pod) {
+        Stage::Terminated => return,
+        Stage::Running { started_at } => {
+            debug!(pod = %facts.name, "resuming a running pod");
+            started_at
+        }
+        Stage::Pending => {
+            match wait(&mut rx, Some(behaviour.pending)).await {
+                Wake::Gone => return,
+                Wake::Deleting => {
+                    // Deleted before it ever ran: no side effect, no ledger line.
+                    let now = Timestamp::now();
+                    let status = terminated_status(&facts, None, now, Ending::Killed, None);
+                    pods.write(&mut rx, status).await;
+                    return;
+                }
+                Wake::Elapsed => {}
+            }
+            let now = Timestamp::now();
+            let start_time = had_start_time.map(|t| t.0).unwrap_or(now);
+            match pods
+                .write(&mut rx, running_status(&facts, start_time, now))
+                .await
+            {
+                Written::Yes => {}
+                Written::Gone | Written::Rejected => return,
+            }
+            info!(pod = %facts.name, namespace = %facts.namespace, "running");
+            ctx.record(&facts.ledger_entry(now));
+            now
+        }
+    };
+
+    let run_for = (!behaviour.hang).then(|| {
+        let ends = started_at + behaviour.run;
+        std::time::Duration::try_from(ends.duration_since(Timestamp::now()))
+            .unwrap_or(Duration::ZERO)
+    });
+    let ending = match wait(&mut rx, run_for).await {
+        Wake::Elapsed => Ending::Exited(behaviour.exit_code),
+        Wake::Deleting => Ending::Killed,
+        Wake::Gone => {
+            // Vanished while running (force-deleted): the process died with it.
+            info!(pod = %facts.name, namespace = %facts.namespace, "gone while running");
+            ctx.record(&facts.ledger_entry(started_at).finished(
+                SIGKILL_EXIT,
+                Outcome::Killed,
+                Timestamp::now(),
+            ));
+            return;
+        }
+    };
+    let finished_at = Timestamp::now();
+    let message = match ending {
+        Ending::Exited(_) => Some(behaviour.message.clone()),
+        Ending::Killed => None,
+    };
+    let status = terminated_status(&facts, Some(started_at), finished_at, ending, message);
+    let written = pods.write(&mut rx, status).await;
+    info!(
+        pod = %facts.name,
+        namespace = %facts.namespace,
+        exit_code = ending.exit_code(),
+        ?written,
+        "terminated"
+    );
+    // Gone or not, the step has ended; a rejected write means the Pod is not as we think.
+    if written != Written::Rejected {
+        let outcome = if written == Written::Gone {
+            Outcome::Killed
+        } else {
+            ending.outcome()
+        };
+        let exit_code = if written == Written::Gone {
+            SIGKILL_EXIT
+        } else {
+            ending.exit_code()
+        };
+        ctx.record(
+            &facts
+                .ledger_entry(started_at)
+                .finished(exit_code, outcome, finished_at),
+        );
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Written {
+    Yes,
+    /// 404, or 409 on the UID precondition: this Pod no longer exists.
+    Gone,
+    /// The apiserver refused the status (a bug here or an unexpected Pod); logged.
+    Rejected,
+}
+
+struct PodWriter<'a> {
+    api: &'a Api<Pod>,
+    facts: &'a PodFacts,
+}
+
+impl PodWriter<'_> {
+    /// Patches the status, retrying transient errors with a capped backoff for as long as
+    /// the Pod exists. The UID in the patch is a precondition: a new Pod of the same name
+    /// is not ours.
+    async fn write(&self, rx: &mut watch::Receiver<bool>, status: PodStatus) -> Written {
+        let patch = json!({
+            "metadata": { "uid": self.facts.uid },
+            "status": status,
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self
+                .api
+                .patch_status(&self.facts.name, &params, &Patch::Strategic(&patch))
+                .await
+            {
+                Ok(_) => return Written::Yes,
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                    debug!(pod = %self.facts.name, code = s.code, "pod gone");
+                    return Written::Gone;
+                }
+                Err(kube::Error::Api(s))
+                    if (400..500).contains(&s.code) && s.code != 429 && s.code != 408 =>
+                {
+                    error!(pod = %self.facts.name, namespace = %self.facts.namespace,
+                        code = s.code, message = %s.message, "status rejected");
+                    return Written::Rejected;
+                }
+                Err(e) => {
+                    warn!(pod = %self.facts.name, error = %e, ?backoff, "status write failed; retrying");
+                }
+            }
+            if rx.has_changed().is_err() {
+                return Written::Gone;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
+fn condition(kind: &str, ready: bool, at: Timestamp, facts: &PodFacts) -> PodCondition {
+    PodCondition {
+        type_: kind.into(),
+        status: if ready { "True" } else { "False" }.into(),
+        last_transition_time: Some(Time(at)),
+        observed_generation: facts.generation,
+        ..PodCondition::default()
+    }
+}
+
+fn container_id(facts: &PodFacts, name: &str) -> String {
+    format!("sim://{}/{name}", facts.uid)
+}
+
+fn running_status(facts: &PodFacts, start_time: Timestamp, now: Timestamp) -> PodStatus {
+    let conditions = [
+        "PodScheduled",
+        "PodReadyToStartContainers",
+        "Initialized",
+        "ContainersReady",
+        "Ready",
+    ]
+    .into_iter()
+    .map(|kind| condition(kind, true, now, facts))
+    .collect();
+    let container_statuses = facts
+        .containers
+        .iter()
+        .map(|(name, image)| ContainerStatus {
+            name: name.clone(),
+            image: image.clone(),
+            image_id: format!("sim://{image}"),
+            container_id: Some(container_id(facts, name)),
+            ready: true,
+            started: Some(true),
+            restart_count: 0,
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: Some(Time(now)),
+                }),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        })
+        .collect();
+    PodStatus {
+        phase: Some("Running".into()),
+        start_time: Some(Time(start_time)),
+        observed_generation: facts.generation,
+        conditions: Some(conditions),
+        container_statuses: Some(container_statuses),
+        ..PodStatus::default()
+    }
+}
+
+/// The status after the step ended. Conditions are merged by type (strategic merge), so
+/// those set by others — `DisruptionTarget` from the eviction API — are kept.
+fn terminated_status(
+    facts: &PodFacts,
+    started_at: Option<Timestamp>,
+    finished_at: Timestamp,
+    ending: Ending,
+    message: Option<String>,
+) -> PodStatus {
+    let succeeded = ending == Ending::Exited(0);
+    let names: Vec<&str> = facts.containers.iter().map(|(n, _)| n.as_str()).collect();
+    let not_ready = |kind: &str| {
+        let mut c = condition(kind, false, finished_at, facts);
+        if succeeded {
+            c.reason = Some("PodCompleted".into());
+        } else {
+            c.reason = Some("ContainersNotReady".into());
+            c.message = Some(format!(
+                "containers with unready status: [{}]",
+                names.join(" ")
+            ));
+        }
+        c
+    };
+    let conditions = vec![
+        not_ready("Ready"),
+        not_ready("ContainersReady"),
+        condition("PodReadyToStartContainers", false, finished_at, facts),
+        condition("PodScheduled", true, finished_at, facts),
+        condition("Initialized", true, finished_at, facts),
+    ];
+    let container_statuses = facts
+        .containers
+        .iter()
+        .enumerate()
+        .map(|(i, (name, image))| {
+            // The step is the first container; the others stop with it.
+            let exit_code = match (i, ending) {
+                (0, e) | (_, e @ Ending::Killed) => e.exit_code(),
+                _ => 0,
+            };
+            ContainerStatus {
+                name: name.clone(),
+                image: image.clone(),
+                image_id: format!("sim://{image}"),
+                container_id: Some(container_id(facts, name)),
+                ready: false,
+                started: Some(false),
+                restart_count: 0,
+                state: Some(ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code,
+                        reason: Some(if exit_code == 0 { "Completed" } else { "Error" }.into()),
+                        message: if i == 0 { message.clone() } else { None },
+                        started_at: started_at.map(Time),
+                        finished_at: Some(Time(finished_at)),
+                        container_id: Some(container_id(facts, name)),
+                        ..ContainerStateTerminated::default()
+                    }),
+                    ..ContainerState::default()
+                }),
+                ..ContainerStatus::default()
+            }
+        })
+        .collect();
+    PodStatus {
+        phase: Some(if succeeded { "Succeeded" } else { "Failed" }.into()),
+        start_time: Some(Time(started_at.unwrap_or(finished_at))),
+        observed_generation: facts.generation,
+        conditions: Some(conditions),
+        container_statuses: Some(container_statuses),
+        ..PodStatus::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn behaviour(json: &str, attempt: u32) -> Behaviour {
+        SimStep::parse(json)
+            .and_then(|s| s.for_attempt(attempt))
+            .map(|s| s.behaviour(Duration::from_millis(100)))
+            .expect("valid SIM_STEP")
+    }
+
+    #[test]
+    fn no_sim_step_succeeds_after_the_default_with_an_empty_result() {
+        let b = SimStep::default().behaviour(Duration::from_millis(100));
+        assert_eq!(b.run, Duration::from_millis(100));
+        assert_eq!(b.exit_code, 0);
+        assert_eq!(b.message, r#"{"result":{}}"#);
+    }
+
+    #[test]
+    fn message_carries_result_tokens_plan_and_summary() {
+        let b = behaviour(
+            r#"{"runMs":5,"result":{"orderId":42},"tokens":{"input":1,"output":2},
+                "plan":{"steps":[]},"summary":"s"}"#,
+            1,
+        );
+        let message: Value = serde_json::from_str(&b.message).expect("json");
+        assert_eq!(
+            message,
+            json!({"result":{"orderId":42},"tokens":{"input":1,"output":2},
+                   "plan":{"steps":[]},"summary":"s"})
+        );
+        assert_eq!(b.run, Duration::from_millis(5));
+    }
+
+    #[test]
+    fn raw_message_is_verbatim() {
+        assert_eq!(
+            behaviour(r#"{"rawMessage":"{not json"}"#, 1).message,
+            "{not json"
+        );
+    }
+
+    #[test]
+    fn attempts_pick_entry_n_minus_one_and_the_last_repeats() {
+        let json = r#"{"attempts":[{"exitCode":1},{"exitCode":2},{"exitCode":0}]}"#;
+        let codes: Vec<i32> = (1..=5).map(|a| behaviour(json, a).exit_code).collect();
+        assert_eq!(codes, [1, 2, 0, 0, 0]);
+    }
+
+    #[test]
+    fn bad_sim_step_is_an_error() {
+        assert!(
+            SimStep::parse(r#"{"exitcode":1}"#).is_err(),
+            "unknown field"
+        );
+        assert!(SimStep::parse("not json").is_err());
+        assert!(
+            SimStep::parse(r#"{"attempts":[]}"#)
+                .and_then(|s| s.for_attempt(1))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn long_messages_keep_their_last_4096_bytes() {
+        let long = format!("é{}", "x".repeat(5000));
+        let cut = truncate_message(long);
+        assert_eq!(cut.len(), MAX_TERMINATION_MESSAGE);
+        assert!(cut.chars().all(|c| c == 'x'));
+        let long = format!("é{}", "x".repeat(4095));
+        assert_eq!(
+            truncate_message(long),
+            "x".repeat(4095),
+            "cut on a char boundary"
+        );
+    }
+}

@@ -1,0 +1,322 @@
+//! The side-effect ledger: one JSON object per line, appended by `simkubelet --ledger FILE`
+//! and read by the scenario tests to count, per idempotency key, how often a step really ran.
+//!
+//! ```text
+//! Pod reaches Running  ──▶ {"event":"started",  "uid":…, "idempotencyKey":…, "startedAt":…}
+//! Pod's step ends      ──▶ {"event":"finished", "uid":…, "idempotencyKey":…, "exitCode":…,
+//!                            "outcome":"Succeeded|Failed|Killed", "startedAt":…, "finishedAt":…}
+//! ```
+//!
+//! A `started` line is one execution (one side effect performed); a `finished` line with
+//! outcome `Succeeded` is one successful execution. The format is documented in e2e/README.md.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// Errors reading or appending the ledger.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("cannot open ledger {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read ledger {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot append to ledger {path}")]
+    Append {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("ledger {path} line {line} is not a ledger entry")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot encode a ledger entry")]
+    Encode(#[source] serde_json::Error),
+}
+
+pub type Result<T, E = LedgerError> = std::result::Result<T, E>;
+
+/// Which moment of a Pod's life a line records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LedgerEvent {
+    /// The Pod was reported Running: the step began performing its side effect.
+    Started,
+    /// The step ended (normally, or killed).
+    Finished,
+}
+
+/// How a step execution ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Exit code 0: the step completed and reported its result.
+    Succeeded,
+    /// A non-zero exit code chosen by the step (`SIM_STEP.exitCode`).
+    Failed,
+    /// Terminated from outside while running: the Pod was deleted or evicted (exit 137),
+    /// or vanished.
+    Killed,
+}
+
+/// One line of the ledger.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerEntry {
+    pub event: LedgerEvent,
+    pub pod: String,
+    pub namespace: String,
+    /// The Pod's `metadata.uid`: pairs a `finished` line with its `started` line.
+    pub uid: String,
+    /// Label `agentrun.dev/run`.
+    pub run: Option<String>,
+    /// Label `agentrun.dev/step`.
+    pub step: Option<String>,
+    /// Annotation `agentrun.dev/idempotency-key`, else env `AGENTRUN_IDEMPOTENCY_KEY`.
+    pub idempotency_key: Option<String>,
+    /// Env `AGENTRUN_ATTEMPT`, else label `agentrun.dev/attempt`.
+    pub attempt: Option<u32>,
+    /// Label `agentrun.dev/role`.
+    pub role: Option<String>,
+    /// When the container started running.
+    pub started_at: Timestamp,
+    /// Only on `finished` lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Only on `finished` lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    /// Only on `finished` lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Timestamp>,
+}
+
+impl LedgerEntry {
+    /// The key this entry is counted under; entries of Pods without one count under `""`.
+    pub fn key(&self) -> &str {
+        self.idempotency_key.as_deref().unwrap_or("")
+    }
+
+    /// The `finished` line for this `started` line.
+    pub fn finished(&self, exit_code: i32, outcome: Outcome, finished_at: Timestamp) -> Self {
+        Self {
+            event: LedgerEvent::Finished,
+            exit_code: Some(exit_code),
+            outcome: Some(outcome),
+            finished_at: Some(finished_at),
+            ..self.clone()
+        }
+    }
+}
+
+/// The ledger as read back from its file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    pub entries: Vec<LedgerEntry>,
+}
+
+impl Ledger {
+    /// Reads every complete line of `path`. A missing file is an empty ledger (no Pod has
+    /// run yet). A last line without its newline is still being written and is left out.
+    pub fn read(path: impl AsRef<Path>) -> Result<Ledger> {
+        let path = path.as_ref();
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(source) => {
+                return Err(LedgerError::Read {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        Self::parse(&text).map_err(|(line, source)| LedgerError::Parse {
+            path: path.to_owned(),
+            line,
+            source,
+        })
+    }
+
+    /// Parses ledger text; the error names the 1-based line that is not an entry.
+    pub fn parse(text: &str) -> Result<Ledger, (usize, serde_json::Error)> {
+        let complete = match text.rfind('\n') {
+            Some(end) => &text[..end],
+            None => "",
+        };
+        let entries = complete
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(i, line)| serde_json::from_str(line).map_err(|e| (i + 1, e)))
+            .collect::<Result<_, _>>()?;
+        Ok(Ledger { entries })
+    }
+
+    /// The `started` lines: one per execution.
+    pub fn executions(&self) -> impl Iterator<Item = &LedgerEntry> {
+        self.entries
+            .iter()
+            .filter(|e| e.event == LedgerEvent::Started)
+    }
+
+    /// The `finished` lines.
+    pub fn finishes(&self) -> impl Iterator<Item = &LedgerEntry> {
+        self.entries
+            .iter()
+            .filter(|e| e.event == LedgerEvent::Finished)
+    }
+
+    /// Per idempotency key, how many times a step with that key started running.
+    pub fn executions_by_key(&self) -> BTreeMap<String, usize> {
+        count_by_key(self.executions())
+    }
+
+    /// Per idempotency key, how many executions finished with outcome `Succeeded`.
+    pub fn successes_by_key(&self) -> BTreeMap<String, usize> {
+        count_by_key(
+            self.finishes()
+                .filter(|e| e.outcome == Some(Outcome::Succeeded)),
+        )
+    }
+
+    /// The lines of one Pod, by UID, in file order.
+    pub fn for_pod<'a>(&'a self, uid: &'a str) -> impl Iterator<Item = &'a LedgerEntry> {
+        self.entries.iter().filter(move |e| e.uid == uid)
+    }
+}
+
+fn count_by_key<'a>(entries: impl Iterator<Item = &'a LedgerEntry>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for entry in entries {
+        *counts.entry(entry.key().to_owned()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Appends entries to the ledger file, one `write` of one whole line each, so a reader
+/// never sees half a line from two writers interleaved.
+#[derive(Debug)]
+pub struct LedgerWriter {
+    path: PathBuf,
+    file: Mutex<File>,
+}
+
+impl LedgerWriter {
+    /// Opens `path` for appending (O_APPEND), creating it if needed.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_owned();
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|source| LedgerError::Open {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Self {
+            path,
+            file: Mutex::new(file),
+        })
+    }
+
+    /// Appends one line and flushes it.
+    pub fn append(&self, entry: &LedgerEntry) -> Result<()> {
+        let mut line = serde_json::to_vec(entry).map_err(LedgerError::Encode)?;
+        line.push(b'\n');
+        // A poisoned lock only means another append panicked; the file itself is fine.
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        file.write_all(&line)
+            .and_then(|()| file.flush())
+            .map_err(|source| LedgerError::Append {
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(uid: &str, key: &str) -> LedgerEntry {
+        LedgerEntry {
+            event: LedgerEvent::Started,
+            pod: format!("pod-{uid}"),
+            namespace: "ns".into(),
+            uid: uid.into(),
+            run: Some("r".into()),
+            step: Some("s".into()),
+            idempotency_key: Some(key.into()),
+            attempt: Some(1),
+            role: Some("step".into()),
+            started_at: Timestamp::UNIX_EPOCH,
+            exit_code: None,
+            outcome: None,
+            finished_at: None,
+        }
+    }
+
+    #[test]
+    fn counts_executions_and_successes_per_key() {
+        let a1 = started("1", "a");
+        let a2 = started("2", "a");
+        let b1 = started("3", "b");
+        let lines = [
+            a1.clone(),
+            a1.finished(137, Outcome::Killed, Timestamp::UNIX_EPOCH),
+            a2.clone(),
+            b1.clone(),
+            a2.finished(0, Outcome::Succeeded, Timestamp::UNIX_EPOCH),
+            b1.finished(3, Outcome::Failed, Timestamp::UNIX_EPOCH),
+        ];
+        let text: String = lines
+            .iter()
+            .map(|l| format!("{}\n", serde_json::to_string(l).expect("encodes")))
+            .collect();
+        let ledger = Ledger::parse(&text).expect("parses");
+        assert_eq!(ledger.entries, lines);
+        assert_eq!(
+            ledger.executions_by_key(),
+            BTreeMap::from([("a".into(), 2), ("b".into(), 1)])
+        );
+        assert_eq!(ledger.successes_by_key(), BTreeMap::from([("a".into(), 1)]));
+    }
+
+    #[test]
+    fn a_line_still_being_written_is_left_out() {
+        let line = serde_json::to_string(&started("1", "a")).expect("encodes");
+        let text = format!("{line}\n{}", &line[..10]);
+        assert_eq!(Ledger::parse(&text).expect("parses").entries.len(), 1);
+    }
+
+    #[test]
+    fn a_malformed_line_is_an_error() {
+        let err = Ledger::parse("{}\n").expect_err("not an entry");
+        assert_eq!(err.0, 1);
+    }
+
+    #[test]
+    fn wire_format_is_camel_case() {
+        let v = serde_json::to_value(started("1", "a")).expect("encodes");
+        assert_eq!(v["event"], "started");
+        assert_eq!(v["idempotencyKey"], "a");
+        assert_eq!(v["startedAt"], "1970-01-01T00:00:00Z");
+        assert!(v.get("outcome").is_none());
+    }
+}
