@@ -34,7 +34,7 @@ pub const MAX_CONTEXT_BYTES: i32 = 128 * 1024;
     plural = "agentruns",
     singular = "agentrun",
     shortname = "ar",
-    category = "agentrun",
+    category = "agentrun-all",
     namespaced,
     status = "AgentRunStatus",
     derive = "PartialEq",
@@ -117,10 +117,12 @@ pub struct StepSpec {
     /// How long the step's result stays true. A later step never starts on a
     /// result older than this: the run re-plans from the stale step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("freshFor must be longer than 0s"))]
     pub fresh_for: Option<Duration>,
 
     /// Longest time one attempt may run before it is stopped and counted as failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("timeout must be longer than 0s"))]
     pub timeout: Option<Duration>,
 
     /// Retries after a failed attempt (exit code or timeout). Disruptions do not count.
@@ -395,6 +397,12 @@ pub struct PlanStatus {
     /// plan is `spec.steps`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepSpec>,
+    /// Set by a re-plan for freshness (D8): the first step that runs again at
+    /// this revision. Steps before it keep their checkpoints from earlier
+    /// revisions; it and every later step run again with new keys. Unset: every
+    /// step of the plan runs at this revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_from: Option<String>,
 }
 
 /// The origin of a plan's steps.
@@ -411,6 +419,10 @@ pub enum PlanSource {
 #[serde(rename_all = "camelCase")]
 pub struct StepCheckpoint {
     pub name: String,
+    /// What the Pod does: a plan step (default), the planner or the compactor.
+    /// A compactor checkpoint is named after the step it runs before.
+    #[serde(default, skip_serializing_if = "StepRole::is_step")]
+    pub role: StepRole,
     pub plan_revision: i64,
     /// The current or last attempt, from 1.
     pub attempt: i32,
@@ -419,6 +431,11 @@ pub struct StepCheckpoint {
     /// The Pod of the current or last attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// The UID of the running attempt's Pod once it has been seen; a Pod seen
+    /// once and then gone (or replaced) was lost, not merely not yet cached.
+    /// Cleared when the attempt ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
     /// What the step is doing or how it ended.
     pub phase: StepPhase,
     /// Whether the outcome has been written to this status: `Committed` once
@@ -464,6 +481,24 @@ pub struct StepCheckpoint {
 
 fn is_zero(n: &i32) -> bool {
     *n == 0
+}
+
+/// What a checkpointed Pod does for the run.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum StepRole {
+    /// A step of the plan.
+    #[default]
+    Step,
+    /// `spec.planner`: its result is the next plan revision.
+    Planner,
+    /// `spec.context.compactor`: its summary replaces older raw results.
+    Compactor,
+}
+
+impl StepRole {
+    pub fn is_step(&self) -> bool {
+        *self == StepRole::Step
+    }
 }
 
 /// The lifecycle of one step.
@@ -536,7 +571,23 @@ pub struct CompensationCheckpoint {
     pub idempotency_key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// The UID of the running attempt's Pod once seen (see `StepCheckpoint.podUid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
     pub phase: StepPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// Attempts that failed; counts against the compensated step's `retry.limit`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures: i32,
+    /// Attempts lost to disruption; never counted as failures.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub disruptions: i32,
+    /// Earliest time of the next attempt (backoff timer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

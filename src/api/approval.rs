@@ -20,7 +20,7 @@ use super::{Effect, OnTimeout};
     plural = "approvals",
     singular = "approval",
     shortname = "apv",
-    category = "agentrun",
+    category = "agentrun-all",
     namespaced,
     status = "ApprovalStatus",
     derive = "PartialEq",
@@ -28,13 +28,15 @@ use super::{Effect, OnTimeout};
     printcolumn(name = "Step", type_ = "string", json_path = ".spec.step"),
     printcolumn(name = "Kind", type_ = "string", json_path = ".spec.kind"),
     printcolumn(name = "Decision", type_ = "string", json_path = ".spec.decision"),
-    printcolumn(name = "Expires", type_ = "date", json_path = ".spec.expiresAt"),
+    printcolumn(name = "Expires", type_ = "string", json_path = ".spec.expiresAt"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
 )]
 #[x_kube(
     validation = Rule::new("!has(self.decision) || (self.kind == 'Approve' ? self.decision in ['Approved', 'Rejected'] : self.decision in ['Retry', 'MarkSucceeded', 'MarkFailed'])").message("spec.decision: an Approve approval takes Approved or Rejected; a Reconcile approval takes Retry, MarkSucceeded or MarkFailed").field_path(".decision").reason(Reason::FieldValueInvalid),
     validation = Rule::new("!has(oldSelf.decision) || (has(self.decision) && self.decision == oldSelf.decision)").message("spec.decision: a decision is final once made and cannot be changed or removed").field_path(".decision").reason(Reason::FieldValueForbidden),
-    validation = Rule::new("!has(oldSelf.comment) || !has(oldSelf.decision) || (has(self.comment) && self.comment == oldSelf.comment)").message("spec.comment: the comment of a made decision cannot be changed").field_path(".comment").reason(Reason::FieldValueForbidden)
+    validation = Rule::new("!has(oldSelf.comment) || !has(oldSelf.decision) || (has(self.comment) && self.comment == oldSelf.comment)").message("spec.comment: the comment of a made decision cannot be changed").field_path(".comment").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.expiresAt) == has(oldSelf.expiresAt) && (!has(self.expiresAt) || self.expiresAt == oldSelf.expiresAt)").message("spec.expiresAt is immutable: the deadline was set when the approval was requested").field_path(".expiresAt").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.context) == has(oldSelf.context) && (!has(self.context) || self.context == oldSelf.context)").message("spec.context is immutable").field_path(".context").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalSpec {
@@ -61,6 +63,7 @@ pub struct ApprovalSpec {
     /// The question put to the person deciding.
     #[schemars(length(max = 1024))]
     #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.question is immutable"))]
     pub question: String,
     /// What a person needs to decide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,8 +71,9 @@ pub struct ApprovalSpec {
     /// When the request expires; then `onTimeout` applies. Unset: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Time>,
-    /// The decision taken at expiry (for `Approve` approvals).
+    /// The decision taken at expiry (for `Approve` approvals). Immutable.
     #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.onTimeout is immutable"))]
     pub on_timeout: OnTimeout,
     /// Set by the person deciding. Approve: `Approved` or `Rejected`.
     /// Reconcile: `Retry`, `MarkSucceeded` or `MarkFailed`. Final once set.

@@ -119,6 +119,22 @@ fn approval_identity_is_immutable() {
     moved.spec.run_uid = "another-uid".into();
     let got = messages(validate_cel_update(&moved, &old));
     assert!(got.contains("spec.runUid is immutable"), "{got}");
+
+    // What decides an expiry is fixed when the approval is requested.
+    let mut flipped = old.clone();
+    flipped.spec.on_timeout = OnTimeout::Approve;
+    let got = messages(validate_cel_update(&flipped, &old));
+    assert!(got.contains("spec.onTimeout is immutable"), "{got}");
+}
+
+#[test]
+fn zero_durations_are_refused_where_they_make_no_sense() {
+    for field in ["freshFor", "timeout"] {
+        let mut s = step("lookup");
+        s[field] = json!("0s");
+        let got = messages(validate_cel(&run(json!({"steps": [s]}))));
+        assert!(got.contains(&format!("{field} must be longer than 0s")), "{field}: {got}");
+    }
 }
 
 #[test]
@@ -138,7 +154,7 @@ fn crds_are_namespaced_with_status_and_short_names() {
     for (crd, short) in [(AgentRun::crd(), "ar"), (Approval::crd(), "apv")] {
         assert_eq!(crd.spec.scope, "Namespaced");
         assert_eq!(crd.spec.names.short_names.as_deref(), Some(&[short.to_string()][..]));
-        assert_eq!(crd.spec.names.categories.as_deref(), Some(&["agentrun".to_string()][..]));
+        assert_eq!(crd.spec.names.categories.as_deref(), Some(&["agentrun-all".to_string()][..]));
         let version = &crd.spec.versions[0];
         assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
     }
