@@ -1,0 +1,32 @@
+# syntax=docker/dockerfile:1
+#
+# The operator image: a static musl binary on distroless, running as 65532.
+#   docker build -t agentrun-operator:dev .
+# The crate uses rustls with ring, so musl needs no OpenSSL; ring's C and
+# assembly parts are built with musl-gcc.
+
+FROM rust:1-bookworm AS builder
+ARG TARGET=x86_64-unknown-linux-musl
+RUN rustup target add "$TARGET" \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends musl-tools \
+ && rm -rf /var/lib/apt/lists/*
+ENV CC_x86_64_unknown_linux_musl=musl-gcc \
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_LINKER=musl-gcc
+WORKDIR /src
+COPY . .
+# The cache mounts keep the registry and target/ between builds; the binary is
+# copied out of the cached target/ so the next stage can take it.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/usr/local/cargo/git \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --target "$TARGET" -p agentrun-operator --bin agentrun-operator \
+ && cp "target/$TARGET/release/agentrun-operator" /agentrun-operator
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=builder /agentrun-operator /agentrun-operator
+USER 65532:65532
+# 8080: /metrics; 8081: /healthz and /readyz.
+EXPOSE 8080 8081
+ENTRYPOINT ["/agentrun-operator"]
+CMD ["run"]
