@@ -1,1 +1,104 @@
-//! The durable run state machine (being written).
+//! The durable run engine: for one `AgentRun`, what happens next.
+//!
+//! The engine owns the durability contract (design.md §2, D1–D13). It is a
+//! pure function with no client, no clock and no randomness: given the run as
+//! last committed (spec + status), the step Pods and Approvals the cluster
+//! shows for it, and `now`, [`decide`] returns the complete desired status and
+//! the actions to apply after that status is written.
+//!
+//! ```text
+//!            ┌──────────── Observed ────────────┐
+//!            │ AgentRun (spec + committed status)│
+//!            │ step Pods (cache, may lag)       │──decide──▶ Decision { status, actions, requeue_after }
+//!            │ Approvals, now                   │
+//!            └──────────────────────────────────┘
+//!   AgentRun ──owns──▶ Pod <run>-<step>-r<rev>-a<n>   finalizer agentrun.dev/result (D5)
+//!            ──owns──▶ Approval <run>-<step>-r<rev>-approve | -reconcile-a<n>   (D10)
+//! ```
+//!
+//! Commit discipline (D4/D5): the controller writes `status` first and applies
+//! `actions` only if that write succeeded. A decision may record an intent and
+//! emit its effect together ("attempt N launched as Pod X" + `CreatePod(X)`),
+//! but a decision that records a step's outcome never starts anything that
+//! depends on it: the next step starts in a later decision, which sees the
+//! outcome in its input. Finalizers are released only for Pods whose outcome
+//! is already in the input status.
+
+mod approval;
+mod conditions;
+mod context;
+mod machine;
+mod names;
+mod observe;
+mod plan;
+mod pods;
+pub mod reasons;
+mod result;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
+mod tests;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::api::{AgentRun, AgentRunStatus, Approval, ApprovalStatus};
+
+pub use names::{PodRole, approve_name, idempotency_key, pod_name, reconcile_name};
+pub use result::MAX_MESSAGE_BYTES;
+
+/// Everything one decision sees.
+pub struct Observed<'a> {
+    /// Spec and status as last read from the API server: the committed state.
+    pub run: &'a AgentRun,
+    /// Pods labelled `agentrun.dev/run=<run>`, from a cache that may lag.
+    pub pods: &'a [Pod],
+    /// Approvals owned by the run.
+    pub approvals: &'a [Approval],
+    pub now: Timestamp,
+}
+
+/// What to do next.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The complete desired status; written iff it differs from the input.
+    pub status: AgentRunStatus,
+    /// Applied in order, only after the status write (if any) succeeded.
+    pub actions: Vec<Action>,
+    /// The time until the next deadline (backoff, approval expiry, timeout,
+    /// active deadline, TTL). `Some(ZERO)` when the status changed and the run
+    /// continues from it: decide again right after the write.
+    pub requeue_after: Option<SignedDuration>,
+}
+
+/// One effect on the cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Create if absent: AlreadyExists with our owner UID is success.
+    CreatePod(Box<Pod>),
+    /// Stop an attempt (timeout, cancel, a superseded attempt still running).
+    DeletePod { name: String, reason: String },
+    /// Remove `agentrun.dev/result`: only for Pods whose outcome is already in
+    /// the input status (and, once the run is terminal, every Pod of the run).
+    ReleaseFinalizer { pod: String },
+    CreateApproval(Box<Approval>),
+    SetApprovalStatus { name: String, status: ApprovalStatus },
+    /// TTL after finishing (D12).
+    DeleteRun,
+    Event { type_: EventType, reason: &'static str, message: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// Decides what happens next for one run. Pure and total: never panics on
+/// any input, and an unchanged world yields the input status unchanged.
+pub fn decide(observed: &Observed) -> Decision {
+    machine::decide(observed)
+}

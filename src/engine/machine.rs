@@ -1,0 +1,1429 @@
+//! The decision itself: one fixed order of stages over the facts of one run,
+//! like the Job controller's sync.
+//!
+//! 1. terminal runs: release finalizers, TTL (D12) — nothing else moves them;
+//! 2. plan: validate the spec, start plan revision 1 (D13);
+//! 3. release finalizers of Pods whose outcome the input status holds (D5);
+//! 4. observe the running attempt: record its outcome (D3, D6, D7, D9);
+//! 5. run limits: cancel, active deadline, token budget;
+//! 6. if nothing was recorded in this decision: start what comes next —
+//!    planner, approval gate, re-plan on stale input (D8), compactor (D11),
+//!    the next attempt (D1, D2) — or wind down through compensation;
+//! 7. derive phase, progress and conditions from the result.
+
+use std::collections::HashMap;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use serde_json::Value;
+
+use super::approval::{self, Answer};
+use super::conditions::{self as cond, FALSE, TRUE, UNKNOWN};
+use super::context::{self, Identity, PriorResult};
+use super::names::{self, PodRole};
+use super::observe::{self, Observation};
+use super::plan::{self, CheckpointIndex, Plan};
+use super::pods::{self, PodRequest};
+use super::reasons::{condition, reason};
+use super::result;
+use super::{Action, Decision, EventType, Observed};
+use crate::api::{
+    AgentRun, AgentRunStatus, ApprovalContext, ApprovalKind, CheckpointState, CompensationCheckpoint,
+    DEFAULT_CONTEXT_BYTES, Decision as Answered, Effect, EffectOutcome, MAX_CONTEXT_BYTES, OnTimeout, PlanSource,
+    PlanStatus, RunPhase, StepCheckpoint, StepContainer, StepPhase, StepRole, StepSpec, TokenUsage,
+};
+
+/// Largest result kept inline in one checkpoint (serialized bytes).
+pub const MAX_INLINE_RESULT: usize = 1024;
+/// Largest total of inline results across the run; later results are kept
+/// out of status (`resultTruncated`) so a 500-step run stays < 256 KiB (D11).
+pub const MAX_INLINE_RESULTS: usize = 48 * 1024;
+/// Prior results named in an Approval's context.
+const APPROVAL_CONTEXT_STEPS: usize = 20;
+
+pub(super) fn decide(obs: &Observed) -> Decision {
+    let input = obs.run.status.clone().unwrap_or_default();
+    let mut m = Machine::new(obs, input);
+    m.run();
+    m.finish()
+}
+
+struct Machine<'a> {
+    run: &'a AgentRun,
+    approvals: &'a [crate::api::Approval],
+    name: &'a str,
+    uid: &'a str,
+    now: Timestamp,
+    /// The input status: what the API server has acknowledged.
+    committed: AgentRunStatus,
+    /// The status being decided.
+    status: AgentRunStatus,
+    actions: Vec<Action>,
+    deadlines: Vec<Timestamp>,
+    /// An outcome was recorded by this decision: nothing that depends on it
+    /// may start before it is committed (D4).
+    recorded: bool,
+    /// Our Pods (controlled by this run's UID) by name.
+    pods: HashMap<&'a str, &'a Pod>,
+}
+
+impl<'a> Machine<'a> {
+    fn new(obs: &'a Observed<'a>, input: AgentRunStatus) -> Self {
+        let run = obs.run;
+        let uid = run.metadata.uid.as_deref().unwrap_or("");
+        let pods = obs
+            .pods
+            .iter()
+            .filter(|p| observe::owned_by(p, uid))
+            .filter_map(|p| Some((p.metadata.name.as_deref()?, p)))
+            .collect();
+        Machine {
+            run,
+            approvals: obs.approvals,
+            name: run.metadata.name.as_deref().unwrap_or(""),
+            uid,
+            now: obs.now,
+            status: input.clone(),
+            committed: input,
+            actions: Vec::new(),
+            deadlines: Vec::new(),
+            recorded: false,
+            pods,
+        }
+    }
+
+    fn run(&mut self) {
+        self.status.observed_generation = self.run.metadata.generation;
+        if self.run.metadata.deletion_timestamp.is_some() {
+            // The run is going away; its results have nowhere to go.
+            self.release_all_pods();
+            return;
+        }
+        if self.status.phase.is_some_and(RunPhase::is_terminal) {
+            self.terminal();
+            return;
+        }
+        if self.status.phase.is_none() {
+            self.status.phase = Some(RunPhase::Pending);
+        }
+        if self.status.started_at.is_none() {
+            self.status.started_at = Some(Time(self.now));
+        }
+        let spec_error = plan::validate_spec(&self.run.spec).err();
+        if self.status.plan.is_none() {
+            self.status.plan = Some(PlanStatus {
+                revision: 1,
+                reason: "initial plan from spec.steps".into(),
+                source: PlanSource::Spec,
+                step_names: self.run.spec.steps.iter().map(|s| s.name.clone()).collect(),
+                steps: Vec::new(),
+                rerun_from: None,
+            });
+        }
+        let plan_status = self.status.plan.clone().unwrap_or_default();
+        let spec = &self.run.spec;
+        let resolved = match spec_error {
+            Some(e) => Err(e),
+            None => Plan::resolve(spec, &plan_status),
+        };
+        let plan = match resolved {
+            Ok(plan) => plan,
+            Err(e) => {
+                // D13: refuse with a clear condition and wait; no hot loop.
+                self.release_accounted_pods();
+                if !self.failing() {
+                    self.fail_run(reason::INVALID_SPEC, e);
+                }
+                let empty = Plan { revision: plan_status.revision, steps: Vec::new(), rerun_from: 0 };
+                self.wind_down(&empty);
+                self.derive(&empty);
+                return;
+            }
+        };
+        self.release_accounted_pods();
+        self.sync_approvals();
+        self.observe_running(&plan);
+        self.enforce_limits();
+        if self.failing() {
+            self.wind_down(&plan);
+        } else if !self.recorded {
+            self.advance(&plan);
+        }
+        // A planner's plan or a re-plan may have changed the plan in force.
+        let plan_status = self.status.plan.clone().unwrap_or_default();
+        match Plan::resolve(spec, &plan_status) {
+            Ok(p) => self.derive(&p),
+            Err(_) => self.derive(&plan),
+        }
+    }
+
+    fn finish(self) -> Decision {
+        let terminal = self.status.phase.is_some_and(RunPhase::is_terminal);
+        let requeue_after = if self.status != self.committed && !terminal {
+            Some(SignedDuration::ZERO)
+        } else {
+            self.deadlines
+                .iter()
+                .min()
+                .map(|at| at.duration_since(self.now).max(SignedDuration::ZERO))
+        };
+        Decision { status: self.status, actions: self.actions, requeue_after }
+    }
+
+    // -----------------------------------------------------------------------
+    // Small helpers
+    // -----------------------------------------------------------------------
+
+    fn event(&mut self, type_: EventType, reason: &'static str, message: String) {
+        self.actions.push(Action::Event { type_, reason, message });
+    }
+
+    fn at(&self, d: SignedDuration) -> Timestamp {
+        self.now.checked_add(d).unwrap_or(Timestamp::MAX)
+    }
+
+    fn due(&mut self, at: Option<&Time>) -> bool {
+        match at {
+            Some(t) if t.0 > self.now => {
+                self.deadlines.push(t.0);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    fn failing(&self) -> bool {
+        cond::is_true(&self.status.conditions, condition::FAILURE_TARGET)
+    }
+
+    fn owner(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: "agentrun.dev/v1alpha1".into(),
+            kind: "AgentRun".into(),
+            name: self.name.to_owned(),
+            uid: self.uid.to_owned(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    fn key(&self, role: PodRole, step: &str, rev: i64) -> String {
+        names::idempotency_key(self.uid, role, step, rev)
+    }
+
+    /// Whether a live Pod of ours carries this idempotency key (D2).
+    fn live_pod_with_key(&self, key: &str) -> bool {
+        self.pods.values().any(|p| {
+            observe::is_live(p)
+                && p.metadata.labels.as_ref().and_then(|l| l.get(crate::labels::IDEMPOTENCY_KEY)).map(String::as_str)
+                    == Some(key)
+        })
+    }
+
+    fn step_spec(&self, plan: &Plan<'_>, name: &str) -> Option<StepSpec> {
+        plan.step(name)
+            .or_else(|| self.run.spec.steps.iter().find(|s| s.name == name))
+            .or_else(|| self.status.plan.as_ref()?.steps.iter().find(|s| s.name == name))
+            .cloned()
+    }
+
+    // -----------------------------------------------------------------------
+    // Finalizers (D5) and terminal runs (D12)
+    // -----------------------------------------------------------------------
+
+    /// Whether the input status accounts for this Pod's attempt: its slot has
+    /// moved past it or is no longer running it.
+    fn accounted(&self, pod: &Pod) -> Option<bool> {
+        let c = observe::coords(pod)?;
+        let (attempt, phase) = match c.role {
+            PodRole::Compensate => {
+                let cp = self
+                    .committed
+                    .compensations
+                    .iter()
+                    .find(|x| x.name == c.step && x.plan_revision == c.plan_revision)?;
+                (cp.attempt, cp.phase)
+            }
+            role => {
+                let step_role = match role {
+                    PodRole::Planner => StepRole::Planner,
+                    PodRole::Compactor => StepRole::Compactor,
+                    _ => StepRole::Step,
+                };
+                let cp = self
+                    .committed
+                    .steps
+                    .iter()
+                    .find(|x| x.role == step_role && x.name == c.step && x.plan_revision == c.plan_revision)?;
+                (cp.attempt, cp.phase)
+            }
+        };
+        Some(c.attempt < attempt || (c.attempt == attempt && phase != StepPhase::Running))
+    }
+
+    fn release_accounted_pods(&mut self) {
+        let mut pods: Vec<&Pod> = self.pods.values().copied().collect();
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        for pod in pods {
+            if self.accounted(pod) != Some(true) {
+                continue;
+            }
+            self.stop_and_release(pod, "the attempt is already accounted for");
+        }
+    }
+
+    fn stop_and_release(&mut self, pod: &Pod, why: &str) {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if observe::is_live(pod) && pod.metadata.deletion_timestamp.is_none() {
+            self.actions.push(Action::DeletePod { name: name.clone(), reason: why.to_owned() });
+        }
+        if observe::has_result_finalizer(pod) {
+            self.actions.push(Action::ReleaseFinalizer { pod: name });
+        }
+    }
+
+    fn release_all_pods(&mut self) {
+        let mut pods: Vec<&Pod> = self.pods.values().copied().collect();
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        for pod in pods {
+            self.stop_and_release(pod, "the run has finished");
+        }
+    }
+
+    /// Terminal phases are sticky: only cleanup and TTL remain.
+    fn terminal(&mut self) {
+        // Once terminal no outcome can change the run, so every Pod may go;
+        // all attempts were accounted for before the run became terminal.
+        self.release_all_pods();
+        if let (Some(ttl), Some(done)) = (self.run.spec.ttl_seconds_after_finished, &self.status.completed_at) {
+            let at = done.0.checked_add(SignedDuration::from_secs(ttl.max(0).into())).unwrap_or(Timestamp::MAX);
+            if at <= self.now {
+                self.actions.push(Action::DeleteRun);
+            } else {
+                self.deadlines.push(at);
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------
+    // Approvals (D10)
+    // -----------------------------------------------------------------------
+
+    fn sync_approvals(&mut self) {
+        for a in self.approvals.iter().filter(|a| a.spec.run_uid == self.uid) {
+            if let (Some(name), Some(status)) = (a.metadata.name.clone(), approval::desired_status(a, self.now)) {
+                self.actions.push(Action::SetApprovalStatus { name, status });
+            }
+        }
+    }
+
+    fn find_approval(&self, name: &str) -> Option<&'a crate::api::Approval> {
+        self.approvals
+            .iter()
+            .find(|a| a.metadata.name.as_deref() == Some(name) && a.spec.run_uid == self.uid)
+    }
+
+    fn approval_context(&self, plan: &Plan, reason: String, step: &StepSpec, key: &str, pod: Option<String>) -> ApprovalContext {
+        let index = CheckpointIndex::new(&self.status.steps);
+        let mut completed: Vec<String> = (0..plan.steps.len())
+            .filter_map(|i| {
+                let c = &self.status.steps[index.effective(&self.status.steps, plan, i)?];
+                (c.phase == StepPhase::Succeeded).then(|| {
+                    let r = c.result.as_ref().map(|r| r.to_string()).unwrap_or_else(|| "null".into());
+                    let short: String = r.chars().take(80).collect();
+                    format!("{}: {short}", c.name)
+                })
+            })
+            .collect();
+        let skip = completed.len().saturating_sub(APPROVAL_CONTEXT_STEPS);
+        completed.drain(..skip);
+        ApprovalContext {
+            reason,
+            effect: Some(step.effect),
+            idempotency_key: Some(key.to_owned()),
+            pod,
+            completed_steps: completed,
+        }
+    }
+
+    // -----------------------------------------------------------------------
+    // Observing running attempts
+    // -----------------------------------------------------------------------
+
+    fn observe_running(&mut self, plan: &Plan<'_>) {
+        let running: Vec<usize> = (0..self.status.steps.len())
+            .filter(|&i| self.status.steps[i].phase == StepPhase::Running)
+            .collect();
+        for i in running {
+            self.observe_step(plan, i);
+        }
+        let running: Vec<usize> = (0..self.status.compensations.len())
+            .filter(|&i| self.status.compensations[i].phase == StepPhase::Running)
+            .collect();
+        for i in running {
+            self.observe_compensation(plan, i);
+        }
+    }
+
+    fn observe_step(&mut self, plan: &Plan<'_>, i: usize) {
+        let cp = self.status.steps[i].clone();
+        let pod_name = cp.pod.clone().unwrap_or_default();
+        let pod = self.pods.get(pod_name.as_str()).copied();
+        match observe::observe(pod, cp.pod_uid.as_deref()) {
+            Observation::NotSeen => {
+                // Intent is in status; the create may not have happened or the
+                // cache may lag. Create-if-absent makes repeating it safe.
+                if let Some(pod) = self.pod_for_step(plan, &cp) {
+                    self.actions.push(Action::CreatePod(Box::new(pod)));
+                }
+            }
+            Observation::Live { uid } => {
+                if cp.pod_uid.is_none() && uid.is_some() {
+                    self.status.steps[i].pod_uid = uid;
+                }
+                self.check_timeout(plan, i);
+            }
+            Observation::Terminating { uid } => {
+                if cp.pod_uid.is_none() && uid.is_some() {
+                    self.status.steps[i].pod_uid = uid;
+                }
+            }
+            Observation::Succeeded { message } => self.on_success(plan, i, message.as_deref()),
+            Observation::Failed { exit_code, reason, message } => {
+                let tokens = result::tokens_best_effort(message.as_deref());
+                let why = format!("attempt {} exited with code {exit_code} ({reason})", cp.attempt);
+                self.on_failure(plan, i, why, tokens);
+            }
+            Observation::Disrupted { reason, started, message } => {
+                let tokens = result::tokens_best_effort(message.as_deref());
+                self.on_disruption(plan, i, &reason, started, tokens);
+            }
+            Observation::Vanished => {
+                self.on_disruption(plan, i, "its Pod vanished", true, TokenUsage::default());
+            }
+        }
+    }
+
+    fn check_timeout(&mut self, plan: &Plan<'_>, i: usize) {
+        let cp = &self.status.steps[i];
+        let timeout = match cp.role {
+            StepRole::Step => self.step_spec(plan, &cp.name).and_then(|s| plan::duration(s.timeout.as_ref())),
+            StepRole::Planner => self.run.spec.planner.as_ref().and_then(|s| plan::duration(s.timeout.as_ref())),
+            StepRole::Compactor => None,
+        };
+        let (Some(timeout), Some(started)) = (timeout, cp.started_at.as_ref()) else {
+            return;
+        };
+        let deadline = started.0.checked_add(timeout).unwrap_or(Timestamp::MAX);
+        if deadline > self.now {
+            self.deadlines.push(deadline);
+            return;
+        }
+        let pod = cp.pod.clone().unwrap_or_default();
+        let why = format!("attempt {} timed out after {}", cp.attempt, timeout_text(timeout));
+        self.actions.push(Action::DeletePod { name: pod, reason: why.clone() });
+        self.event(EventType::Warning, reason::STEP_TIMED_OUT, format!("step {}: {why}", cp.name));
+        self.on_failure(plan, i, why, TokenUsage::default());
+    }
+
+    fn add_tokens(&mut self, i: usize, t: TokenUsage) {
+        if t.total() == 0 {
+            return;
+        }
+        let cp = &mut self.status.steps[i];
+        let mut sum = cp.tokens.unwrap_or_default();
+        sum.input = sum.input.saturating_add(t.input);
+        sum.output = sum.output.saturating_add(t.output);
+        cp.tokens = Some(sum);
+        self.status.tokens_used = self.status.tokens_used.saturating_add(t.total());
+    }
+
+    fn on_success(&mut self, plan: &Plan<'_>, i: usize, message: Option<&str>) {
+        let report = match result::parse(message) {
+            Ok(r) => r,
+            Err(e) => {
+                let why = format!("attempt {} returned an unusable result: {e}", self.status.steps[i].attempt);
+                return self.on_failure(plan, i, why, TokenUsage::default());
+            }
+        };
+        self.add_tokens(i, report.tokens);
+        let role = self.status.steps[i].role;
+        let spec = match role {
+            StepRole::Step => self.step_spec(plan, &self.status.steps[i].name),
+            StepRole::Planner => self.run.spec.planner.clone(),
+            StepRole::Compactor => None,
+        };
+        let (inline, truncated) = self.cap_result(report.result);
+        let cp = &mut self.status.steps[i];
+        cp.phase = StepPhase::Succeeded;
+        cp.checkpoint = CheckpointState::Committed;
+        cp.finished_at = Some(Time(self.now));
+        cp.pod_uid = None;
+        cp.next_attempt_at = None;
+        cp.result = inline;
+        cp.result_truncated = truncated;
+        if role == StepRole::Step {
+            let effect = spec.as_ref().map_or(Effect::NonIdempotent, |s| s.effect);
+            cp.effect = Some(if effect == Effect::None { EffectOutcome::NotApplied } else { EffectOutcome::Applied });
+        }
+        let fresh_for = spec.as_ref().and_then(|s| plan::duration(s.fresh_for.as_ref()));
+        cp.fresh_until = fresh_for.map(|d| Time(self.now.checked_add(d).unwrap_or(Timestamp::MAX)));
+        let name = cp.name.clone();
+        let attempt = cp.attempt;
+        self.recorded = true;
+        match role {
+            StepRole::Step => {
+                self.event(EventType::Normal, reason::STEP_SUCCEEDED, format!("step {name} succeeded on attempt {attempt}"))
+            }
+            StepRole::Compactor => {
+                self.status.summary = report.summary;
+                self.event(EventType::Normal, reason::CONTEXT_COMPACTED, format!("context compacted before step {name}"));
+            }
+            StepRole::Planner => match plan::parse_planner_plan(report.plan.as_ref()) {
+                Ok(steps) => self.adopt_plan(&name, steps),
+                Err(e) => {
+                    let cp = &mut self.status.steps[i];
+                    cp.phase = StepPhase::Failed;
+                    cp.message = Some(e.clone());
+                    self.fail_run(reason::INVALID_PLAN, format!("planner {name}: {e}"));
+                }
+            },
+        }
+    }
+
+    /// Keeps the result inline only within the per-step and per-run caps (D11).
+    fn cap_result(&self, result: Value) -> (Option<Value>, bool) {
+        if result.is_null() {
+            return (None, false);
+        }
+        let size = serde_json::to_string(&result).map_or(usize::MAX, |s| s.len());
+        let used: usize = self
+            .status
+            .steps
+            .iter()
+            .filter_map(|c| c.result.as_ref())
+            .map(|r| serde_json::to_string(r).map_or(0, |s| s.len()))
+            .sum();
+        if size > MAX_INLINE_RESULT || used + size > MAX_INLINE_RESULTS {
+            (None, true)
+        } else {
+            (Some(result), false)
+        }
+    }
+
+    fn adopt_plan(&mut self, planner: &str, steps: Vec<StepSpec>) {
+        let revision = self.status.plan.as_ref().map_or(1, |p| p.revision) + 1;
+        let names: Vec<String> = steps.iter().map(|s| s.name.clone()).collect();
+        let message = format!("plan revision {revision} from planner {planner}: {} steps", names.len());
+        self.status.plan = Some(PlanStatus {
+            revision,
+            reason: format!("plan from planner {planner}"),
+            source: PlanSource::Planner,
+            step_names: names,
+            steps,
+            rerun_from: None,
+        });
+        self.event(EventType::Normal, reason::PLAN_ADOPTED, message);
+    }
+
+    fn retry_limit(&self, plan: &Plan<'_>, cp: &StepCheckpoint) -> (i32, Option<crate::api::Backoff>) {
+        let spec = match cp.role {
+            StepRole::Step => self.step_spec(plan, &cp.name),
+            StepRole::Planner => self.run.spec.planner.clone(),
+            StepRole::Compactor => None,
+        };
+        let retry = spec.and_then(|s| s.retry);
+        (retry.as_ref().map_or(0, |r| r.limit.max(0)), retry.and_then(|r| r.backoff))
+    }
+
+    /// A failed attempt (exit code, timeout, bad result) consumes the retry budget.
+    fn on_failure(&mut self, plan: &Plan<'_>, i: usize, why: String, tokens: TokenUsage) {
+        self.add_tokens(i, tokens);
+        let (limit, backoff) = self.retry_limit(plan, &self.status.steps[i]);
+        let now = self.now;
+        let cp = &mut self.status.steps[i];
+        cp.failures += 1;
+        cp.pod_uid = None;
+        self.recorded = true;
+        if cp.failures > limit {
+            cp.phase = StepPhase::Failed;
+            cp.checkpoint = CheckpointState::Committed;
+            cp.finished_at = Some(Time(now));
+            cp.next_attempt_at = None;
+            if cp.role == StepRole::Step {
+                cp.effect = Some(EffectOutcome::NotApplied);
+            }
+            let message = format!("{why}; no retries left (limit {limit})");
+            cp.message = Some(message.clone());
+            let (role, name) = (cp.role, cp.name.clone());
+            if role == StepRole::Compactor {
+                // Without a summary the oldest results are simply left out.
+                self.event(EventType::Warning, reason::STEP_FAILED, format!("compactor before {name}: {message}"));
+            } else {
+                self.fail_run(reason::STEP_FAILED, format!("step {name}: {message}"));
+            }
+        } else {
+            let delay = plan::backoff(backoff.as_ref(), cp.failures);
+            let at = now.checked_add(delay).unwrap_or(Timestamp::MAX);
+            cp.phase = StepPhase::Pending;
+            cp.next_attempt_at = Some(Time(at));
+            let message = format!("{why}; retry {} of {limit} after {}", cp.failures, timeout_text(delay));
+            cp.message = Some(message.clone());
+            let name = cp.name.clone();
+            self.event(EventType::Warning, reason::STEP_RETRYING, format!("step {name}: {message}"));
+        }
+    }
+
+    /// A disruption does not consume the retry budget (D6); a NonIdempotent
+    /// step that may have acted asks a person instead of running again (D7).
+    fn on_disruption(&mut self, plan: &Plan<'_>, i: usize, why: &str, started: bool, tokens: TokenUsage) {
+        self.add_tokens(i, tokens);
+        let effect = match self.status.steps[i].role {
+            StepRole::Step => self.step_spec(plan, &self.status.steps[i].name).map_or(Effect::NonIdempotent, |s| s.effect),
+            _ => Effect::None,
+        };
+        let run = self.name.to_owned();
+        let cp = &mut self.status.steps[i];
+        cp.disruptions += 1;
+        cp.pod_uid = None;
+        cp.next_attempt_at = None;
+        self.recorded = true;
+        if effect == Effect::NonIdempotent && started {
+            let approval = names::reconcile_name(&run, &cp.name, cp.plan_revision, cp.attempt);
+            let message = format!(
+                "attempt {} was disrupted ({why}) after it started; the step is NonIdempotent and may have acted: waiting for Approval {approval}",
+                cp.attempt
+            );
+            cp.effect = Some(EffectOutcome::Unknown);
+            cp.phase = StepPhase::WaitingForApproval;
+            cp.approval = Some(approval);
+            cp.message = Some(message.clone());
+            let name = cp.name.clone();
+            self.event(EventType::Warning, reason::STEP_OUTCOME_UNKNOWN, format!("step {name}: {message}"));
+        } else {
+            let message = format!("attempt {} was disrupted ({why}); it runs again with the same key", cp.attempt);
+            cp.phase = StepPhase::Pending;
+            cp.message = Some(message.clone());
+            let name = cp.name.clone();
+            self.event(EventType::Normal, reason::STEP_DISRUPTED, format!("step {name}: {message}"));
+        }
+    }
+
+    // -----------------------------------------------------------------------
+    // Run limits
+    // -----------------------------------------------------------------------
+
+    fn enforce_limits(&mut self) {
+        if self.failing() {
+            return;
+        }
+        let spec = &self.run.spec;
+        if spec.cancel {
+            return self.fail_run(reason::CANCELLED, "spec.cancel is set".into());
+        }
+        if let (Some(secs), Some(started)) = (spec.active_deadline_seconds, self.status.started_at.as_ref()) {
+            let at = started.0.checked_add(SignedDuration::from_secs(secs.max(0))).unwrap_or(Timestamp::MAX);
+            if at <= self.now {
+                return self.fail_run(reason::DEADLINE_EXCEEDED, format!("the run exceeded activeDeadlineSeconds ({secs})"));
+            }
+            self.deadlines.push(at);
+        }
+        if let Some(budget) = spec.budget.as_ref().and_then(|b| b.tokens)
+            && self.status.tokens_used > budget
+        {
+            self.budget_exceeded(
+                reason::TOKEN_BUDGET_EXCEEDED,
+                format!("{} tokens used, over the budget of {budget}", self.status.tokens_used),
+            );
+        }
+    }
+
+    fn budget_exceeded(&mut self, why: &'static str, message: String) {
+        let generation = self.run.metadata.generation;
+        cond::set(&mut self.status.conditions, condition::BUDGET_EXCEEDED, TRUE, why, message.clone(), generation, self.now);
+        self.fail_run(why, message);
+    }
+
+    /// The run is bound to fail (or be cancelled): stop what runs, record
+    /// why, and wind down through compensation.
+    fn fail_run(&mut self, why: &'static str, message: String) {
+        let generation = self.run.metadata.generation;
+        cond::set(&mut self.status.conditions, condition::FAILURE_TARGET, TRUE, why, message.clone(), generation, self.now);
+        self.recorded = true;
+        let now = self.now;
+        let effects: HashMap<String, Effect> =
+            self.run.spec.steps.iter().chain(self.status.plan.iter().flat_map(|p| p.steps.iter())).map(|s| (s.name.clone(), s.effect)).collect();
+        for i in 0..self.status.steps.len() {
+            let cp = &self.status.steps[i];
+            if cp.phase.is_terminal() {
+                continue;
+            }
+            let mut effect = cp.effect;
+            if cp.phase == StepPhase::Running {
+                let pod_name = cp.pod.clone().unwrap_or_default();
+                let pod = self.pods.get(pod_name.as_str()).copied();
+                // Unseen Pods may exist: assume they started.
+                let started = pod.is_none_or(observe::started);
+                if cp.role == StepRole::Step && effects.get(&cp.name).is_some_and(|e| *e != Effect::None) {
+                    effect = Some(if started { EffectOutcome::Unknown } else { EffectOutcome::NotApplied });
+                }
+                if pod.is_none_or(|p| p.metadata.deletion_timestamp.is_none() && observe::is_live(p)) {
+                    self.actions.push(Action::DeletePod { name: pod_name, reason: format!("stopping: {message}") });
+                }
+            } else if cp.role == StepRole::Step && effect.is_none() {
+                effect = Some(EffectOutcome::NotApplied);
+            }
+            let cp = &mut self.status.steps[i];
+            cp.effect = if cp.role == StepRole::Step { effect } else { None };
+            cp.phase = StepPhase::Failed;
+            cp.checkpoint = CheckpointState::Committed;
+            cp.finished_at = Some(Time(now));
+            cp.pod_uid = None;
+            cp.next_attempt_at = None;
+            cp.message = Some(format!("stopped: {message}"));
+        }
+        let type_ = if why == reason::CANCELLED { EventType::Normal } else { EventType::Warning };
+        self.event(type_, why, message);
+    }
+
+    // -----------------------------------------------------------------------
+    // Starting what comes next
+    // -----------------------------------------------------------------------
+
+    fn advance(&mut self, plan: &Plan<'_>) {
+        if self.run.spec.suspend {
+            return;
+        }
+        if let Some(planner) = self.planning() {
+            let rev = plan.revision;
+            match self.status.steps.iter().position(|c| c.role == StepRole::Planner && c.plan_revision == rev) {
+                None => self.launch(plan, StepRole::Planner, &planner.name, 1),
+                Some(i) => {
+                    let cp = self.status.steps[i].clone();
+                    if cp.phase == StepPhase::Pending && self.due(cp.next_attempt_at.as_ref()) {
+                        self.launch(plan, StepRole::Planner, &planner.name, cp.attempt + 1);
+                    }
+                }
+            }
+            return;
+        }
+        let index = CheckpointIndex::new(&self.status.steps);
+        let cursor = (0..plan.steps.len()).find_map(|i| match index.effective(&self.status.steps, plan, i) {
+            Some(c) if self.status.steps[c].phase == StepPhase::Succeeded => None,
+            other => Some((i, other)),
+        });
+        let Some((i, slot)) = cursor else {
+            return self.succeed_run(plan);
+        };
+        let name = plan.steps[i].name.clone();
+        let Some(c) = slot else {
+            return self.start_step(plan, i);
+        };
+        let cp = self.status.steps[c].clone();
+        match cp.phase {
+            StepPhase::Pending if self.due(cp.next_attempt_at.as_ref()) => {
+                self.launch(plan, StepRole::Step, &name, cp.attempt + 1)
+            }
+            StepPhase::WaitingForApproval => self.wait_for_approval(plan, i, c),
+            _ => {}
+        }
+    }
+
+    fn planning(&self) -> Option<StepSpec> {
+        let plan = self.status.plan.as_ref()?;
+        (plan.source == PlanSource::Spec && plan.revision == 1).then(|| self.run.spec.planner.clone()).flatten()
+    }
+
+    fn succeed_run(&mut self, plan: &Plan) {
+        self.status.phase = Some(RunPhase::Succeeded);
+        self.status.completed_at = Some(Time(self.now));
+        self.event(
+            EventType::Normal,
+            reason::RUN_SUCCEEDED,
+            format!("all {} steps of plan revision {} succeeded", plan.steps.len(), plan.revision),
+        );
+        if let Some(ttl) = self.run.spec.ttl_seconds_after_finished {
+            self.deadlines.push(self.at(SignedDuration::from_secs(ttl.max(0).into())));
+        }
+    }
+
+    /// Step `i` has no checkpoint at this revision yet.
+    fn start_step(&mut self, plan: &Plan<'_>, i: usize) {
+        if self.replan_if_stale(plan, i) {
+            return;
+        }
+        let step = plan.steps[i];
+        let Some(gate) = step.approval.as_ref().filter(|g| g.required) else {
+            return self.launch(plan, StepRole::Step, &step.name, 1);
+        };
+        if self.compaction_blocks(plan, i) {
+            return;
+        }
+        // Open the gate: record the wait, then ask (intent first, then effect).
+        let key = self.key(PodRole::Step, &step.name, plan.revision);
+        let approval = names::approve_name(self.name, &step.name, plan.revision);
+        self.status.steps.push(StepCheckpoint {
+            name: step.name.clone(),
+            role: StepRole::Step,
+            plan_revision: plan.revision,
+            attempt: 0,
+            idempotency_key: key,
+            phase: StepPhase::WaitingForApproval,
+            approval: Some(approval.clone()),
+            started_at: Some(Time(self.now)),
+            message: Some(format!("waiting for Approval {approval}")),
+            ..StepCheckpoint::default()
+        });
+        if let Some(t) = plan::duration(gate.timeout.as_ref()) {
+            self.deadlines.push(self.at(t));
+        }
+        let c = self.status.steps.len() - 1;
+        self.request_approval(plan, i, c);
+        self.event(EventType::Normal, reason::APPROVAL_REQUESTED, format!("step {} waits for Approval {approval}", step.name));
+    }
+
+    fn request_approval(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
+        let step = plan.steps[i];
+        let cp = self.status.steps[c].clone();
+        let Some(name) = cp.approval.clone() else { return };
+        let (kind, question, expires_at, on_timeout, why) = if cp.attempt == 0 {
+            let gate = step.approval.clone().unwrap_or_default();
+            let expires = plan::duration(gate.timeout.as_ref())
+                .and_then(|t| cp.started_at.as_ref().map(|s| s.0.checked_add(t).unwrap_or(Timestamp::MAX)));
+            (
+                ApprovalKind::Approve,
+                gate.question.unwrap_or_else(|| format!("May step {} run?", step.name)),
+                expires,
+                gate.on_timeout,
+                format!("step {} requires approval before it starts", step.name),
+            )
+        } else {
+            (
+                ApprovalKind::Reconcile,
+                format!(
+                    "Step {} (NonIdempotent) was interrupted on attempt {} and may have acted. Retry it with the same key, mark it succeeded, or mark it failed?",
+                    step.name, cp.attempt
+                ),
+                None,
+                OnTimeout::Reject,
+                cp.message.clone().unwrap_or_default(),
+            )
+        };
+        let pod = (cp.attempt > 0).then(|| cp.pod.clone()).flatten();
+        let context = self.approval_context(plan, why, step, &cp.idempotency_key, pod);
+        let a = approval::build(approval::Request {
+            name,
+            namespace: self.run.metadata.namespace.clone(),
+            owner: self.owner(),
+            run_name: self.name,
+            run_uid: self.uid,
+            step: &step.name,
+            plan_revision: cp.plan_revision,
+            kind,
+            question,
+            context,
+            expires_at,
+            on_timeout,
+        });
+        self.actions.push(Action::CreateApproval(Box::new(a)));
+    }
+
+    fn wait_for_approval(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
+        let cp = self.status.steps[c].clone();
+        let Some(name) = cp.approval.clone() else { return };
+        let Some(a) = self.find_approval(&name) else {
+            // Asked but not yet visible (or the create was lost): ask again.
+            if let Some(t) = plan.steps[i].approval.as_ref().and_then(|g| plan::duration(g.timeout.as_ref()))
+                && cp.attempt == 0
+                && let Some(s) = &cp.started_at
+            {
+                self.deadlines.push(s.0.checked_add(t).unwrap_or(Timestamp::MAX));
+            }
+            return self.request_approval(plan, i, c);
+        };
+        let step = plan.steps[i].name.clone();
+        let reconcile = cp.attempt > 0;
+        match approval::answer(a, self.now) {
+            Answer::Pending { expires_at } => {
+                if let Some(at) = expires_at {
+                    self.deadlines.push(at);
+                }
+            }
+            Answer::Expired { on_timeout } if !reconcile => match on_timeout {
+                OnTimeout::Approve => {
+                    self.event(EventType::Normal, reason::APPROVAL_EXPIRED, format!("Approval {name} expired; onTimeout Approve: step {step} runs"));
+                    self.launch(plan, StepRole::Step, &step, 1);
+                }
+                OnTimeout::Reject => self.refuse_step(c, reason::APPROVAL_EXPIRED, format!("Approval {name} expired without a decision (onTimeout Reject)")),
+            },
+            Answer::Expired { .. } => {}
+            Answer::Decided { decision, by, comment } => {
+                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
+                let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
+                match (reconcile, decision) {
+                    (false, Answered::Approved) => {
+                        self.event(EventType::Normal, reason::APPROVAL_GRANTED, format!("Approval {name} approved{by}"));
+                        self.launch(plan, StepRole::Step, &step, 1);
+                    }
+                    (false, Answered::Rejected) => {
+                        self.refuse_step(c, reason::APPROVAL_REJECTED, format!("Approval {name} rejected{by}{comment}"))
+                    }
+                    (true, Answered::Retry) => {
+                        self.event(EventType::Normal, reason::RECONCILE_DECIDED, format!("Approval {name}: Retry{by}"));
+                        self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
+                    }
+                    (true, Answered::MarkSucceeded) => {
+                        let fresh_for = plan::duration(plan.steps[i].fresh_for.as_ref());
+                        let now = self.now;
+                        let cp = &mut self.status.steps[c];
+                        cp.phase = StepPhase::Succeeded;
+                        cp.checkpoint = CheckpointState::Committed;
+                        cp.effect = Some(EffectOutcome::Applied);
+                        cp.finished_at = Some(Time(now));
+                        cp.fresh_until = fresh_for.map(|d| Time(now.checked_add(d).unwrap_or(Timestamp::MAX)));
+                        cp.message = Some(format!("marked succeeded{by}{comment}"));
+                        self.recorded = true;
+                        self.event(EventType::Normal, reason::RECONCILE_DECIDED, format!("Approval {name}: MarkSucceeded{by}"));
+                    }
+                    (true, Answered::MarkFailed) => {
+                        self.refuse_step(c, reason::STEP_FAILED, format!("Approval {name}: marked failed{by}{comment}"))
+                    }
+                    _ => {} // admission forbids mismatched decisions; ignore them
+                }
+            }
+        }
+    }
+
+    /// A person (or an expiry) said no: the step fails and the run winds down.
+    fn refuse_step(&mut self, c: usize, why: &'static str, message: String) {
+        let now = self.now;
+        let cp = &mut self.status.steps[c];
+        cp.phase = StepPhase::Failed;
+        cp.checkpoint = CheckpointState::Committed;
+        cp.finished_at = Some(Time(now));
+        if cp.effect != Some(EffectOutcome::Unknown) || why == reason::STEP_FAILED {
+            cp.effect = Some(EffectOutcome::NotApplied);
+        }
+        cp.message = Some(message.clone());
+        let name = cp.name.clone();
+        self.fail_run(why, format!("step {name}: {message}"));
+    }
+
+    /// D8: before a step starts, every input must be within its freshness
+    /// budget; otherwise re-plan from the earliest stale step.
+    fn replan_if_stale(&mut self, plan: &Plan<'_>, i: usize) -> bool {
+        let index = CheckpointIndex::new(&self.status.steps);
+        let stale = (0..i).find_map(|j| {
+            let c = &self.status.steps[index.effective(&self.status.steps, plan, j)?];
+            let until = c.fresh_until.as_ref()?;
+            (until.0 <= self.now).then(|| (j, until.0))
+        });
+        // No timer for freshness: it only matters when a step is about to start.
+        let Some((j, since)) = stale else {
+            return false;
+        };
+        let revision = plan.revision + 1;
+        let stale_name = plan.steps[j].name.clone();
+        let reason_text = format!(
+            "the result of step {stale_name} went stale at {since}; steps from {stale_name} on run again at plan revision {revision}"
+        );
+        for cp in self.status.steps.iter_mut() {
+            if !cp.phase.is_terminal() && cp.plan_revision < revision {
+                cp.phase = StepPhase::Superseded;
+                cp.message = Some(format!("superseded by plan revision {revision}"));
+            }
+        }
+        if let Some(p) = self.status.plan.as_mut() {
+            p.revision = revision;
+            p.reason = reason_text.clone();
+            p.rerun_from = Some(stale_name);
+        }
+        self.recorded = true;
+        self.event(EventType::Normal, reason::REPLANNED, reason_text);
+        true
+    }
+
+    /// D11: when the context of step `i` would exceed `maxBytes` and a
+    /// compactor is configured, it runs first. Returns whether it blocks.
+    fn compaction_blocks(&mut self, plan: &Plan<'_>, i: usize) -> bool {
+        if self.run.spec.context.as_ref().and_then(|c| c.compactor.as_ref()).is_none() {
+            return false;
+        }
+        let name = plan.steps[i].name.clone();
+        let index = CheckpointIndex::new(&self.status.steps);
+        match index.at(&self.status.steps, StepRole::Compactor, &name, plan.revision) {
+            Some(c) => {
+                let cp = self.status.steps[c].clone();
+                match cp.phase {
+                    StepPhase::Running => true,
+                    StepPhase::Pending => {
+                        if self.due(cp.next_attempt_at.as_ref()) {
+                            self.launch(plan, StepRole::Compactor, &name, cp.attempt + 1);
+                        }
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            None => {
+                let key = self.key(PodRole::Step, &name, plan.revision);
+                let results = self.prior_results(plan, i, self.now);
+                let summary = self.status.summary.clone();
+                let identity = Identity {
+                    run: self.name,
+                    run_uid: self.uid,
+                    step: &name,
+                    role: PodRole::Step.label(),
+                    attempt: 1,
+                    idempotency_key: &key,
+                    plan_revision: plan.revision,
+                };
+                let refs: Vec<PriorResult> = results.iter().map(|(s, r)| PriorResult { step: s, result: r }).collect();
+                if context::full_size(&identity, summary.as_deref(), &refs) <= self.max_context_bytes() {
+                    return false;
+                }
+                self.launch(plan, StepRole::Compactor, &name, 1);
+                true
+            }
+        }
+    }
+
+    fn max_context_bytes(&self) -> usize {
+        let max = self.run.spec.context.as_ref().and_then(|c| c.max_bytes).unwrap_or(DEFAULT_CONTEXT_BYTES);
+        max.clamp(1024, MAX_CONTEXT_BYTES) as usize
+    }
+
+    /// Fresh results of the steps before `i` not yet folded into the summary.
+    fn prior_results(&self, plan: &Plan, i: usize, at: Timestamp) -> Vec<(String, Value)> {
+        let compacted_before = self
+            .status
+            .steps
+            .iter()
+            .rposition(|c| c.role == StepRole::Compactor && c.phase == StepPhase::Succeeded);
+        let index = CheckpointIndex::new(&self.status.steps);
+        (0..i.min(plan.steps.len()))
+            .filter_map(|j| {
+                let c = index.effective(&self.status.steps, plan, j)?;
+                if compacted_before.is_some_and(|k| c < k) {
+                    return None;
+                }
+                let cp = &self.status.steps[c];
+                let fresh = cp.fresh_until.as_ref().is_none_or(|t| t.0 > at);
+                (cp.phase == StepPhase::Succeeded && fresh)
+                    .then(|| cp.result.clone().map(|r| (cp.name.clone(), r)))
+                    .flatten()
+            })
+            .collect()
+    }
+
+    /// Starts attempt `attempt` of a step, planner or compactor: records the
+    /// intent in status and emits the Pod (D1, D2).
+    fn launch(&mut self, plan: &Plan<'_>, role: StepRole, name: &str, attempt: i32) {
+        if self.run.spec.suspend {
+            return;
+        }
+        if role == StepRole::Step {
+            let Some(i) = plan.steps.iter().position(|s| s.name == name) else { return };
+            if self.replan_if_stale(plan, i) || self.compaction_blocks(plan, i) {
+                return;
+            }
+        }
+        if let Some(budget) = self.run.spec.budget.as_ref().and_then(|b| b.step_executions)
+            && self.status.step_executions >= budget
+        {
+            return self.budget_exceeded(
+                reason::STEP_BUDGET_EXCEEDED,
+                format!("{} step Pods created, the budget of {budget} is spent", self.status.step_executions),
+            );
+        }
+        let rev = plan.revision;
+        let key = self.key(role.into(), name, rev);
+        if self.live_pod_with_key(&key) {
+            return; // an earlier attempt is still stopping (D2)
+        }
+        let pod_name = names::pod_name(self.name, role.into(), name, rev, attempt);
+        let index = CheckpointIndex::new(&self.status.steps);
+        let c = match index.at(&self.status.steps, role, name, rev) {
+            Some(c) => c,
+            None => {
+                self.status.steps.push(StepCheckpoint {
+                    name: name.to_owned(),
+                    role,
+                    plan_revision: rev,
+                    idempotency_key: key,
+                    ..StepCheckpoint::default()
+                });
+                self.status.steps.len() - 1
+            }
+        };
+        let cp = &mut self.status.steps[c];
+        cp.attempt = attempt;
+        cp.pod = Some(pod_name.clone());
+        cp.pod_uid = None;
+        cp.phase = StepPhase::Running;
+        cp.started_at = Some(Time(self.now));
+        cp.next_attempt_at = None;
+        self.status.step_executions = self.status.step_executions.saturating_add(1);
+        let cp = self.status.steps[c].clone();
+        if let Some(pod) = self.pod_for_step(plan, &cp) {
+            self.actions.push(Action::CreatePod(Box::new(pod)));
+        }
+        let what = match role {
+            StepRole::Step => format!("step {name}"),
+            StepRole::Planner => format!("planner {name}"),
+            StepRole::Compactor => format!("compactor before step {name}"),
+        };
+        self.event(EventType::Normal, reason::STEP_STARTED, format!("{what}: attempt {attempt} as Pod {pod_name}"));
+    }
+
+    /// The Pod of a checkpoint's current attempt, rebuilt deterministically
+    /// from status (the context as of the attempt's start).
+    fn pod_for_step(&self, plan: &Plan<'_>, cp: &StepCheckpoint) -> Option<Pod> {
+        let at = cp.started_at.as_ref().map_or(self.now, |t| t.0);
+        let role: PodRole = cp.role.into();
+        let i = plan.steps.iter().position(|s| s.name == cp.name).unwrap_or(plan.steps.len());
+        let (container, results, max): (StepContainer, _, usize) = match cp.role {
+            StepRole::Step => {
+                let spec = self.step_spec(plan, &cp.name)?;
+                (spec.container, self.prior_results(plan, i, at), self.max_context_bytes())
+            }
+            StepRole::Planner => (self.run.spec.planner.as_ref()?.container.clone(), Vec::new(), self.max_context_bytes()),
+            StepRole::Compactor => (
+                self.run.spec.context.as_ref()?.compactor.clone()?,
+                self.prior_results(plan, i, at),
+                MAX_CONTEXT_BYTES as usize,
+            ),
+        };
+        let refs: Vec<PriorResult> = results.iter().map(|(s, r)| PriorResult { step: s, result: r }).collect();
+        let identity = Identity {
+            run: self.name,
+            run_uid: self.uid,
+            step: &cp.name,
+            role: role.label(),
+            attempt: cp.attempt,
+            idempotency_key: &cp.idempotency_key,
+            plan_revision: cp.plan_revision,
+        };
+        let ctx = context::materialise(&identity, self.status.summary.as_deref(), &refs, max);
+        Some(pods::build(PodRequest {
+            name: names::pod_name(self.name, role, &cp.name, cp.plan_revision, cp.attempt),
+            namespace: self.run.metadata.namespace.clone(),
+            owner: self.owner(),
+            run: self.name,
+            step: &cp.name,
+            role,
+            plan_revision: cp.plan_revision,
+            attempt: cp.attempt,
+            idempotency_key: &cp.idempotency_key,
+            container: &container,
+            defaults: self.run.spec.pod_template.as_ref(),
+            context_json: ctx.json,
+        }))
+    }
+
+    // -----------------------------------------------------------------------
+    // Winding down: compensation (the saga), then a terminal phase
+    // -----------------------------------------------------------------------
+
+    fn wind_down(&mut self, plan: &Plan<'_>) {
+        // Nothing new starts while a step Pod of this run is still live.
+        let step_pod_live = self.pods.values().any(|p| {
+            observe::is_live(p) && observe::coords(p).is_some_and(|c| c.role != PodRole::Compensate)
+        });
+        if step_pod_live {
+            return;
+        }
+        let targets = self.compensation_targets(plan);
+        for (name, rev, container) in targets {
+            let existing = self.status.compensations.iter().position(|c| c.name == name && c.plan_revision == rev);
+            let Some(k) = existing else {
+                if !self.recorded && !self.run.spec.suspend {
+                    self.launch_compensation(plan, &name, rev, &container, 1);
+                }
+                return;
+            };
+            let cp = self.status.compensations[k].clone();
+            match cp.phase {
+                StepPhase::Running => return,
+                StepPhase::Pending => {
+                    if !self.recorded && !self.run.spec.suspend && self.due(cp.next_attempt_at.as_ref()) {
+                        self.launch_compensation(plan, &name, rev, &container, cp.attempt + 1);
+                    }
+                    return;
+                }
+                _ => continue,
+            }
+        }
+        self.finish_failed();
+    }
+
+    /// Applied (or possibly applied) steps with a compensation, latest first.
+    fn compensation_targets(&self, plan: &Plan<'_>) -> Vec<(String, i64, StepContainer)> {
+        self.status
+            .steps
+            .iter()
+            .rev()
+            .filter(|c| c.role == StepRole::Step)
+            .filter(|c| matches!(c.effect, Some(EffectOutcome::Applied | EffectOutcome::Unknown)))
+            .filter_map(|c| {
+                let container = self.step_spec(plan, &c.name)?.compensate?;
+                Some((c.name.clone(), c.plan_revision, container))
+            })
+            .collect()
+    }
+
+    fn launch_compensation(&mut self, plan: &Plan<'_>, name: &str, rev: i64, container: &StepContainer, attempt: i32) {
+        let key = self.key(PodRole::Compensate, name, rev);
+        if self.live_pod_with_key(&key) {
+            return;
+        }
+        let pod_name = names::pod_name(self.name, PodRole::Compensate, name, rev, attempt);
+        let k = match self.status.compensations.iter().position(|c| c.name == name && c.plan_revision == rev) {
+            Some(k) => k,
+            None => {
+                self.status.compensations.push(CompensationCheckpoint {
+                    name: name.to_owned(),
+                    plan_revision: rev,
+                    idempotency_key: key,
+                    ..CompensationCheckpoint::default()
+                });
+                self.status.compensations.len() - 1
+            }
+        };
+        let cp = &mut self.status.compensations[k];
+        cp.attempt = attempt;
+        cp.pod = Some(pod_name.clone());
+        cp.pod_uid = None;
+        cp.phase = StepPhase::Running;
+        cp.started_at = Some(Time(self.now));
+        cp.next_attempt_at = None;
+        let cp = cp.clone();
+        self.actions.push(Action::CreatePod(Box::new(self.compensation_pod(plan, &cp, container))));
+        self.event(
+            EventType::Normal,
+            reason::COMPENSATION_STARTED,
+            format!("compensating step {name} (plan revision {rev}): attempt {attempt} as Pod {pod_name}"),
+        );
+    }
+
+    fn compensation_pod(&self, _plan: &Plan<'_>, cp: &CompensationCheckpoint, container: &StepContainer) -> Pod {
+        let step_result = self
+            .status
+            .steps
+            .iter()
+            .find(|c| c.role == StepRole::Step && c.name == cp.name && c.plan_revision == cp.plan_revision)
+            .and_then(|c| c.result.clone());
+        let results: Vec<(String, Value)> = step_result.map(|r| (cp.name.clone(), r)).into_iter().collect();
+        let refs: Vec<PriorResult> = results.iter().map(|(s, r)| PriorResult { step: s, result: r }).collect();
+        let identity = Identity {
+            run: self.name,
+            run_uid: self.uid,
+            step: &cp.name,
+            role: PodRole::Compensate.label(),
+            attempt: cp.attempt,
+            idempotency_key: &cp.idempotency_key,
+            plan_revision: cp.plan_revision,
+        };
+        let ctx = context::materialise(&identity, None, &refs, self.max_context_bytes());
+        pods::build(PodRequest {
+            name: names::pod_name(self.name, PodRole::Compensate, &cp.name, cp.plan_revision, cp.attempt),
+            namespace: self.run.metadata.namespace.clone(),
+            owner: self.owner(),
+            run: self.name,
+            step: &cp.name,
+            role: PodRole::Compensate,
+            plan_revision: cp.plan_revision,
+            attempt: cp.attempt,
+            idempotency_key: &cp.idempotency_key,
+            container,
+            defaults: self.run.spec.pod_template.as_ref(),
+            context_json: ctx.json,
+        })
+    }
+
+    fn observe_compensation(&mut self, plan: &Plan<'_>, k: usize) {
+        let cp = self.status.compensations[k].clone();
+        let pod = self.pods.get(cp.pod.as_deref().unwrap_or("")).copied();
+        let (limit, backoff) = {
+            let spec = self.step_spec(plan, &cp.name);
+            let retry = spec.and_then(|s| s.retry);
+            (retry.as_ref().map_or(0, |r| r.limit.max(0)), retry.and_then(|r| r.backoff))
+        };
+        let now = self.now;
+        let failed = |why: String, m: &mut Self| {
+            let c = &mut m.status.compensations[k];
+            c.failures += 1;
+            c.pod_uid = None;
+            m.recorded = true;
+            if c.failures > limit {
+                c.phase = StepPhase::Failed;
+                c.finished_at = Some(Time(now));
+                c.message = Some(format!("{why}; no retries left (limit {limit})"));
+                let message = format!("compensation of step {}: {why}", c.name);
+                m.event(EventType::Warning, reason::COMPENSATION_FAILED, message);
+            } else {
+                let at = now.checked_add(plan::backoff(backoff.as_ref(), c.failures)).unwrap_or(Timestamp::MAX);
+                c.phase = StepPhase::Pending;
+                c.next_attempt_at = Some(Time(at));
+                c.message = Some(format!("{why}; retry {} of {limit}", c.failures));
+            }
+        };
+        match observe::observe(pod, cp.pod_uid.as_deref()) {
+            Observation::NotSeen => {
+                if let Some(container) = self.step_spec(plan, &cp.name).and_then(|s| s.compensate) {
+                    self.actions.push(Action::CreatePod(Box::new(self.compensation_pod(plan, &cp, &container))));
+                }
+            }
+            Observation::Live { uid } | Observation::Terminating { uid } => {
+                if cp.pod_uid.is_none() && uid.is_some() {
+                    self.status.compensations[k].pod_uid = uid;
+                }
+            }
+            Observation::Succeeded { message } => match result::parse(message.as_deref()) {
+                Ok(_) => {
+                    let c = &mut self.status.compensations[k];
+                    c.phase = StepPhase::Succeeded;
+                    c.finished_at = Some(Time(now));
+                    c.pod_uid = None;
+                    self.recorded = true;
+                    let message = format!("compensation of step {} succeeded", cp.name);
+                    self.event(EventType::Normal, reason::COMPENSATION_SUCCEEDED, message);
+                }
+                Err(e) => failed(format!("attempt {} returned an unusable result: {e}", cp.attempt), self),
+            },
+            Observation::Failed { exit_code, reason, .. } => {
+                failed(format!("attempt {} exited with code {exit_code} ({reason})", cp.attempt), self)
+            }
+            Observation::Disrupted { .. } | Observation::Vanished => {
+                // Compensations run with their own key and are meant to be repeatable.
+                let c = &mut self.status.compensations[k];
+                c.disruptions += 1;
+                c.pod_uid = None;
+                c.phase = StepPhase::Pending;
+                c.message = Some(format!("attempt {} was disrupted; it runs again with the same key", cp.attempt));
+                self.recorded = true;
+            }
+        }
+    }
+
+    fn finish_failed(&mut self) {
+        let target = cond::get(&self.status.conditions, condition::FAILURE_TARGET).cloned();
+        let why = target.as_ref().map_or(reason::RUN_FAILED.to_owned(), |c| c.reason.clone());
+        let message = target.map(|c| c.message).unwrap_or_default();
+        let cancelled = why == reason::CANCELLED;
+        self.status.phase = Some(if cancelled { RunPhase::Cancelled } else { RunPhase::Failed });
+        self.status.completed_at = Some(Time(self.now));
+        let failed_compensations: Vec<String> =
+            self.status.compensations.iter().filter(|c| c.phase == StepPhase::Failed).map(|c| c.name.clone()).collect();
+        let mut text = message;
+        if !failed_compensations.is_empty() {
+            text.push_str(&format!("; compensation failed for: {}", failed_compensations.join(", ")));
+        }
+        if cancelled {
+            self.event(EventType::Normal, reason::RUN_CANCELLED, text);
+        } else {
+            self.event(EventType::Warning, reason::RUN_FAILED, text);
+        }
+        if let Some(ttl) = self.run.spec.ttl_seconds_after_finished {
+            self.deadlines.push(self.at(SignedDuration::from_secs(ttl.max(0).into())));
+        }
+    }
+
+    // -----------------------------------------------------------------------
+    // Phase, progress and conditions
+    // -----------------------------------------------------------------------
+
+    fn derive(&mut self, plan: &Plan<'_>) {
+        let index = CheckpointIndex::new(&self.status.steps);
+        let done = (0..plan.steps.len())
+            .filter(|&i| index.effective(&self.status.steps, plan, i).is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded))
+            .count();
+        self.status.progress = Some(format!("{done}/{}", plan.steps.len()));
+        let waiting = self.status.steps.iter().rfind(|c| c.phase == StepPhase::WaitingForApproval).cloned();
+        let active = self
+            .status
+            .steps
+            .iter()
+            .rfind(|c| !c.phase.is_terminal())
+            .map(|c| c.name.clone())
+            .or_else(|| self.status.compensations.iter().rfind(|c| !c.phase.is_terminal()).map(|c| c.name.clone()));
+        if active.is_some() {
+            self.status.current_step = active;
+        }
+        let failing = self.failing();
+        let phase = match self.status.phase {
+            Some(p) if p.is_terminal() => p,
+            _ if failing => RunPhase::Compensating,
+            _ if self.planning().is_some() => RunPhase::Planning,
+            _ if waiting.is_some() => RunPhase::WaitingForApproval,
+            _ => RunPhase::Running,
+        };
+        self.status.phase = Some(phase);
+
+        let g = self.run.metadata.generation;
+        let now = self.now;
+        let conds = &mut self.status.conditions;
+        let target = cond::get(conds, condition::FAILURE_TARGET).cloned();
+        match phase {
+            RunPhase::Succeeded => {
+                cond::set(conds, condition::SUCCEEDED, TRUE, reason::RUN_SUCCEEDED, format!("{done} steps succeeded"), g, now)
+            }
+            RunPhase::Failed | RunPhase::Cancelled => {
+                let (r, m) = target.map_or((reason::RUN_FAILED.to_owned(), String::new()), |c| (c.reason, c.message));
+                cond::set(conds, condition::SUCCEEDED, FALSE, &r, m, g, now)
+            }
+            p => {
+                let r = match p {
+                    RunPhase::Planning => reason::PLANNING,
+                    RunPhase::WaitingForApproval => reason::WAITING_FOR_APPROVAL,
+                    RunPhase::Compensating => reason::COMPENSATING,
+                    RunPhase::Pending => reason::PENDING,
+                    _ => reason::RUNNING,
+                };
+                cond::set(conds, condition::SUCCEEDED, UNKNOWN, r, format!("{done}/{} steps done", plan.steps.len()), g, now)
+            }
+        }
+        let (status, r) = if phase.is_terminal() {
+            (FALSE, reason::FINISHED)
+        } else if self.run.spec.suspend {
+            (FALSE, reason::SUSPENDED)
+        } else if phase == RunPhase::WaitingForApproval {
+            (FALSE, reason::WAITING_FOR_APPROVAL)
+        } else if phase == RunPhase::Compensating {
+            (TRUE, reason::COMPENSATING)
+        } else {
+            (TRUE, reason::RUNNING)
+        };
+        cond::set(conds, condition::PROGRESSING, status, r, String::new(), g, now);
+        match &waiting {
+            Some(w) if !phase.is_terminal() => cond::set(
+                conds,
+                condition::AWAITING_APPROVAL,
+                TRUE,
+                reason::WAITING_FOR_APPROVAL,
+                format!("step {} waits for Approval {}", w.name, w.approval.clone().unwrap_or_default()),
+                g,
+                now,
+            ),
+            _ => cond::set(conds, condition::AWAITING_APPROVAL, FALSE, reason::NO_APPROVAL_PENDING, String::new(), g, now),
+        }
+        if let Some(plan_status) = &self.status.plan
+            && let Some(from) = &plan_status.rerun_from
+        {
+            let rerun_done = plan
+                .steps
+                .iter()
+                .position(|s| &s.name == from)
+                .and_then(|i| index.effective(&self.status.steps, plan, i))
+                .is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded);
+            let (s, r) = if rerun_done { (FALSE, reason::INPUTS_FRESH) } else { (TRUE, reason::INPUT_STALE) };
+            cond::set(&mut self.status.conditions, condition::STALE, s, r, plan_status.reason.clone(), g, now);
+        }
+    }
+}
+
+fn timeout_text(d: SignedDuration) -> String {
+    let secs = d.as_secs();
+    if d.subsec_nanos() == 0 { format!("{secs}s") } else { format!("{:.3}s", d.as_secs_f64()) }
+}

@@ -1,0 +1,152 @@
+//! Reading step Pods: which Pods are ours, what coordinates their labels
+//! carry, and what an attempt's Pod says about how it went. Disruption
+//! (eviction, preemption, deletion, loss) is told apart from failure here (D6).
+
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
+
+use super::names::PodRole;
+use crate::labels;
+
+/// Pod `status.reason` values that mean the node took the Pod away.
+const DISRUPTION_REASONS: &[&str] = &["Evicted", "Preempted", "NodeLost", "Shutdown", "Terminated"];
+/// Exit codes of a container killed by SIGKILL / SIGTERM, as after a deletion.
+const KILLED_EXIT_CODES: &[i32] = &[137, 143];
+
+/// The coordinates a step Pod carries in its labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodCoords {
+    pub role: PodRole,
+    pub step: String,
+    pub plan_revision: i64,
+    pub attempt: i32,
+}
+
+pub fn coords(pod: &Pod) -> Option<PodCoords> {
+    let labels = pod.metadata.labels.as_ref()?;
+    Some(PodCoords {
+        role: PodRole::from_label(labels.get(labels::ROLE)?)?,
+        step: labels.get(labels::STEP)?.clone(),
+        plan_revision: labels.get(labels::PLAN_REVISION)?.parse().ok()?,
+        attempt: labels.get(labels::ATTEMPT)?.parse().ok()?,
+    })
+}
+
+/// Whether the Pod is controlled by the run with this UID.
+pub fn owned_by(pod: &Pod, run_uid: &str) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == run_uid && o.controller == Some(true))
+}
+
+pub fn has_result_finalizer(pod: &Pod) -> bool {
+    pod.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == labels::RESULT_FINALIZER)
+}
+
+/// Live: not in a terminal phase. A deleted Pod whose containers still run is live (D2).
+pub fn is_live(pod: &Pod) -> bool {
+    !matches!(phase(pod), "Succeeded" | "Failed")
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+}
+
+fn terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref())
+}
+
+/// Whether any container ever started: a NonIdempotent step that never
+/// started cannot have acted.
+pub fn started(pod: &Pod) -> bool {
+    phase(pod) != "Pending"
+        || pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                let running = c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some());
+                running || c.last_state.as_ref().is_some_and(|s| s.terminated.is_some())
+            })
+}
+
+fn disruption_reason(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if let Some(c) = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+    {
+        return Some(c.reason.clone().unwrap_or_else(|| "DisruptionTarget".into()));
+    }
+    status.reason.as_deref().filter(|r| DISRUPTION_REASONS.contains(r)).map(str::to_owned)
+}
+
+/// What the Pod of a running attempt shows.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observation {
+    /// Not in the cache and never seen: just created, or the create was lost.
+    NotSeen,
+    /// Seen once, now gone or replaced by another object of the same name.
+    Vanished,
+    /// Pending or running.
+    Live { uid: Option<String> },
+    /// Being deleted, containers still running: wait for it to stop (D2).
+    Terminating { uid: Option<String> },
+    Succeeded { message: Option<String> },
+    Failed { exit_code: i32, reason: String, message: Option<String> },
+    Disrupted { reason: String, started: bool, message: Option<String> },
+}
+
+/// Classifies the Pod of an attempt; `seen_uid` is the UID status recorded.
+pub fn observe(pod: Option<&Pod>, seen_uid: Option<&str>) -> Observation {
+    let Some(pod) = pod else {
+        return if seen_uid.is_some() { Observation::Vanished } else { Observation::NotSeen };
+    };
+    let uid = pod.metadata.uid.clone();
+    if let (Some(seen), Some(uid)) = (seen_uid, uid.as_deref())
+        && seen != uid
+    {
+        return Observation::Vanished;
+    }
+    let term = terminated(pod);
+    let message = term.and_then(|t| t.message.clone());
+    let deleting = pod.metadata.deletion_timestamp.is_some();
+    match phase(pod) {
+        "Succeeded" => Observation::Succeeded { message },
+        "Failed" => {
+            let killed = term.is_none_or(|t| KILLED_EXIT_CODES.contains(&t.exit_code));
+            match disruption_reason(pod) {
+                Some(reason) => Observation::Disrupted { reason, started: started(pod), message },
+                None if deleting && killed => Observation::Disrupted {
+                    reason: "Deleted".into(),
+                    started: started(pod),
+                    message,
+                },
+                None => Observation::Failed {
+                    exit_code: term.map_or(-1, |t| t.exit_code),
+                    reason: term
+                        .and_then(|t| t.reason.clone())
+                        .or_else(|| pod.status.as_ref().and_then(|s| s.reason.clone()))
+                        .unwrap_or_else(|| "Error".into()),
+                    message,
+                },
+            }
+        }
+        _ if deleting => Observation::Terminating { uid },
+        _ => Observation::Live { uid },
+    }
+}

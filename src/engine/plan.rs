@@ -1,0 +1,259 @@
+//! The plan in force: validating steps (from the spec or from a planner's
+//! result) and finding each step's effective checkpoint at a plan revision.
+//! What slipped past admission is refused here with a message naming the
+//! field (D13), never with a panic.
+
+use std::collections::{HashMap, HashSet};
+
+use jiff::SignedDuration;
+use serde_json::Value;
+
+use crate::api::{
+    AgentRunSpec, Backoff, MAX_CONTEXT_BYTES, MAX_STEP_NAME, MAX_STEPS, PlanSource, PlanStatus, StepCheckpoint,
+    StepPhase, StepRole, StepSpec,
+};
+
+/// Checks a list of steps the way admission would. `at` names the list in messages.
+pub fn validate_steps(steps: &[StepSpec], at: &str) -> Result<(), String> {
+    if steps.len() > MAX_STEPS {
+        return Err(format!("{at}: {} steps, more than the {MAX_STEPS} a plan may have", steps.len()));
+    }
+    let mut seen = HashSet::new();
+    for (i, step) in steps.iter().enumerate() {
+        let at = format!("{at}[{i}]");
+        validate_step(step, &at)?;
+        if !seen.insert(step.name.as_str()) {
+            return Err(format!("{at}.name: step name {:?} is used twice", step.name));
+        }
+    }
+    Ok(())
+}
+
+pub fn validate_step(step: &StepSpec, at: &str) -> Result<(), String> {
+    if !is_dns_label(&step.name) || step.name.len() > MAX_STEP_NAME {
+        return Err(format!(
+            "{at}.name: {:?} must be a DNS label (lower-case letters, digits and '-') of at most {MAX_STEP_NAME} characters",
+            step.name
+        ));
+    }
+    if step.container.image.is_empty() {
+        return Err(format!("{at}.container.image: an image is required"));
+    }
+    let durations = [
+        ("freshFor", step.fresh_for.as_ref()),
+        ("timeout", step.timeout.as_ref()),
+        ("approval.timeout", step.approval.as_ref().and_then(|a| a.timeout.as_ref())),
+        ("retry.backoff.initial", step.retry.as_ref().and_then(|r| r.backoff.as_ref()).map(|b| &b.initial)),
+        ("retry.backoff.max", step.retry.as_ref().and_then(|r| r.backoff.as_ref()).map(|b| &b.max)),
+    ];
+    for (field, d) in durations {
+        if let Some(d) = d {
+            d.parse().map_err(|e| format!("{at}.{field}: {e}"))?;
+        }
+    }
+    if let Some(r) = &step.retry
+        && !(0..=100).contains(&r.limit)
+    {
+        return Err(format!("{at}.retry.limit: {} is outside 0–100", r.limit));
+    }
+    if let Some(c) = &step.compensate
+        && c.image.is_empty()
+    {
+        return Err(format!("{at}.compensate.image: an image is required"));
+    }
+    Ok(())
+}
+
+/// Checks the whole spec once the run starts.
+pub fn validate_spec(spec: &AgentRunSpec) -> Result<(), String> {
+    if spec.steps.is_empty() && spec.planner.is_none() {
+        return Err("spec.steps: at least one step is required unless spec.planner is set".into());
+    }
+    validate_steps(&spec.steps, "spec.steps")?;
+    if let Some(p) = &spec.planner {
+        validate_step(p, "spec.planner")?;
+    }
+    if let Some(ctx) = &spec.context
+        && let Some(max) = ctx.max_bytes
+        && !(1024..=MAX_CONTEXT_BYTES).contains(&max)
+    {
+        return Err(format!("spec.context.maxBytes: {max} is outside 1024–{MAX_CONTEXT_BYTES}"));
+    }
+    if let Some(a) = spec.active_deadline_seconds
+        && a < 1
+    {
+        return Err(format!("spec.activeDeadlineSeconds: {a} must be at least 1"));
+    }
+    Ok(())
+}
+
+/// The planner's `plan` field as steps, validated like the spec.
+pub fn parse_planner_plan(plan: Option<&Value>) -> Result<Vec<StepSpec>, String> {
+    let Some(plan) = plan else {
+        return Err("the planner's termination message has no \"plan\" field".into());
+    };
+    let steps: Vec<StepSpec> =
+        serde_json::from_value(plan.clone()).map_err(|e| format!("the planner's plan is not a list of steps: {e}"))?;
+    if steps.is_empty() {
+        return Err("the planner's plan has no steps".into());
+    }
+    validate_steps(&steps, "plan")?;
+    Ok(steps)
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A duration already validated; a bad one counts as unset rather than panicking.
+pub fn duration(d: Option<&crate::api::Duration>) -> Option<SignedDuration> {
+    d.and_then(|d| d.parse().ok())
+}
+
+/// Backoff before attempt `failures + 1`: `initial`, doubling, capped at `max`.
+pub fn backoff(policy: Option<&Backoff>, failures: i32) -> SignedDuration {
+    let default = Backoff::default();
+    let b = policy.unwrap_or(&default);
+    let initial = b.initial.parse().unwrap_or(SignedDuration::from_secs(10));
+    let max = b.max.parse().unwrap_or(SignedDuration::from_secs(300)).max(initial);
+    let doublings = failures.saturating_sub(1).clamp(0, 30) as u32;
+    initial.checked_mul(1 << doublings).unwrap_or(max).min(max)
+}
+
+/// The steps of the plan in force, resolved against the spec or the planner's steps.
+pub struct Plan<'a> {
+    pub revision: i64,
+    pub steps: Vec<&'a StepSpec>,
+    /// Index of the first step that must run at this revision.
+    pub rerun_from: usize,
+}
+
+impl<'a> Plan<'a> {
+    pub fn resolve(spec: &'a AgentRunSpec, status: &'a PlanStatus) -> Result<Plan<'a>, String> {
+        let steps: Vec<&StepSpec> = match status.source {
+            PlanSource::Planner => status.steps.iter().collect(),
+            PlanSource::Spec => {
+                let by_name: HashMap<&str, &StepSpec> = spec.steps.iter().map(|s| (s.name.as_str(), s)).collect();
+                status
+                    .step_names
+                    .iter()
+                    .map(|n| {
+                        by_name.get(n.as_str()).copied().ok_or_else(|| {
+                            format!("spec.steps: step {n:?} of plan revision {} was removed while the run was in progress", status.revision)
+                        })
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+        };
+        let rerun_from = status
+            .rerun_from
+            .as_ref()
+            .and_then(|n| steps.iter().position(|s| &s.name == n))
+            .unwrap_or(0);
+        Ok(Plan { revision: status.revision, steps, rerun_from })
+    }
+
+    pub fn step(&self, name: &str) -> Option<&'a StepSpec> {
+        self.steps.iter().copied().find(|s| s.name == name)
+    }
+}
+
+/// Index over `status.steps` by (role, name) for quick effective-checkpoint lookups.
+pub struct CheckpointIndex {
+    by_name: HashMap<(StepRole, String), Vec<usize>>,
+}
+
+impl CheckpointIndex {
+    pub fn new(checkpoints: &[StepCheckpoint]) -> Self {
+        let mut by_name: HashMap<(StepRole, String), Vec<usize>> = HashMap::new();
+        for (i, c) in checkpoints.iter().enumerate() {
+            by_name.entry((c.role, c.name.clone())).or_default().push(i);
+        }
+        CheckpointIndex { by_name }
+    }
+
+    /// The checkpoint at exactly this revision.
+    pub fn at(&self, checkpoints: &[StepCheckpoint], role: StepRole, name: &str, revision: i64) -> Option<usize> {
+        self.by_name
+            .get(&(role, name.to_owned()))?
+            .iter()
+            .copied()
+            .find(|&i| checkpoints[i].plan_revision == revision)
+    }
+
+    /// The checkpoint that counts for plan step `index` at `plan.revision`:
+    /// before `rerun_from`, the newest earlier checkpoint that was not
+    /// superseded; from `rerun_from` on, only one made at this revision.
+    pub fn effective(&self, checkpoints: &[StepCheckpoint], plan: &Plan, index: usize) -> Option<usize> {
+        let name = &plan.steps[index].name;
+        let list = self.by_name.get(&(StepRole::Step, name.clone()))?;
+        if index >= plan.rerun_from {
+            return list.iter().copied().find(|&i| checkpoints[i].plan_revision == plan.revision);
+        }
+        list.iter()
+            .copied()
+            .filter(|&i| {
+                let c = &checkpoints[i];
+                c.plan_revision <= plan.revision && c.phase != StepPhase::Superseded
+            })
+            .max_by_key(|&i| checkpoints[i].plan_revision)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Duration;
+
+    fn b(initial: &str, max: &str) -> Backoff {
+        Backoff { initial: Duration::from(initial), max: Duration::from(max) }
+    }
+
+    #[test]
+    fn backoff_doubles_from_initial_and_caps_at_max() {
+        let cases = [
+            ("first retry waits initial", 1, 10),
+            ("second doubles", 2, 20),
+            ("third doubles again", 3, 40),
+            ("capped at max", 6, 300),
+            ("huge counts do not overflow", 1000, 300),
+        ];
+        for (name, failures, secs) in cases {
+            assert_eq!(backoff(Some(&b("10s", "5m")), failures), SignedDuration::from_secs(secs), "{name}");
+        }
+        assert_eq!(backoff(None, 1), SignedDuration::from_secs(10), "default policy");
+    }
+
+    #[test]
+    fn planner_plans_are_validated_like_the_spec() {
+        let cases = [
+            ("missing", None, "no \"plan\" field"),
+            ("empty", Some(serde_json::json!([])), "no steps"),
+            ("wrong shape", Some(serde_json::json!([{"name": 1}])), "not a list of steps"),
+            (
+                "bad name",
+                Some(serde_json::json!([{"name": "Bad_Name", "container": {"image": "x"}}])),
+                "must be a DNS label",
+            ),
+            (
+                "duplicate",
+                Some(serde_json::json!([{"name": "a", "container": {"image": "x"}}, {"name": "a", "container": {"image": "x"}}])),
+                "used twice",
+            ),
+            (
+                "bad duration",
+                Some(serde_json::json!([{"name": "a", "container": {"image": "x"}, "timeout": "5 minutes"}])),
+                "plan[0].timeout: invalid duration",
+            ),
+        ];
+        for (name, plan, want) in cases {
+            let err = parse_planner_plan(plan.as_ref()).expect_err(name);
+            assert!(err.contains(want), "{name}: {err}");
+        }
+        let ok = serde_json::json!([{"name": "a", "container": {"image": "x"}}]);
+        assert_eq!(parse_planner_plan(Some(&ok)).unwrap().len(), 1);
+    }
+}
