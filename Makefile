@@ -22,13 +22,20 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
+# The chart and the kustomize base carry copies (both need the file inside their tree).
+CRD_COPIES := charts/agentrun-operator/crds/agentrun.dev_crds.yaml config/crd/agentrun.dev_crds.yaml
+
 crds:
-	$(CARGO) run --quiet --locked -- crd > crds/agentrun.dev_crds.yaml
+	$(CARGO) run --quiet --locked -- crd > crds/agentrun.dev_crds.yaml.tmp
+	mv crds/agentrun.dev_crds.yaml.tmp crds/agentrun.dev_crds.yaml
+	for f in $(CRD_COPIES); do cp crds/agentrun.dev_crds.yaml $$f; done
 
 # The checked-in CRDs must be exactly what the types generate.
 check-crds:
 	@$(CARGO) run --quiet --locked -- crd | diff -u crds/agentrun.dev_crds.yaml - \
 	  || { echo "crds/ is stale: run 'make crds' and commit the result" >&2; exit 1; }
+	@for f in $(CRD_COPIES); do cmp -s crds/agentrun.dev_crds.yaml $$f \
+	  || { echo "$$f differs from crds/: run 'make crds' and commit the result" >&2; exit 1; }; done
 
 unit:
 	$(CARGO) test --workspace --lib --bins --locked

@@ -2,9 +2,13 @@
 //!
 //! - [`api`]: the `AgentRun` and `Approval` resources.
 //! - [`engine`]: the durable run state machine, pure and clock-free.
+//! - [`controller`]: the kube-runtime wiring: observe, decide, apply.
 //! - [`labels`]: the names put on the objects the operator creates.
+//! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`.
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod controller;
 pub mod engine;
 pub mod labels;
+pub mod metrics;

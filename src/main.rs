@@ -1,7 +1,17 @@
-//! The operator binary: `run`, `crd`, `version`.
+//! The operator binary: `run`, `crd`, `version`. Wiring only; the behaviour
+//! lives in the library.
 #![forbid(unsafe_code)]
 
-use clap::{Parser, Subcommand};
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use kube::Client;
+use kube::runtime::events::Reporter;
+use kube_lease_manager::LeaseManagerBuilder;
+use tracing::{info, warn};
+
+use agentrun_operator::controller::{self, Scope};
+use agentrun_operator::metrics::{Health, Metrics, serve_health, serve_metrics};
 
 #[derive(Parser)]
 #[command(name = "agentrun-operator", version, about = "Durable AI-agent runs on Kubernetes")]
@@ -12,15 +22,239 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the operator.
+    Run(RunArgs),
     /// Print the AgentRun and Approval CRDs as YAML.
     Crd,
     /// Print the version.
     Version,
 }
 
-fn main() {
-    match Cli::parse().command {
-        Command::Crd => print!("{}", agentrun_operator::api::crds_yaml()),
-        Command::Version => println!("agentrun-operator {}", env!("CARGO_PKG_VERSION")),
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Parser, Debug)]
+struct RunArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "AGENTRUN_WATCH_NAMESPACE")]
+    namespace: Option<String>,
+
+    /// Take a coordination.k8s.io Lease before acting, so only one replica acts.
+    #[arg(long, env = "AGENTRUN_LEADER_ELECT", default_value_t = false)]
+    leader_elect: bool,
+
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "AGENTRUN_LEASE_NAME", default_value = "agentrun-operator")]
+    lease_name: String,
+
+    /// Namespace of the leader-election Lease (default: the Pod's namespace, else `default`).
+    #[arg(long, env = "AGENTRUN_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+
+    /// This instance's identity in the Lease; an instance restarted with the
+    /// same identity takes its Lease back at once (default: the Pod name / hostname).
+    #[arg(long, env = "AGENTRUN_IDENTITY")]
+    identity: Option<String>,
+
+    /// Seconds a Lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+
+    /// Log format.
+    #[arg(long, env = "AGENTRUN_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+
+    /// Address of the Prometheus endpoint `/metrics`.
+    #[arg(long, env = "AGENTRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: std::net::SocketAddr,
+
+    /// Address of `/healthz` and `/readyz`.
+    #[arg(long, env = "AGENTRUN_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
+    health_addr: std::net::SocketAddr,
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_lease_manager=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn default_identity() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("agentrun-operator-{}", std::process::id()))
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    #[error("connecting to the Kubernetes API: {0}")]
+    Client(#[source] kube::Error),
+    #[error("leader election: {0}")]
+    Lease(#[source] kube_lease_manager::LeaseManagerError),
+    #[error("lost the leader lease; exiting so that a fresh instance takes over")]
+    LostLease,
+    #[error("serving {what} on {addr}: {source}")]
+    Serve {
+        what: &'static str,
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+async fn run(args: RunArgs) -> Result<(), RunError> {
+    let client = Client::try_default().await.map_err(RunError::Client)?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let health = Health::default();
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .map_err(|source| RunError::Serve { what: "metrics", addr: args.metrics_addr, source })?;
+    let health_listener = tokio::net::TcpListener::bind(args.health_addr)
+        .await
+        .map_err(|source| RunError::Serve { what: "health", addr: args.health_addr, source })?;
+    tokio::spawn(serve_metrics(metrics_listener, registry, metrics.clone()));
+    tokio::spawn(serve_health(health_listener, health.clone()));
+    info!(metrics = %args.metrics_addr, health = %args.health_addr, "serving metrics and health");
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let scope = Scope {
+        namespace: args.namespace.clone(),
+    };
+    let reporter = Reporter {
+        controller: "agentrun-operator".into(),
+        instance: Some(identity.clone()),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("shutdown requested");
+        let _ = stop_tx.send(true);
+    });
+
+    if !args.leader_elect {
+        metrics.leader.set(1);
+        controller::run(client, scope, reporter, metrics, health, stopped).await;
+        return Ok(());
+    }
+    // A standby is healthy and ready; it just does not act.
+    health.set_ready(true);
+
+    let lease_namespace = args
+        .lease_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| "default".into());
+    let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+        .with_namespace(&lease_namespace)
+        .with_identity(&identity)
+        .with_duration(args.lease_duration_seconds)
+        .with_grace((args.lease_duration_seconds / 3).max(1))
+        .build()
+        .await
+        .map_err(RunError::Lease)?;
+    let (mut leader, lease_task) = manager.watch().await;
+    info!(%identity, lease = %format!("{lease_namespace}/{}", args.lease_name), "waiting for the leader lease");
+
+    let mut stop = stop_rx.clone();
+    // Wait to lead (or to be told to stop).
+    loop {
+        if *leader.borrow_and_update() {
+            break;
+        }
+        tokio::select! {
+            changed = leader.changed() => {
+                if changed.is_err() {
+                    return Err(RunError::LostLease);
+                }
+            }
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+    }
+    info!(%identity, "acquired the leader lease");
+    metrics.leader.set(1);
+    health.set_ready(false);
+
+    let lost = async move {
+        loop {
+            if leader.changed().await.is_err() || !*leader.borrow_and_update() {
+                return;
+            }
+        }
+    };
+    let lost_lease = tokio::select! {
+        _ = controller::run(client, scope, reporter, metrics.clone(), health, stopped) => false,
+        _ = lost => true,
+    };
+    // Both futures are dropped here; with the receiver gone the lease task
+    // releases the Lease, so a standby takes over without waiting for expiry.
+    metrics.leader.set(0);
+    if lost_lease {
+        warn!("lost the leader lease");
+        return Err(RunError::LostLease);
+    }
+    info!("releasing the leader lease");
+    let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => {
+            print!("{}", agentrun_operator::api::crds_yaml());
+            std::process::ExitCode::SUCCESS
+        }
+        Command::Version => {
+            println!("agentrun-operator {}", env!("CARGO_PKG_VERSION"));
+            std::process::ExitCode::SUCCESS
+        }
+        Command::Run(args) => {
+            init_tracing(args.log_format);
+            match run(args).await {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(err) => {
+                    tracing::error!(error = %err, "operator stopped");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
     }
 }

@@ -22,6 +22,8 @@ pub mod support {
     pub mod kubectl;
     pub mod namespace;
     pub mod pods;
+    pub mod processes;
+    pub mod scenario;
     pub mod wait;
 }
 

@@ -13,8 +13,8 @@ use tracing::{debug, info};
 
 use super::error::Error;
 use super::reconcile::World;
-use super::Context;
-use crate::api::{AgentRun, Approval};
+use super::{Context, failpoints};
+use crate::api::{AgentRun, AgentRunStatus, Approval, CheckpointState};
 use crate::engine::{Action, Decision, EventType};
 use crate::labels;
 
@@ -61,8 +61,19 @@ pub(super) async fn apply(
             "status": decision.status,
         });
         let params = PatchParams::apply(labels::FIELD_MANAGER).force();
-        match runs.patch_status(&name, &params, &Patch::Apply(&patch)).await {
-            Ok(_) => debug!("status committed"),
+        let started = std::time::Instant::now();
+        let written = runs.patch_status(&name, &params, &Patch::Apply(&patch)).await;
+        ctx.metrics
+            .checkpoint_write_duration
+            .observe(started.elapsed().as_secs_f64());
+        match written {
+            Ok(_) => {
+                debug!("status committed");
+                failpoints::hit("after-status-write");
+                if commits_an_outcome(&current_status, &decision.status) {
+                    failpoints::hit("after-checkpoint");
+                }
+            }
             Err(err) if is_status(&err, 409) => return Err(Outcome::Conflict),
             Err(source) => {
                 return Err(Error::WriteStatus {
@@ -93,7 +104,11 @@ pub(super) async fn apply(
                     ..Default::default()
                 };
                 match pods.create(&pp, &pod).await {
-                    Ok(_) => info!(pod = %pod_name, "created step pod"),
+                    Ok(_) => {
+                        info!(pod = %pod_name, "created step pod");
+                        ctx.metrics.steps_started.inc();
+                        failpoints::hit("after-create-pod");
+                    }
                     Err(err) if is_status(&err, 409) => {
                         // Create-if-absent: the Pod exists. Ours (same owner UID) is success.
                         let existing = pods
@@ -109,6 +124,7 @@ pub(super) async fn apply(
                             .into());
                         }
                         debug!(pod = %pod_name, "step pod already exists");
+                        ctx.metrics.duplicate_creates_suppressed.inc();
                     }
                     Err(err) => return Err(fail(format!("creating pod {pod_name}"), err)),
                 }
@@ -146,6 +162,7 @@ pub(super) async fn apply(
                             }
                             .into());
                         }
+                        ctx.metrics.duplicate_creates_suppressed.inc();
                     }
                     Err(err) => {
                         return Err(fail(format!("creating approval {approval_name}"), err));
@@ -186,6 +203,7 @@ pub(super) async fn apply(
                 }
             }
             Action::Event { type_, reason, message } => {
+                count_event(ctx, reason);
                 let event = Event {
                     type_: match type_ {
                         EventType::Normal => KubeEventType::Normal,
@@ -258,4 +276,29 @@ pub(super) async fn release_finalizer(
         }
     }
     Ok(())
+}
+
+/// Step outcomes are counted from the engine's Events, which it emits exactly
+/// once per committed transition.
+fn count_event(ctx: &Context, reason: &str) {
+    use crate::engine::reasons::reason as r;
+    let m = &ctx.metrics;
+    match reason {
+        r::STEP_SUCCEEDED => m.steps_succeeded.inc(),
+        r::STEP_RETRYING | r::STEP_TIMED_OUT | r::STEP_FAILED => m.steps_failed.inc(),
+        r::STEP_DISRUPTED | r::STEP_OUTCOME_UNKNOWN => m.steps_disrupted.inc(),
+        r::REPLANNED => m.replans.inc(),
+        _ => 0,
+    };
+}
+
+/// Whether `new` commits a step outcome that `old` did not have.
+fn commits_an_outcome(old: &AgentRunStatus, new: &AgentRunStatus) -> bool {
+    let committed = |s: &AgentRunStatus| {
+        s.steps
+            .iter()
+            .filter(|c| c.checkpoint == CheckpointState::Committed)
+            .count()
+    };
+    committed(new) > committed(old)
 }

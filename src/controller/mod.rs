@@ -14,6 +14,7 @@
 
 mod apply;
 mod error;
+mod failpoints;
 mod orphans;
 mod reconcile;
 
@@ -30,6 +31,7 @@ use tracing::{info, warn};
 
 use crate::api::{AgentRun, Approval};
 use crate::labels;
+use crate::metrics::{Health, Metrics, PhaseLabel, Refresh};
 
 pub use error::{Category, Error, Result};
 
@@ -48,6 +50,7 @@ pub struct Context {
     /// Approvals, managedFields kept (the decider is read from them).
     pub approvals: Store<Approval>,
     pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
     /// Consecutive failures per run, for the per-object backoff.
     failures: Mutex<HashMap<ObjectRef<AgentRun>, u32>>,
 }
@@ -83,6 +86,8 @@ pub async fn run(
     client: Client,
     scope: Scope,
     reporter: Reporter,
+    metrics: Arc<Metrics>,
+    health: Health,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let runs: Api<AgentRun> = api_for(&client, &scope);
@@ -114,7 +119,8 @@ pub async fn run(
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
         pods: pods.clone(),
-        approvals,
+        approvals: approvals.clone(),
+        metrics: metrics.clone(),
         failures: Mutex::new(HashMap::new()),
     });
 
@@ -128,12 +134,26 @@ pub async fn run(
         })
         .graceful_shutdown_on(shutdown);
 
+    let runs_store = controller.store();
     tokio::spawn(orphans::release_orphans(
         client.clone(),
-        controller.store(),
-        pods,
+        runs_store.clone(),
+        pods.clone(),
         orphan_rx,
     ));
+    {
+        let (runs_store, pods, approvals) = (runs_store.clone(), pods.clone(), approvals.clone());
+        tokio::spawn(async move {
+            let synced = runs_store.wait_until_ready().await.is_ok()
+                && pods.wait_until_ready().await.is_ok()
+                && approvals.wait_until_ready().await.is_ok();
+            health.set_ready(synced);
+            if synced {
+                info!("caches synced");
+            }
+        });
+    }
+    metrics.set_refresh(gauges(runs_store, approvals, metrics.clone()));
 
     info!(namespace = ?scope.namespace, "controller started");
     controller
@@ -149,4 +169,40 @@ pub async fn run(
         })
         .await;
     info!("controller stopped");
+}
+
+/// Sets the cache-derived gauges: runs by phase and pending approvals.
+fn gauges(runs: Store<AgentRun>, approvals: Store<Approval>, metrics: Arc<Metrics>) -> Refresh {
+    use crate::api::{ApprovalPhase, RunPhase};
+    Arc::new(move || {
+        let phases = [
+            RunPhase::Pending,
+            RunPhase::Planning,
+            RunPhase::Running,
+            RunPhase::WaitingForApproval,
+            RunPhase::Compensating,
+            RunPhase::Succeeded,
+            RunPhase::Failed,
+            RunPhase::Cancelled,
+        ];
+        let mut counts: HashMap<RunPhase, i64> = phases.iter().map(|p| (*p, 0)).collect();
+        for run in runs.state() {
+            let phase = run.status.as_ref().and_then(|s| s.phase).unwrap_or(RunPhase::Pending);
+            *counts.entry(phase).or_default() += 1;
+        }
+        for (phase, n) in counts {
+            metrics
+                .runs_by_phase
+                .get_or_create(&PhaseLabel { phase: format!("{phase:?}") })
+                .set(n);
+        }
+        let pending = approvals
+            .state()
+            .iter()
+            .filter(|a| {
+                a.status.as_ref().map(|s| s.phase).unwrap_or_default() == ApprovalPhase::Pending
+            })
+            .count();
+        metrics.approvals_pending.set(pending as i64);
+    })
 }

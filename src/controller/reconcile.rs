@@ -15,6 +15,7 @@ use super::Context;
 use crate::api::{AgentRun, Approval};
 use crate::engine::{self, Observed};
 use crate::labels;
+use crate::metrics::CategoryLabel;
 
 /// How many times one reconcile re-reads and re-decides after a 409 on the
 /// status write before handing the run back to the queue.
@@ -50,7 +51,11 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         .approvals
         .state()
         .into_iter()
-        .filter(|a| a.metadata.namespace.as_deref() == Some(ns) && a.spec.run_uid == uid)
+        .filter(|a| {
+            a.metadata.namespace.as_deref() == Some(ns)
+                && a.spec.run_uid == uid
+                && owned_by_run(a.owner_references())
+        })
         .map(|a| (*a).clone())
         .collect();
     Ok(World { pods, approvals })
@@ -58,6 +63,15 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
 
 #[instrument(skip(run, ctx), fields(run = %run.name_any(), namespace = run.namespace().unwrap_or_default()))]
 pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Action> {
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(run, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Action> {
     let obj_ref = ObjectRef::from_obj(run.as_ref());
     let ns = run.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let runs: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
@@ -70,14 +84,14 @@ pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<A
             // their finalizer in `orphans`.
             return Ok(Action::await_change());
         }
-        let world = observe(&current, &ctx)?;
+        let world = observe(&current, ctx)?;
         let decision = engine::decide(&Observed {
             run: &current,
             pods: &world.pods,
             approvals: &world.approvals,
             now: jiff::Timestamp::now(),
         });
-        match apply::apply(&runs, &current, &world, decision, &ctx).await {
+        match apply::apply(&runs, &current, &world, decision, ctx).await {
             Ok(requeue) => {
                 ctx.record_success(&obj_ref);
                 return Ok(match requeue {
@@ -86,6 +100,7 @@ pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<A
                 });
             }
             Err(apply::Outcome::Conflict) => {
+                ctx.metrics.status_conflicts.inc();
                 conflicts += 1;
                 if conflicts >= MAX_CONFLICTS {
                     return Err(Error::StatusConflict {
@@ -108,6 +123,12 @@ pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<A
 
 pub(super) fn error_policy(run: Arc<AgentRun>, err: &Error, ctx: Arc<Context>) -> Action {
     let failures = ctx.record_failure(&ObjectRef::from_obj(run.as_ref()));
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&CategoryLabel {
+            category: err.metric_label().to_owned(),
+        })
+        .inc();
     let delay: Duration = backoff(err.category(), failures);
     debug!(run = %run.name_any(), failures, ?delay, "backing off");
     Action::requeue(delay)

@@ -1,0 +1,216 @@
+//! The operator and the simulated kubelet as real child processes, so a test
+//! can SIGKILL and restart them the way a node or a rollout would.
+//!
+//! Each process logs to `<e2e dir>/scenarios/<namespace>/<name>.log`; a failing
+//! scenario prints the tails.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::env::{kubeconfig, repo_root};
+
+/// The operator binary built by `cargo build --workspace --bins`.
+pub fn operator_binary() -> PathBuf {
+    let path = std::env::var_os("AGENTRUN_OPERATOR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/debug/agentrun-operator"));
+    assert!(
+        path.exists(),
+        "operator binary not found at {}: run `cargo build --workspace --bins` first (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// The simkubelet binary of this crate.
+pub fn simkubelet_binary() -> PathBuf {
+    let path = std::env::var_os("AGENTRUN_SIMKUBELET_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/debug/simkubelet"));
+    assert!(
+        path.exists(),
+        "simkubelet binary not found at {}: run `cargo build --workspace --bins` first (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// A free loopback port (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding a loopback port")
+}
+
+/// Where a scenario's process logs go.
+pub fn log_dir(namespace: &str) -> PathBuf {
+    let base = std::env::var_os("AGENTRUN_E2E_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/e2e"));
+    let dir = base.join("scenarios").join(namespace);
+    std::fs::create_dir_all(&dir).expect("creating the scenario log directory");
+    dir
+}
+
+/// A child process that is killed (SIGKILL) when dropped.
+pub struct Process {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Process {
+    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Process {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("opening the process log");
+        let err = out.try_clone().expect("cloning the log handle");
+        cmd.stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        Process {
+            name: name.to_owned(),
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// SIGKILL and wait: no graceful shutdown, like a node losing power.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// SIGTERM and wait up to `timeout` for a clean exit; returns its success.
+    pub async fn terminate(&mut self, timeout: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return false;
+        };
+        if let Some(pid) = child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(Ok(status)) => status.success(),
+            _ => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                false
+            }
+        }
+    }
+
+    /// Whether the process has exited (e.g. at a failpoint), with its status.
+    pub fn try_exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Waits until the process exits by itself.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let status = tokio::time::timeout(timeout, child.wait()).await.ok()?.ok();
+        self.child = None;
+        status
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last `lines` lines of the log, for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        let start = all.len().saturating_sub(lines);
+        format!("--- {} ({}) ---\n{}", self.name, self.log.display(), all[start..].join("\n"))
+    }
+}
+
+/// How to start the operator for one scenario.
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    pub namespace: String,
+    /// Instance identity (also the lease holder identity).
+    pub identity: String,
+    pub leader_elect: bool,
+    /// `AGENTRUN_FAILPOINT`, e.g. `after-create-pod:1`.
+    pub failpoint: Option<String>,
+    pub metrics_port: u16,
+    pub health_port: u16,
+    /// Run as this user (impersonation through a kubeconfig is left to the caller).
+    pub kubeconfig: PathBuf,
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl OperatorConfig {
+    pub fn new(namespace: &str) -> OperatorConfig {
+        OperatorConfig {
+            namespace: namespace.to_owned(),
+            identity: format!("operator-{namespace}"),
+            leader_elect: false,
+            failpoint: None,
+            metrics_port: free_port(),
+            health_port: free_port(),
+            kubeconfig: kubeconfig(),
+            extra_env: vec![],
+        }
+    }
+}
+
+/// Starts the operator watching the scenario's namespace only.
+pub fn start_operator(cfg: &OperatorConfig) -> Process {
+    let mut cmd = Command::new(operator_binary());
+    cmd.arg("run")
+        .arg("--namespace")
+        .arg(&cfg.namespace)
+        .arg("--identity")
+        .arg(&cfg.identity)
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{}", cfg.metrics_port))
+        .arg("--health-addr")
+        .arg(format!("127.0.0.1:{}", cfg.health_port))
+        .env("KUBECONFIG", &cfg.kubeconfig)
+        .env("RUST_LOG", "info,agentrun_operator=debug,kube_lease_manager=info")
+        .env_remove("AGENTRUN_FAILPOINT");
+    if cfg.leader_elect {
+        cmd.arg("--leader-elect")
+            .arg("--lease-namespace")
+            .arg(&cfg.namespace)
+            .arg("--lease-duration-seconds")
+            .arg("6");
+    }
+    if let Some(fp) = &cfg.failpoint {
+        cmd.env("AGENTRUN_FAILPOINT", fp);
+    }
+    for (k, v) in &cfg.extra_env {
+        cmd.env(k, v);
+    }
+    let log = log_dir(&cfg.namespace).join(format!("{}.log", cfg.identity));
+    Process::spawn(&format!("operator {}", cfg.identity), cmd, log)
+}
+
+/// Starts a simkubelet for the namespace, appending to `ledger`.
+pub fn start_simkubelet(namespace: &str, ledger: &Path) -> Process {
+    let mut cmd = Command::new(simkubelet_binary());
+    cmd.arg("--namespace")
+        .arg(namespace)
+        .arg("--ledger")
+        .arg(ledger)
+        .env("KUBECONFIG", kubeconfig())
+        .env("RUST_LOG", "info");
+    let log = log_dir(namespace).join("simkubelet.log");
+    Process::spawn("simkubelet", cmd, log)
+}

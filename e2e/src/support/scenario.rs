@@ -1,0 +1,226 @@
+//! One scenario = one namespace with its own operator and simkubelet
+//! processes and its own side-effect ledger, so scenarios run in parallel
+//! without seeing each other.
+//!
+//! ```text
+//!   Scenario::start("evicted_step_resumes_with_same_key")
+//!     ├─ TestEnv (client, CRDs, namespace)
+//!     ├─ simkubelet --namespace <ns> --ledger <dir>/ledger.jsonl
+//!     └─ agentrun-operator run --namespace <ns>      (kill / restart at will)
+//! ```
+//!
+//! When a scenario panics, the guard prints the tails of both processes' logs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentrun_operator::api::{AgentRun, AgentRunStatus, Approval, RunPhase};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use super::env::TestEnv;
+use super::processes::{OperatorConfig, Process, log_dir, start_operator, start_simkubelet};
+use crate::ledger::Ledger;
+
+/// A running scenario.
+pub struct Scenario {
+    pub env: Option<TestEnv>,
+    pub ledger_path: PathBuf,
+    pub operator: Option<Process>,
+    pub operator_config: OperatorConfig,
+    pub simkubelet: Option<Process>,
+}
+
+impl Scenario {
+    /// Namespace, simkubelet and an operator without failpoints.
+    pub async fn start(test_name: &str) -> Scenario {
+        let mut s = Scenario::start_without_operator(test_name).await;
+        s.operator = Some(start_operator(&s.operator_config));
+        s
+    }
+
+    /// Namespace and simkubelet; the test starts operators itself.
+    pub async fn start_without_operator(test_name: &str) -> Scenario {
+        let env = TestEnv::new(test_name).await;
+        let ns = env.namespace().to_owned();
+        let ledger_path = log_dir(&ns).join("ledger.jsonl");
+        let simkubelet = Some(start_simkubelet(&ns, &ledger_path));
+        Scenario {
+            operator_config: OperatorConfig::new(&ns),
+            env: Some(env),
+            ledger_path,
+            operator: None,
+            simkubelet,
+        }
+    }
+
+    pub fn env(&self) -> &TestEnv {
+        self.env.as_ref().expect("the scenario is running")
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.env().namespace()
+    }
+
+    pub fn runs(&self) -> Api<AgentRun> {
+        self.env().api()
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        self.env().api()
+    }
+
+    pub fn approvals(&self) -> Api<Approval> {
+        self.env().api()
+    }
+
+    /// Creates a run from its spec.
+    pub async fn create_run(&self, name: &str, spec: Value) -> AgentRun {
+        let run: AgentRun = serde_json::from_value(json!({
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": name, "namespace": self.namespace()},
+            "spec": spec,
+        }))
+        .expect("scenario run spec deserializes");
+        self.runs()
+            .create(&PostParams::default(), &run)
+            .await
+            .unwrap_or_else(|e| panic!("creating run {name}: {e}"))
+    }
+
+    /// SIGKILLs the operator.
+    pub async fn kill_operator(&mut self) {
+        if let Some(mut op) = self.operator.take() {
+            op.kill().await;
+        }
+    }
+
+    /// (Re)starts the operator with `failpoint` (or none).
+    pub fn start_operator(&mut self, failpoint: Option<&str>) {
+        let mut cfg = self.operator_config.clone();
+        cfg.failpoint = failpoint.map(str::to_owned);
+        self.operator = Some(start_operator(&cfg));
+    }
+
+    /// Waits until the operator process exits by itself (a failpoint fired).
+    pub async fn wait_operator_crash(&mut self, timeout: Duration) {
+        let op = self.operator.as_mut().expect("an operator is running");
+        let status = op.wait_exit(timeout).await;
+        assert!(
+            status.is_some(),
+            "the operator did not reach its failpoint within {timeout:?}\n{}",
+            op.log_tail(60)
+        );
+        self.operator = None;
+    }
+
+    /// Waits until the run satisfies `check` (polling its status every 200 ms).
+    pub async fn wait_run(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&AgentRun) -> bool,
+    ) -> AgentRun {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            if let Ok(Some(run)) = self.runs().get_opt(name).await {
+                if check(&run) {
+                    return run;
+                }
+                last = Some(run);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let status = last
+                    .and_then(|r| r.status)
+                    .map(|s| serde_json::to_string_pretty(&s).unwrap_or_default())
+                    .unwrap_or_else(|| "no status".into());
+                panic!("timed out after {timeout:?} waiting for run {name} to be {what}; status:\n{status}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits for a terminal phase and returns the run.
+    pub async fn wait_finished(&self, name: &str, timeout: Duration) -> AgentRun {
+        self.wait_run(name, "finished", timeout, |r| {
+            phase(r).is_some_and(RunPhase::is_terminal)
+        })
+        .await
+    }
+
+    /// The ledger as written so far.
+    pub fn ledger(&self) -> Ledger {
+        Ledger::read(&self.ledger_path).unwrap_or_else(|e| panic!("reading the ledger: {e}"))
+    }
+
+    /// Sets an Approval's decision the way a person would with kubectl.
+    pub async fn decide(&self, approval: &str, decision: &str, comment: &str) {
+        let patch = json!({"spec": {"decision": decision, "comment": comment}});
+        self.approvals()
+            .patch(approval, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("deciding {approval}: {e}"));
+    }
+
+    /// Stops the processes and deletes the namespace.
+    pub async fn finish(mut self) {
+        self.kill_operator().await;
+        if let Some(mut k) = self.simkubelet.take() {
+            k.kill().await;
+        }
+        // Step Pods hold our finalizer; release them so the namespace can go.
+        if let Ok(pods) = self.pods().list(&Default::default()).await {
+            for pod in pods {
+                let _ = self
+                    .pods()
+                    .patch(
+                        &pod.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }
+        if let Some(env) = self.env.take() {
+            env.cleanup().await;
+        }
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for p in [self.operator.as_ref(), self.simkubelet.as_ref()].into_iter().flatten() {
+                eprintln!("{}", p.log_tail(80));
+            }
+            eprintln!("ledger: {}", self.ledger_path.display());
+        }
+    }
+}
+
+/// The run's phase.
+pub fn phase(run: &AgentRun) -> Option<RunPhase> {
+    run.status.as_ref().and_then(|s| s.phase)
+}
+
+/// The run's status (empty if none yet).
+pub fn status(run: &AgentRun) -> AgentRunStatus {
+    run.status.clone().unwrap_or_default()
+}
+
+/// A step spec for the simulated kubelet: `sim` is the `SIM_STEP` JSON.
+pub fn sim_step(name: &str, effect: &str, sim: Value) -> Value {
+    json!({
+        "name": name,
+        "effect": effect,
+        "container": {
+            "image": "registry.example/agent-step:1",
+            "env": [{"name": "SIM_STEP", "value": sim.to_string()}],
+        },
+    })
+}

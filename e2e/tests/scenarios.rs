@@ -1,0 +1,798 @@
+//! The reconciler's scenarios on the real control plane: the operator and the
+//! simulated kubelet run as real processes; each scenario asserts on the
+//! side-effect ledger (what the steps really did) and on the run's status.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use agentrun_e2e::kubectl_ok;
+use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_operator::api::{
+    AgentRun, CheckpointState, EffectOutcome, RunPhase, StepCheckpoint, StepPhase,
+};
+use agentrun_operator::labels;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, EvictParams, ListParams};
+use serde_json::json;
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn step<'a>(run: &'a AgentRun, name: &str) -> &'a StepCheckpoint {
+    run.status
+        .as_ref()
+        .and_then(|s| {
+            s.steps
+                .iter()
+                .rev()
+                .find(|c| c.name == name && c.role.is_step())
+        })
+        .unwrap_or_else(|| panic!("no checkpoint for step {name}"))
+}
+
+fn checkpoints_of<'a>(run: &'a AgentRun, name: &str) -> Vec<&'a StepCheckpoint> {
+    run.status
+        .as_ref()
+        .map(|s| {
+            s.steps
+                .iter()
+                .filter(|c| c.name == name && c.role.is_step())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Asserts every idempotency key the run committed as succeeded ran exactly
+/// once successfully, and that no key ran after its success (no duplicate).
+fn assert_one_success_per_key(s: &Scenario, run: &AgentRun) {
+    let ledger = s.ledger();
+    let successes = ledger.successes_by_key();
+    for c in &status(run).steps {
+        if c.phase == StepPhase::Succeeded && c.pod.is_some() {
+            assert_eq!(
+                successes.get(&c.idempotency_key).copied().unwrap_or(0),
+                1,
+                "step {} (key {}) must have exactly one successful execution; ledger: {:?}",
+                c.name,
+                c.idempotency_key,
+                ledger.entries
+            );
+        }
+    }
+    for (key, n) in &successes {
+        assert!(
+            *n <= 1,
+            "key {key} succeeded {n} times: a committed step ran again"
+        );
+    }
+}
+
+/// Every step Pod gives up its result finalizer once the run is done (D5).
+async fn assert_finalizers_released(s: &Scenario) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let pods = s
+            .pods()
+            .list(&ListParams::default())
+            .await
+            .expect("listing pods");
+        let held: Vec<String> = pods
+            .iter()
+            .filter(|p| p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
+            .map(|p| p.name_any())
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pods still hold the result finalizer: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn four_steps() -> serde_json::Value {
+    json!({"steps": [
+        sim_step("lookup-order", "None", json!({"runMs": 50, "result": {"orderId": 4711}, "tokens": {"input": 100, "output": 20}})),
+        sim_step("draft-refund", "None", json!({"runMs": 50, "result": {"amount": "23.90"}, "tokens": {"input": 300, "output": 80}})),
+        sim_step("issue-refund", "NonIdempotent", json!({"runMs": 50, "result": {"refundId": "r-1"}})),
+        sim_step("notify-customer", "Idempotent", json!({"runMs": 50, "result": {"sent": true}, "tokens": {"input": 10, "output": 5}})),
+    ]})
+}
+
+#[tokio::test]
+async fn four_step_run_succeeds_with_one_execution_per_key() {
+    let s = Scenario::start("four-step-run").await;
+    s.create_run("refund", four_steps()).await;
+    let run = s.wait_finished("refund", RUN_TIMEOUT).await;
+
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
+    let st = status(&run);
+    let names: Vec<&str> = st.steps.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "lookup-order",
+            "draft-refund",
+            "issue-refund",
+            "notify-customer"
+        ]
+    );
+    for c in &st.steps {
+        assert_eq!(c.phase, StepPhase::Succeeded, "{}", c.name);
+        assert_eq!(c.checkpoint, CheckpointState::Committed, "{}", c.name);
+        assert_eq!(c.attempt, 1, "{}", c.name);
+        assert_eq!(c.failures + c.disruptions, 0, "{}", c.name);
+        assert!(
+            c.finished_at.is_some() && c.started_at.is_some(),
+            "{}",
+            c.name
+        );
+    }
+    assert_eq!(
+        step(&run, "lookup-order").result,
+        Some(json!({"orderId": 4711}))
+    );
+    assert_eq!(
+        step(&run, "issue-refund").effect,
+        Some(EffectOutcome::Applied)
+    );
+    assert_eq!(st.tokens_used, 100 + 20 + 300 + 80 + 10 + 5);
+    assert_eq!(st.progress.as_deref(), Some("4/4"));
+    assert!(st.completed_at.is_some());
+
+    // The ledger: four keys, each executed once, and they are the keys in status.
+    let ledger = s.ledger();
+    let executions = ledger.executions_by_key();
+    let keys: BTreeMap<String, usize> = st
+        .steps
+        .iter()
+        .map(|c| (c.idempotency_key.clone(), 1))
+        .collect();
+    assert_eq!(executions, keys, "one execution per key");
+    assert_one_success_per_key(&s, &run);
+    assert_finalizers_released(&s).await;
+
+    // What a person sees.
+    let table = kubectl_ok(["get", "ar", "refund", "-n", s.namespace()]).await;
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "PHASE", "STEP", "PROGRESS", "TOKENS", "AGE"],
+        "{table}"
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(&row[..2], ["refund", "Succeeded"], "{table}");
+    assert!(row.contains(&"4/4") && row.contains(&"515"), "{table}");
+    s.finish().await;
+}
+
+async fn kill_at(failpoint: &str, test: &str) {
+    let mut s = Scenario::start_without_operator(test).await;
+    s.start_operator(Some(failpoint));
+    s.create_run("refund", four_steps()).await;
+    s.wait_operator_crash(RUN_TIMEOUT).await;
+    s.start_operator(None);
+    let run = s.wait_finished("refund", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
+    let st = status(&run);
+    assert_eq!(st.steps.len(), 4);
+    let executions = s.ledger().executions_by_key();
+    for c in &st.steps {
+        assert_eq!(c.phase, StepPhase::Succeeded, "{}", c.name);
+        assert_eq!(
+            executions.get(&c.idempotency_key),
+            Some(&1),
+            "step {} ran once",
+            c.name
+        );
+    }
+    assert_eq!(executions.len(), 4, "no other executions: {executions:?}");
+    assert_eq!(
+        st.tokens_used,
+        535 - 20,
+        "every reported token counted once"
+    );
+    assert_one_success_per_key(&s, &run);
+    assert_finalizers_released(&s).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn operator_killed_right_after_creating_a_step_pod_resumes_without_duplicates() {
+    kill_at("after-create-pod:2", "kill-after-create").await;
+}
+
+#[tokio::test]
+async fn operator_killed_after_checkpoint_before_finalizer_release_resumes() {
+    kill_at("after-checkpoint:2", "kill-after-checkpoint").await;
+}
+
+#[tokio::test]
+async fn operator_down_while_a_pod_succeeds_records_the_result_on_restart() {
+    let mut s = Scenario::start("kill-before-checkpoint").await;
+    let spec = json!({"steps": [
+        sim_step("slow", "NonIdempotent", json!({"runMs": 3000, "result": {"done": 1}, "tokens": {"input": 7, "output": 3}})),
+        sim_step("after", "None", json!({"runMs": 50})),
+    ]});
+    s.create_run("slow-run", spec).await;
+    s.wait_run("slow-run", "running its first step", RUN_TIMEOUT, |r| {
+        status(r)
+            .steps
+            .iter()
+            .any(|c| c.name == "slow" && c.phase == StepPhase::Running)
+    })
+    .await;
+    // The Pod succeeds while no operator is there to record it.
+    s.kill_operator().await;
+    let pod = step(&s.runs().get("slow-run").await.unwrap(), "slow")
+        .pod
+        .clone()
+        .unwrap();
+    agentrun_e2e::wait_for(
+        &s.pods(),
+        &pod,
+        |p: Option<&Pod>| p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Succeeded"),
+        Duration::from_secs(30),
+    )
+    .await;
+    let held = s.pods().get(&pod).await.unwrap();
+    assert!(
+        held.finalizers()
+            .iter()
+            .any(|f| f == labels::RESULT_FINALIZER),
+        "the finalizer holds the result"
+    );
+    s.start_operator(None);
+    let run = s.wait_finished("slow-run", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded));
+    assert_eq!(step(&run, "slow").result, Some(json!({"done": 1})));
+    assert_eq!(status(&run).tokens_used, 10);
+    assert_eq!(s.ledger().executions_by_key().len(), 2);
+    assert_one_success_per_key(&s, &run);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn evicted_step_resumes_with_same_key() {
+    let s = Scenario::start("evicted-step").await;
+    let spec = json!({"steps": [
+        {"name": "crawl", "effect": "Idempotent",
+         "retry": {"limit": 0},
+         "container": {"image": "registry.example/crawler:1", "env": [{"name": "SIM_STEP",
+            "value": json!({"attempts": [{"runMs": 30000}, {"runMs": 50, "result": {"pages": 12}}]}).to_string()}]}},
+    ]});
+    s.create_run("crawl", spec).await;
+    let running = s
+        .wait_run("crawl", "running", RUN_TIMEOUT, |r| {
+            status(r)
+                .steps
+                .iter()
+                .any(|c| c.phase == StepPhase::Running && c.pod_uid.is_some())
+        })
+        .await;
+    let first = step(&running, "crawl").clone();
+    let pod = first.pod.clone().expect("pod recorded");
+    s.pods()
+        .evict(&pod, &EvictParams::default())
+        .await
+        .expect("eviction accepted");
+
+    let run = s.wait_finished("crawl", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
+    let c = step(&run, "crawl");
+    assert_eq!(
+        c.idempotency_key, first.idempotency_key,
+        "same key after eviction"
+    );
+    assert_eq!(c.disruptions, 1);
+    assert_eq!(c.failures, 0, "the retry budget is untouched");
+    assert_eq!(c.attempt, 2);
+    assert_ne!(
+        c.pod.as_deref(),
+        Some(pod.as_str()),
+        "a new pod for the new attempt"
+    );
+    let executions = s.ledger().executions_by_key();
+    assert_eq!(
+        executions.get(&c.idempotency_key),
+        Some(&2),
+        "ran twice under one key"
+    );
+    assert_one_success_per_key(&s, &run);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn deleted_non_idempotent_step_asks_a_person_and_each_decision_does_what_it_says() {
+    let s = Scenario::start("reconcile-decisions").await;
+    let spec = || {
+        json!({"steps": [
+            {"name": "pay", "effect": "NonIdempotent",
+             "container": {"image": "registry.example/pay:1", "env": [{"name": "SIM_STEP",
+                "value": json!({"attempts": [{"runMs": 30000}, {"runMs": 50, "result": {"paid": true}}]}).to_string()}]}},
+            sim_step("receipt", "None", json!({"runMs": 50})),
+        ]})
+    };
+    for (run_name, decision) in [
+        ("retry", "Retry"),
+        ("marksucceeded", "MarkSucceeded"),
+        ("markfailed", "MarkFailed"),
+    ] {
+        s.create_run(run_name, spec()).await;
+        let running = s
+            .wait_run(run_name, "running", RUN_TIMEOUT, |r| {
+                status(r)
+                    .steps
+                    .iter()
+                    .any(|c| c.phase == StepPhase::Running && c.pod_uid.is_some())
+            })
+            .await;
+        let pod = step(&running, "pay").pod.clone().unwrap();
+        s.pods()
+            .delete(&pod, &DeleteParams::default())
+            .await
+            .expect("deleting the pod");
+
+        let waiting = s
+            .wait_run(
+                run_name,
+                "waiting for a Reconcile decision",
+                RUN_TIMEOUT,
+                |r| {
+                    step_opt(r, "pay").is_some_and(|c| {
+                        c.effect == Some(EffectOutcome::Unknown) && c.approval.is_some()
+                    })
+                },
+            )
+            .await;
+        assert_eq!(phase(&waiting), Some(RunPhase::WaitingForApproval));
+        let approval_name = step(&waiting, "pay").approval.clone().unwrap();
+        let approval = s
+            .approvals()
+            .get(&approval_name)
+            .await
+            .expect("the Reconcile approval exists");
+        assert_eq!(format!("{:?}", approval.spec.kind), "Reconcile");
+        let live_pods = s
+            .pods()
+            .list(&ListParams::default().labels(&format!("{}={run_name}", labels::RUN)))
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count();
+        assert_eq!(live_pods, 0, "nothing runs while a person decides");
+
+        s.decide(&approval_name, decision, "checked the payment provider")
+            .await;
+        let run = s.wait_finished(run_name, RUN_TIMEOUT).await;
+        let pay = step(&run, "pay");
+        let executions = s.ledger().executions_by_key();
+        match decision {
+            "Retry" => {
+                assert_eq!(phase(&run), Some(RunPhase::Succeeded));
+                assert_eq!(
+                    executions.get(&pay.idempotency_key),
+                    Some(&2),
+                    "rerun with the same key"
+                );
+            }
+            "MarkSucceeded" => {
+                assert_eq!(phase(&run), Some(RunPhase::Succeeded));
+                assert_eq!(pay.phase, StepPhase::Succeeded);
+                assert_eq!(
+                    executions.get(&pay.idempotency_key),
+                    Some(&1),
+                    "not run again"
+                );
+            }
+            _ => {
+                assert_eq!(phase(&run), Some(RunPhase::Failed));
+                assert_eq!(pay.phase, StepPhase::Failed);
+                assert_eq!(
+                    executions.get(&pay.idempotency_key),
+                    Some(&1),
+                    "not run again"
+                );
+                assert!(
+                    step_opt(&run, "receipt").is_none_or(|c| c.pod.is_none()),
+                    "no later step ran"
+                );
+            }
+        }
+    }
+    s.finish().await;
+}
+
+fn step_opt<'a>(run: &'a AgentRun, name: &str) -> Option<&'a StepCheckpoint> {
+    run.status.as_ref().and_then(|s| {
+        s.steps
+            .iter()
+            .rev()
+            .find(|c| c.name == name && c.role.is_step())
+    })
+}
+
+fn gated(timeout: Option<&str>, on_timeout: &str) -> serde_json::Value {
+    let mut approval =
+        json!({"required": true, "question": "Issue the refund?", "onTimeout": on_timeout});
+    if let Some(t) = timeout {
+        approval["timeout"] = json!(t);
+    }
+    json!({"steps": [
+        sim_step("draft", "None", json!({"runMs": 50, "result": {"amount": 5}})),
+        {"name": "issue", "effect": "NonIdempotent", "approval": approval,
+         "container": {"image": "registry.example/pay:1", "env": [{"name": "SIM_STEP", "value": json!({"runMs": 50}).to_string()}]}},
+    ]})
+}
+
+async fn wait_for_gate(s: &Scenario, run: &str) -> String {
+    let waiting = s
+        .wait_run(run, "waiting for approval", RUN_TIMEOUT, |r| {
+            phase(r) == Some(RunPhase::WaitingForApproval)
+                && step_opt(r, "issue").is_some_and(|c| c.approval.is_some())
+        })
+        .await;
+    step(&waiting, "issue").approval.clone().unwrap()
+}
+
+#[tokio::test]
+async fn approvals_gate_steps_durably_across_restarts_and_expiry() {
+    let mut s = Scenario::start("approvals").await;
+
+    // Approved, with an operator restart while waiting.
+    s.create_run("approved", gated(None, "Reject")).await;
+    let name = wait_for_gate(&s, "approved").await;
+    s.kill_operator().await;
+    s.decide(&name, "Approved", "looks right").await;
+    s.start_operator(None);
+    let run = s.wait_finished("approved", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded));
+    assert_eq!(step(&run, "issue").phase, StepPhase::Succeeded);
+    let approval = s.approvals().get(&name).await.unwrap();
+    assert_eq!(
+        approval
+            .status
+            .map(|st| format!("{:?}", st.phase))
+            .as_deref(),
+        Some("Approved")
+    );
+
+    // Rejected: the gated step never runs.
+    s.create_run("rejected", gated(None, "Reject")).await;
+    let name = wait_for_gate(&s, "rejected").await;
+    s.decide(&name, "Rejected", "amount too high").await;
+    let run = s.wait_finished("rejected", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Failed));
+    assert!(
+        step(&run, "issue").pod.is_none(),
+        "a rejected step never gets a pod"
+    );
+
+    // Expiry applies onTimeout, also when the operator was down at the deadline.
+    s.create_run("expire-reject", gated(Some("3s"), "Reject"))
+        .await;
+    s.create_run("expire-approve", gated(Some("3s"), "Approve"))
+        .await;
+    wait_for_gate(&s, "expire-reject").await;
+    wait_for_gate(&s, "expire-approve").await;
+    s.kill_operator().await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    s.start_operator(None);
+    let rejected = s.wait_finished("expire-reject", RUN_TIMEOUT).await;
+    assert_eq!(phase(&rejected), Some(RunPhase::Failed));
+    assert!(step(&rejected, "issue").pod.is_none());
+    let approved = s.wait_finished("expire-approve", RUN_TIMEOUT).await;
+    assert_eq!(phase(&approved), Some(RunPhase::Succeeded));
+    assert_eq!(step(&approved, "issue").phase, StepPhase::Succeeded);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn stale_input_after_resume_replans_and_reruns_under_a_new_key() {
+    let mut s = Scenario::start_without_operator("freshness").await;
+    // Crash right after the first checkpoint, stay down past its freshness budget.
+    s.start_operator(Some("after-checkpoint:1"));
+    s.create_run("fresh", json!({"steps": [
+        {"name": "quote", "effect": "None", "freshFor": "3s",
+         "container": {"image": "registry.example/quote:1", "env": [{"name": "SIM_STEP", "value": json!({"runMs": 50, "result": {"price": 10}}).to_string()}]}},
+        sim_step("buy", "Idempotent", json!({"runMs": 50})),
+    ]}))
+    .await;
+    s.wait_operator_crash(RUN_TIMEOUT).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    s.start_operator(None);
+    let run = s.wait_finished("fresh", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
+    let st = status(&run);
+    let plan = st.plan.clone().expect("a plan");
+    assert_eq!(plan.revision, 2, "re-planned once");
+    assert!(
+        plan.reason.contains("quote"),
+        "the reason names the stale step: {}",
+        plan.reason
+    );
+    let quotes = checkpoints_of(&run, "quote");
+    assert_eq!(
+        quotes.len(),
+        2,
+        "the stale checkpoint is kept and the step ran again"
+    );
+    assert_ne!(
+        quotes[0].idempotency_key, quotes[1].idempotency_key,
+        "new key for the new revision"
+    );
+    assert_eq!(quotes[1].plan_revision, 2);
+    let buy = step(&run, "buy");
+    assert_eq!(buy.plan_revision, 2);
+    let executions = s.ledger().executions_by_key();
+    assert_eq!(executions.get(&buy.idempotency_key), Some(&1));
+    assert!(!executions.contains_key(&format!("{}-never", buy.idempotency_key)));
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn failing_step_retries_with_backoff_then_fails_and_compensates_in_reverse() {
+    let s = Scenario::start("retry-compensate").await;
+    let compensate = |tag: &str| json!({"image": "registry.example/undo:1", "env": [{"name": "SIM_STEP", "value": json!({"runMs": 50, "result": {"undone": tag}}).to_string()}]});
+    s.create_run("saga", json!({"steps": [
+        {"name": "reserve", "effect": "Idempotent", "compensate": compensate("reserve"),
+         "container": {"image": "registry.example/reserve:1", "env": [{"name": "SIM_STEP", "value": json!({"runMs": 50}).to_string()}]}},
+        {"name": "charge", "effect": "Idempotent", "compensate": compensate("charge"),
+         "container": {"image": "registry.example/charge:1", "env": [{"name": "SIM_STEP", "value": json!({"runMs": 50}).to_string()}]}},
+        {"name": "ship", "effect": "Idempotent", "retry": {"limit": 2, "backoff": {"initial": "1s", "max": "2s"}},
+         "container": {"image": "registry.example/ship:1", "env": [{"name": "SIM_STEP", "value": json!({"runMs": 50, "exitCode": 3}).to_string()}]}},
+    ]}))
+    .await;
+    let run = s.wait_finished("saga", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Failed), "{:?}", run.status);
+    let ship = step(&run, "ship");
+    assert_eq!(ship.phase, StepPhase::Failed);
+    assert_eq!(ship.failures, 3, "first attempt + 2 retries");
+    assert_eq!(ship.attempt, 3);
+    let ledger = s.ledger();
+    let ship_runs: Vec<_> = ledger
+        .executions()
+        .filter(|e| e.step.as_deref() == Some("ship"))
+        .collect();
+    assert_eq!(ship_runs.len(), 3);
+    // Backoff: 1s then 2s between attempts (the scheduler may add latency, never remove it).
+    let gap = |a: usize, b: usize| {
+        ship_runs[b]
+            .started_at
+            .duration_since(ship_runs[a].started_at)
+    };
+    assert!(
+        gap(0, 1) >= jiff::SignedDuration::from_millis(1000),
+        "first backoff {:?}",
+        gap(0, 1)
+    );
+    assert!(
+        gap(1, 2) >= jiff::SignedDuration::from_millis(2000),
+        "second backoff {:?}",
+        gap(1, 2)
+    );
+    // Compensation of the applied steps, in reverse order.
+    let comp: Vec<_> = ledger
+        .executions()
+        .filter(|e| e.role.as_deref() == Some("compensate"))
+        .map(|e| e.step.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(comp, ["charge", "reserve"], "compensated in reverse");
+    let st = status(&run);
+    let done: Vec<_> = st
+        .compensations
+        .iter()
+        .map(|c| (c.name.as_str(), c.phase))
+        .collect();
+    assert_eq!(
+        done,
+        [
+            ("charge", StepPhase::Succeeded),
+            ("reserve", StepPhase::Succeeded)
+        ]
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn token_budget_exceeded_stops_new_steps_with_a_clear_condition() {
+    let s = Scenario::start("token-budget").await;
+    s.create_run("budget", json!({"budget": {"tokens": 100}, "steps": [
+        sim_step("think", "None", json!({"runMs": 50, "tokens": {"input": 60, "output": 20}})),
+        sim_step("think-more", "None", json!({"runMs": 50, "tokens": {"input": 30, "output": 20}})),
+        sim_step("act", "Idempotent", json!({"runMs": 50})),
+    ]}))
+    .await;
+    let run = s.wait_finished("budget", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Failed));
+    let st = status(&run);
+    assert_eq!(st.tokens_used, 130);
+    let cond = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "BudgetExceeded")
+        .expect("a BudgetExceeded condition");
+    assert_eq!(cond.status, "True");
+    assert!(
+        cond.message.contains("130") && cond.message.contains("100"),
+        "{}",
+        cond.message
+    );
+    assert!(
+        step_opt(&run, "act").is_none_or(|c| c.pod.is_none()),
+        "no step starts past the budget"
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn finished_run_is_deleted_after_its_ttl_with_its_pods_and_approvals() {
+    let s = Scenario::start("ttl").await;
+    let mut spec = gated(None, "Reject");
+    spec["ttlSecondsAfterFinished"] = json!(2);
+    s.create_run("short-lived", spec).await;
+    let approval = wait_for_gate(&s, "short-lived").await;
+    s.decide(&approval, "Approved", "ok").await;
+    s.wait_finished("short-lived", RUN_TIMEOUT).await;
+    agentrun_e2e::wait_for_deleted(&s.runs(), "short-lived", Duration::from_secs(30)).await;
+    // The garbage collector removes what the run owned.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pods = s
+            .pods()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len();
+        let approvals = s
+            .approvals()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len();
+        if pods == 0 && approvals == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{pods} pods and {approvals} approvals left after the run was deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn two_operators_one_acts_and_the_standby_takes_over_without_duplicates() {
+    let s = Scenario::start_without_operator("leader-election").await;
+    let mut a_cfg = s.operator_config.clone();
+    a_cfg.leader_elect = true;
+    a_cfg.identity = "operator-a".into();
+    let mut b_cfg = a_cfg.clone();
+    b_cfg.identity = "operator-b".into();
+    b_cfg.metrics_port = agentrun_e2e::support::processes::free_port();
+    b_cfg.health_port = agentrun_e2e::support::processes::free_port();
+    let mut a = agentrun_e2e::support::processes::start_operator(&a_cfg);
+    // Let A take the lease first.
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = s.env().api();
+    let holder = || async {
+        leases
+            .get_opt("agentrun-operator")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while holder().await.as_deref() != Some("operator-a") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "operator-a never took the lease\n{}",
+            a.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut b = agentrun_e2e::support::processes::start_operator(&b_cfg);
+
+    let slow = json!({"steps": (0..6).map(|i| sim_step(&format!("s{i}"), "NonIdempotent", json!({"runMs": 700}))).collect::<Vec<_>>()});
+    s.create_run("ha", slow).await;
+    s.wait_run("ha", "past its second step", RUN_TIMEOUT, |r| {
+        status(r)
+            .steps
+            .iter()
+            .filter(|c| c.phase == StepPhase::Succeeded)
+            .count()
+            >= 2
+    })
+    .await;
+    let b_log = std::fs::read_to_string(b.log_path()).unwrap_or_default();
+    assert!(
+        !b_log.contains("created step pod"),
+        "the standby acted:\n{b_log}"
+    );
+    a.kill().await;
+
+    let run = s.wait_finished("ha", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded));
+    assert_eq!(holder().await.as_deref(), Some("operator-b"));
+    let executions = s.ledger().executions_by_key();
+    assert_eq!(executions.len(), 6);
+    assert!(
+        executions.values().all(|n| *n == 1),
+        "no step ran twice: {executions:?}"
+    );
+    let pods = s
+        .pods()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(pods, 6, "no duplicate pods");
+    b.kill().await;
+    s.finish().await;
+}
+
+/// `/metrics` moves while a run progresses.
+#[tokio::test]
+async fn metrics_count_steps_and_checkpoints() {
+    let s = Scenario::start("metrics").await;
+    s.create_run("measured", four_steps()).await;
+    s.wait_finished("measured", RUN_TIMEOUT).await;
+    let url = format!(
+        "http://127.0.0.1:{}/metrics",
+        s.operator_config.metrics_port
+    );
+    let body = http_get(&url).await;
+    let value = |name: &str| -> f64 {
+        body.lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("metric {name} missing:\n{body}"))
+    };
+    assert_eq!(value("agentrun_steps_started_total"), 4.0);
+    assert_eq!(value("agentrun_steps_succeeded_total"), 4.0);
+    assert!(value("agentrun_checkpoint_write_duration_seconds_count") >= 4.0);
+    assert!(
+        body.contains("agentrun_runs{phase=\"Succeeded\"} 1"),
+        "{body}"
+    );
+    assert_eq!(value("agentrun_leader"), 1.0);
+    let health = http_get(&format!(
+        "http://127.0.0.1:{}/readyz",
+        s.operator_config.health_port
+    ))
+    .await;
+    assert_eq!(health.trim(), "ok");
+    s.finish().await;
+}
+
+async fn http_get(url: &str) -> String {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sf", "--max-time", "5", url])
+        .output()
+        .await
+        .expect("running curl");
+    assert!(
+        out.status.success(),
+        "GET {url} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
