@@ -115,7 +115,9 @@ impl Process {
 
     /// Whether the process has exited (e.g. at a failpoint), with its status.
     pub fn try_exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Waits until the process exits by itself.
@@ -135,7 +137,12 @@ impl Process {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         let start = all.len().saturating_sub(lines);
-        format!("--- {} ({}) ---\n{}", self.name, self.log.display(), all[start..].join("\n"))
+        format!(
+            "--- {} ({}) ---\n{}",
+            self.name,
+            self.log.display(),
+            all[start..].join("\n")
+        )
     }
 }
 
@@ -183,7 +190,10 @@ pub fn start_operator(cfg: &OperatorConfig) -> Process {
         .arg("--health-addr")
         .arg(format!("127.0.0.1:{}", cfg.health_port))
         .env("KUBECONFIG", &cfg.kubeconfig)
-        .env("RUST_LOG", "info,agentrun_operator=debug,kube_lease_manager=info")
+        .env(
+            "RUST_LOG",
+            "info,agentrun_operator=debug,kube_lease_manager=info",
+        )
         .env_remove("AGENTRUN_FAILPOINT");
     if cfg.leader_elect {
         cmd.arg("--leader-elect")

@@ -139,7 +139,9 @@ impl Scenario {
                     .and_then(|r| r.status)
                     .map(|s| serde_json::to_string_pretty(&s).unwrap_or_default())
                     .unwrap_or_else(|| "no status".into());
-                panic!("timed out after {timeout:?} waiting for run {name} to be {what}; status:\n{status}");
+                panic!(
+                    "timed out after {timeout:?} waiting for run {name} to be {what}; status:\n{status}"
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -195,7 +197,10 @@ impl Scenario {
 impl Drop for Scenario {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            for p in [self.operator.as_ref(), self.simkubelet.as_ref()].into_iter().flatten() {
+            for p in [self.operator.as_ref(), self.simkubelet.as_ref()]
+                .into_iter()
+                .flatten()
+            {
                 eprintln!("{}", p.log_tail(80));
             }
             eprintln!("ledger: {}", self.ledger_path.display());

@@ -1,0 +1,720 @@
+//! The API proofs (D13): the AgentRun and Approval CRDs, generated from the
+//! Rust types, install on the real apiserver and refuse every malformed object
+//! at admission with a message that names the field and says what is wrong;
+//! the printer columns and the samples work with the real kubectl.
+
+use std::path::PathBuf;
+
+use agentrun_e2e::{TestEnv, kubectl, kubectl_ok, repo_root};
+use agentrun_operator::api::{AgentRun, Approval, ApprovalPhase, Decision};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, CustomResourceExt};
+use serde_json::{Value, json};
+
+const RUN_UID: &str = "0b7c6a1e-0000-4000-8000-000000000001";
+
+fn run(spec: Value) -> Value {
+    json!({ "apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {}, "spec": spec })
+}
+
+fn step(name: &str) -> Value {
+    json!({ "name": name, "container": { "image": "ghcr.io/example/agent:1" } })
+}
+
+/// A one-step run whose step is `step("fetch")` with `extra` merged in.
+fn run_with_step(extra: Value) -> Value {
+    let mut s = step("fetch");
+    merge(&mut s, extra);
+    run(json!({ "steps": [s] }))
+}
+
+fn approval(kind: &str, extra: Value) -> Value {
+    let mut spec = json!({
+        "runName": "refund-4711", "runUid": RUN_UID, "step": "issue-refund",
+        "planRevision": 1, "kind": kind, "question": "Refund 23.90 EUR?",
+    });
+    merge(&mut spec, extra);
+    json!({ "apiVersion": "agentrun.dev/v1alpha1", "kind": "Approval", "metadata": {}, "spec": spec })
+}
+
+/// JSON merge patch semantics (RFC 7386): objects merge, `null` removes.
+fn merge(target: &mut Value, patch: Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(&k);
+                } else {
+                    merge(t.entry(k).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p,
+    }
+}
+
+/// One admission rule: `object` is refused on create, or — with `update` — is
+/// accepted and then the merge patch `update` is refused. Either refusal must
+/// be a 422 whose message contains every string of `expect`.
+struct Case {
+    name: &'static str,
+    object: Value,
+    update: Option<Value>,
+    expect: &'static [&'static str],
+}
+
+fn refused(name: &'static str, object: Value, expect: &'static [&'static str]) -> Case {
+    Case {
+        name,
+        object,
+        update: None,
+        expect,
+    }
+}
+
+fn refused_update(
+    name: &'static str,
+    object: Value,
+    update: Value,
+    expect: &'static [&'static str],
+) -> Case {
+    Case {
+        name,
+        object,
+        update: Some(update),
+        expect,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let many_steps: Vec<Value> = (0..501).map(|i| step(&format!("s{i}"))).collect();
+    let long_run_name = "r".repeat(64);
+    let mut long_named_run = run(json!({ "steps": [step("fetch")] }));
+    long_named_run["metadata"]["name"] = json!(long_run_name);
+    let decided = |kind: &str, decision: &str| approval(kind, json!({ "decision": decision }));
+
+    vec![
+        // --- step names: DNS labels, unique, at most 48 characters ---
+        refused(
+            "step name with uppercase",
+            run(json!({ "steps": [step("Fetch")] })),
+            &["spec.steps[0].name", "Fetch"],
+        ),
+        refused(
+            "step name with underscore",
+            run(json!({ "steps": [step("fetch_order")] })),
+            &["spec.steps[0].name", "fetch_order"],
+        ),
+        refused(
+            "step name with leading dash",
+            run(json!({ "steps": [step("-fetch")] })),
+            &["spec.steps[0].name", "-fetch"],
+        ),
+        refused(
+            "duplicate step names",
+            run(json!({ "steps": [step("fetch"), step("fetch")] })),
+            &["spec.steps[1]", "Duplicate value", "fetch"],
+        ),
+        refused(
+            "step name of 49 characters",
+            run(json!({ "steps": [step(&"a".repeat(49))] })),
+            &["spec.steps[0].name", "48"],
+        ),
+        refused(
+            "planner name with uppercase",
+            run(json!({ "planner": step("Plan") })),
+            &["spec.planner.name", "Plan"],
+        ),
+        // --- at least one step unless a planner, at most 500 ---
+        refused(
+            "empty steps and no planner",
+            run(json!({ "steps": [] })),
+            &[
+                "spec.steps",
+                "at least one step is required unless spec.planner is set",
+            ],
+        ),
+        refused(
+            "steps omitted and no planner",
+            run(json!({})),
+            &[
+                "spec.steps",
+                "at least one step is required unless spec.planner is set",
+            ],
+        ),
+        refused(
+            "501 steps",
+            run(json!({ "steps": many_steps })),
+            &["spec.steps", "500"],
+        ),
+        // --- retry and budgets ---
+        refused(
+            "retry limit -1",
+            run_with_step(json!({ "retry": { "limit": -1 } })),
+            &["spec.steps[0].retry.limit", "greater than or equal to 0"],
+        ),
+        refused(
+            "retry limit 101",
+            run_with_step(json!({ "retry": { "limit": 101 } })),
+            &["spec.steps[0].retry.limit", "less than or equal to 100"],
+        ),
+        refused(
+            "token budget 0",
+            run(json!({ "steps": [step("fetch")], "budget": { "tokens": 0 } })),
+            &["spec.budget.tokens", "greater than or equal to 1"],
+        ),
+        refused(
+            "step execution budget 0",
+            run(json!({ "steps": [step("fetch")], "budget": { "stepExecutions": 0 } })),
+            &["spec.budget.stepExecutions", "greater than or equal to 1"],
+        ),
+        // --- durations ---
+        refused(
+            "freshFor without a unit",
+            run_with_step(json!({ "freshFor": "10" })),
+            &["spec.steps[0].freshFor", "10"],
+        ),
+        refused(
+            "timeout in words",
+            run_with_step(json!({ "timeout": "5 minutes" })),
+            &["spec.steps[0].timeout", "5 minutes"],
+        ),
+        refused(
+            "backoff initial in days",
+            run_with_step(json!({ "retry": { "backoff": { "initial": "1d", "max": "5m" } } })),
+            &["spec.steps[0].retry.backoff.initial", "1d"],
+        ),
+        refused(
+            "negative approval timeout",
+            run_with_step(json!({ "approval": { "timeout": "-5s" } })),
+            &["spec.steps[0].approval.timeout", "-5s"],
+        ),
+        refused(
+            "zero freshFor",
+            run_with_step(json!({ "freshFor": "0s" })),
+            &["spec.steps[0].freshFor", "freshFor must be longer than 0s"],
+        ),
+        refused(
+            "zero timeout",
+            run_with_step(json!({ "timeout": "0s" })),
+            &["spec.steps[0].timeout", "timeout must be longer than 0s"],
+        ),
+        refused(
+            "backoff initial longer than max",
+            run_with_step(json!({ "retry": { "backoff": { "initial": "10m", "max": "1m" } } })),
+            &[
+                "spec.steps[0].retry.backoff",
+                "backoff.initial must not be longer than backoff.max",
+            ],
+        ),
+        // --- enums ---
+        refused(
+            "approval onTimeout not in enum",
+            run_with_step(json!({ "approval": { "onTimeout": "Ignore" } })),
+            &[
+                "spec.steps[0].approval.onTimeout",
+                "Unsupported value",
+                "Reject",
+                "Approve",
+            ],
+        ),
+        refused(
+            "effect not in enum",
+            run_with_step(json!({ "effect": "Sometimes" })),
+            &["spec.steps[0].effect", "Unsupported value", "NonIdempotent"],
+        ),
+        // --- ranges ---
+        refused(
+            "context maxBytes below 1024",
+            run(json!({ "steps": [step("fetch")], "context": { "maxBytes": 100 } })),
+            &["spec.context.maxBytes", "1024"],
+        ),
+        refused(
+            "context maxBytes above 131072",
+            run(json!({ "steps": [step("fetch")], "context": { "maxBytes": 131073 } })),
+            &["spec.context.maxBytes", "131072"],
+        ),
+        refused(
+            "activeDeadlineSeconds 0",
+            run(json!({ "steps": [step("fetch")], "activeDeadlineSeconds": 0 })),
+            &["spec.activeDeadlineSeconds", "greater than or equal to 1"],
+        ),
+        refused(
+            "ttlSecondsAfterFinished -1",
+            run(json!({ "steps": [step("fetch")], "ttlSecondsAfterFinished": -1 })),
+            &["spec.ttlSecondsAfterFinished", "greater than or equal to 0"],
+        ),
+        refused(
+            "run name longer than 63",
+            long_named_run,
+            &["metadata.name", "at most 63 characters"],
+        ),
+        // --- containers ---
+        refused(
+            "missing container image",
+            run(json!({ "steps": [{ "name": "fetch", "container": { "command": ["true"] } }] })),
+            &["spec.steps[0].container.image", "Required value"],
+        ),
+        refused(
+            "empty container image",
+            run(json!({ "steps": [{ "name": "fetch", "container": { "image": "" } }] })),
+            &["spec.steps[0].container.image", "at least 1"],
+        ),
+        // --- Approval ---
+        refused(
+            "decision not in enum",
+            decided("Approve", "Maybe"),
+            &["spec.decision", "Unsupported value", "Approved"],
+        ),
+        refused(
+            "Approve approval with a Reconcile decision",
+            decided("Approve", "Retry"),
+            &[
+                "spec.decision",
+                "an Approve approval takes Approved or Rejected",
+            ],
+        ),
+        refused(
+            "Reconcile approval with an Approve decision",
+            decided("Reconcile", "Approved"),
+            &[
+                "spec.decision",
+                "a Reconcile approval takes Retry, MarkSucceeded or MarkFailed",
+            ],
+        ),
+        refused(
+            "planRevision 0",
+            approval("Approve", json!({ "planRevision": 0 })),
+            &["spec.planRevision", "greater than or equal to 1"],
+        ),
+        refused(
+            "missing runUid",
+            approval("Approve", json!({ "runUid": null })),
+            &["spec.runUid", "Required value"],
+        ),
+        refused_update(
+            "decision changed once made",
+            decided("Approve", "Approved"),
+            json!({ "spec": { "decision": "Rejected" } }),
+            &[
+                "spec.decision",
+                "a decision is final once made and cannot be changed",
+            ],
+        ),
+        refused_update(
+            "decision removed once made",
+            decided("Approve", "Approved"),
+            json!({ "spec": { "decision": null } }),
+            &["spec.decision", "cannot be changed or removed"],
+        ),
+        refused_update(
+            "comment changed after the decision",
+            approval(
+                "Approve",
+                json!({ "decision": "Approved", "comment": "ok" }),
+            ),
+            json!({ "spec": { "comment": "on second thought" } }),
+            &[
+                "spec.comment",
+                "the comment of a made decision cannot be changed",
+            ],
+        ),
+        refused_update(
+            "runName changed",
+            approval("Approve", json!({})),
+            json!({ "spec": { "runName": "another-run" } }),
+            &["spec.runName", "immutable"],
+        ),
+        refused_update(
+            "runUid changed",
+            approval("Approve", json!({})),
+            json!({ "spec": { "runUid": "0b7c6a1e-0000-4000-8000-000000000002" } }),
+            &["spec.runUid", "immutable"],
+        ),
+        refused_update(
+            "step changed",
+            approval("Approve", json!({})),
+            json!({ "spec": { "step": "another-step" } }),
+            &["spec.step", "immutable"],
+        ),
+        refused_update(
+            "planRevision changed",
+            approval("Approve", json!({})),
+            json!({ "spec": { "planRevision": 2 } }),
+            &["spec.planRevision", "immutable"],
+        ),
+        refused_update(
+            "kind changed",
+            approval("Approve", json!({})),
+            json!({ "spec": { "kind": "Reconcile" } }),
+            &["spec.kind", "immutable"],
+        ),
+        refused_update(
+            "question changed",
+            approval("Approve", json!({})),
+            json!({ "spec": { "question": "Refund 2390 EUR?" } }),
+            &["spec.question", "immutable"],
+        ),
+        refused_update(
+            "onTimeout changed while pending",
+            approval("Approve", json!({ "onTimeout": "Reject" })),
+            json!({ "spec": { "onTimeout": "Approve" } }),
+            &["spec.onTimeout", "immutable"],
+        ),
+        refused_update(
+            "context rewritten",
+            approval(
+                "Approve",
+                json!({ "context": { "reason": "gate on issue-refund" } }),
+            ),
+            json!({ "spec": { "context": { "reason": "nothing to see" } } }),
+            &["spec.context", "immutable"],
+        ),
+        refused_update(
+            "expiresAt moved",
+            approval("Approve", json!({ "expiresAt": "2030-01-01T00:00:00Z" })),
+            json!({ "spec": { "expiresAt": "2031-01-01T00:00:00Z" } }),
+            &["spec.expiresAt", "immutable"],
+        ),
+    ]
+}
+
+fn dynamic_api(env: &TestEnv, kind: &str) -> Api<DynamicObject> {
+    let resource = match kind {
+        "AgentRun" => ApiResource::erase::<AgentRun>(&()),
+        "Approval" => ApiResource::erase::<Approval>(&()),
+        other => panic!("no API for kind {other}"),
+    };
+    Api::namespaced_with(env.client(), env.namespace(), &resource)
+}
+
+/// What is wrong with the refusal `result`, if anything.
+fn check_refusal<T>(result: kube::Result<T>, expect: &[&str]) -> Result<String, String> {
+    match result {
+        Ok(_) => Err("accepted".to_owned()),
+        Err(kube::Error::Api(status)) => {
+            let missing: Vec<&&str> = expect
+                .iter()
+                .filter(|s| !status.message.contains(**s))
+                .collect();
+            if status.code != 422 {
+                Err(format!(
+                    "code {} (want 422): {}",
+                    status.code, status.message
+                ))
+            } else if !missing.is_empty() {
+                Err(format!("message lacks {missing:?}: {}", status.message))
+            } else {
+                Ok(status.message.clone())
+            }
+        }
+        Err(e) => Err(format!("not an API refusal: {e}")),
+    }
+}
+
+#[tokio::test]
+async fn every_admission_rule_refuses_its_invalid_object_with_a_clear_message() {
+    let env = TestEnv::new("admission_rules").await;
+    let cases = cases();
+    assert!(cases.len() >= 25, "the table covers every rule");
+    let mut mismatches = Vec::new();
+    for (i, case) in cases.into_iter().enumerate() {
+        let mut object = case.object;
+        if object["metadata"].get("name").is_none() {
+            object["metadata"]["name"] = json!(format!("case-{i:02}"));
+        }
+        let kind = object["kind"].as_str().expect("kind").to_owned();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .expect("name")
+            .to_owned();
+        let api = dynamic_api(&env, &kind);
+        let obj: DynamicObject = serde_json::from_value(object).expect("a DynamicObject");
+        let created = api.create(&PostParams::default(), &obj).await;
+        let outcome = match case.update {
+            None => check_refusal(created, case.expect),
+            Some(update) => match created {
+                Err(e) => Err(format!("the object to update was refused: {e}")),
+                Ok(_) => check_refusal(
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(update))
+                        .await,
+                    case.expect,
+                ),
+            },
+        };
+        match outcome {
+            Ok(message) => eprintln!("ok   {:<48} {message}", case.name),
+            Err(why) => {
+                eprintln!("FAIL {:<48} {why}", case.name);
+                mismatches.push(format!("{}: {why}", case.name));
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} admission case(s) did not behave:\n  {}",
+        mismatches.len(),
+        mismatches.join("\n  ")
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn valid_objects_are_accepted_and_a_decision_can_be_made_once() {
+    let env = TestEnv::new("admission_accepts_valid").await;
+    let runs = dynamic_api(&env, "AgentRun");
+    let approvals = dynamic_api(&env, "Approval");
+    let create = |mut object: Value, name: &str| {
+        object["metadata"]["name"] = json!(name);
+        serde_json::from_value::<DynamicObject>(object).expect("a DynamicObject")
+    };
+
+    runs.create(
+        &PostParams::default(),
+        &create(run(json!({ "steps": [step("fetch")] })), "minimal"),
+    )
+    .await
+    .expect("a minimal AgentRun is accepted");
+    runs.create(
+        &PostParams::default(),
+        &create(run(json!({ "planner": step("plan") })), "planned"),
+    )
+    .await
+    .expect("a planner without steps is accepted");
+    let full = run_with_step(json!({
+        "effect": "Idempotent", "freshFor": "10m", "timeout": "1h30m",
+        "retry": { "limit": 100, "backoff": { "initial": "250ms", "max": "5m" } },
+        "approval": { "question": "ok?", "timeout": "72h", "onTimeout": "Approve" },
+    }));
+    runs.create(&PostParams::default(), &create(full, "bounds"))
+        .await
+        .expect("an AgentRun at the edges of every bound is accepted");
+    runs.create(
+        &PostParams::default(),
+        &create(
+            run(json!({ "steps": [step(&"a".repeat(48))] })),
+            &"r".repeat(63),
+        ),
+    )
+    .await
+    .expect("a 63-character run name and a 48-character step name are accepted");
+
+    // Typed, so the generated types and the schema agree both ways.
+    let typed: Api<Approval> = env.api();
+    approvals
+        .create(
+            &PostParams::default(),
+            &create(approval("Approve", json!({})), "gate"),
+        )
+        .await
+        .expect("a minimal Approval is accepted");
+    let pending = typed.get("gate").await.expect("read the Approval");
+    assert_eq!(pending.spec.decision, None);
+    let decided = typed
+        .patch(
+            "gate",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "decision": "Approved", "comment": "fine" } })),
+        )
+        .await
+        .expect("Pending -> Approved is accepted");
+    assert_eq!(decided.spec.decision, Some(Decision::Approved));
+    typed
+        .patch(
+            "gate",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "decision": "Approved" }, "metadata": { "labels": { "seen": "yes" } } })),
+        )
+        .await
+        .expect("restating the same decision is accepted");
+    let status = typed
+        .patch_status(
+            "gate",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({ "status": { "phase": "Approved", "decidedBy": "kubectl-patch" } }),
+            ),
+        )
+        .await
+        .expect("the operator records the outcome in status");
+    assert_eq!(status.status.unwrap().phase, ApprovalPhase::Approved);
+
+    approvals
+        .create(
+            &PostParams::default(),
+            &create(
+                approval("Reconcile", json!({ "decision": "MarkSucceeded" })),
+                "reconcile",
+            ),
+        )
+        .await
+        .expect("a Reconcile approval with a Reconcile decision is accepted");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn generated_crds_are_structural_and_established() {
+    let env = TestEnv::new("crds_structural").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client());
+    for name in [AgentRun::crd_name(), Approval::crd_name()] {
+        let crd = crds.get(name).await.expect("the CRD is installed");
+        let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+        let status_of = |t: &str| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| c.status.clone())
+        };
+        assert_eq!(
+            status_of("Established").as_deref(),
+            Some("True"),
+            "{name}: {conditions:?}"
+        );
+        assert_eq!(
+            status_of("NamesAccepted").as_deref(),
+            Some("True"),
+            "{name}: {conditions:?}"
+        );
+        assert_eq!(
+            status_of("NonStructuralSchema"),
+            None,
+            "{name}: {conditions:?}"
+        );
+    }
+    env.cleanup().await;
+}
+
+/// `kubectl get` output as rows of whitespace-separated cells.
+fn table(output: &str) -> Vec<Vec<String>> {
+    output
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+#[tokio::test]
+async fn kubectl_get_ar_shows_phase_step_progress_and_tokens() {
+    let env = TestEnv::new("kubectl_get_ar_columns").await;
+    let runs: Api<AgentRun> = env.api();
+    let object: AgentRun = serde_json::from_value({
+        let mut r =
+            run(json!({ "steps": [step("lookup-order"), step("draft-refund"), step("notify")] }));
+        r["metadata"]["name"] = json!("refund-4711");
+        r
+    })
+    .unwrap();
+    runs.create(&PostParams::default(), &object)
+        .await
+        .expect("create AgentRun");
+    runs.patch_status(
+        "refund-4711",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": {
+            "phase": "Running", "currentStep": "draft-refund", "progress": "1/3", "tokensUsed": 1234,
+        }})),
+    )
+    .await
+    .expect("write status");
+
+    let out = kubectl_ok(["get", "ar", "-n", env.namespace()]).await;
+    let rows = table(&out);
+    assert_eq!(
+        rows[0],
+        ["NAME", "PHASE", "STEP", "PROGRESS", "TOKENS", "AGE"],
+        "{out}"
+    );
+    assert_eq!(rows.len(), 2, "{out}");
+    assert_eq!(
+        rows[1][..5],
+        ["refund-4711", "Running", "draft-refund", "1/3", "1234"],
+        "{out}"
+    );
+    assert_eq!(rows[1].len(), 6, "{out}");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn kubectl_get_apv_shows_run_step_kind_decision_and_expiry() {
+    let env = TestEnv::new("kubectl_get_apv_columns").await;
+    let approvals = dynamic_api(&env, "Approval");
+    let mut object = approval(
+        "Approve",
+        json!({ "expiresAt": "2030-01-02T03:04:05Z", "decision": "Approved" }),
+    );
+    object["metadata"]["name"] = json!("refund-4711-issue-refund-r1-approve");
+    approvals
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(object).unwrap(),
+        )
+        .await
+        .expect("create Approval");
+
+    let out = kubectl_ok(["get", "apv", "-n", env.namespace()]).await;
+    let rows = table(&out);
+    assert_eq!(
+        rows[0],
+        ["NAME", "RUN", "STEP", "KIND", "DECISION", "EXPIRES", "AGE"],
+        "{out}"
+    );
+    assert_eq!(rows.len(), 2, "{out}");
+    assert_eq!(
+        rows[1][..6],
+        [
+            "refund-4711-issue-refund-r1-approve",
+            "refund-4711",
+            "issue-refund",
+            "Approve",
+            "Approved",
+            "2030-01-02T03:04:05Z",
+        ],
+        "{out}"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn every_sample_applies_with_server_side_dry_run() {
+    let env = TestEnv::new("samples_dry_run").await;
+    let dir = repo_root().join("config/samples");
+    let mut samples: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        // The kustomization lists the samples; it is not an object to apply.
+        .filter(|p| p.file_stem().and_then(|s| s.to_str()) != Some("kustomization"))
+        .collect();
+    samples.sort();
+    assert!(!samples.is_empty(), "no sample under {}", dir.display());
+
+    let mut failures = Vec::new();
+    for sample in &samples {
+        let out = kubectl([
+            "apply".as_ref(),
+            "--dry-run=server".as_ref(),
+            "-n".as_ref(),
+            env.namespace().as_ref(),
+            "-f".as_ref(),
+            sample.as_os_str(),
+        ])
+        .await;
+        if out.success() {
+            eprintln!("ok   {}: {}", sample.display(), out.stdout.trim());
+        } else {
+            failures.push(format!(
+                "{}: {}{}",
+                sample.display(),
+                out.stderr.trim(),
+                out.stdout.trim()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "samples refused:\n  {}",
+        failures.join("\n  ")
+    );
+    env.cleanup().await;
+}
