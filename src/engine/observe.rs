@@ -69,7 +69,7 @@ fn terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
 /// Whether any container ever started: a NonIdempotent step that never
 /// started cannot have acted.
 pub fn started(pod: &Pod) -> bool {
-    phase(pod) != "Pending"
+    matches!(phase(pod), "Running" | "Succeeded")
         || pod
             .status
             .as_ref()

@@ -1,0 +1,347 @@
+//! Test fixtures: builders for runs, steps and Pods, and a small in-memory
+//! cluster (`World`) that applies decisions the way the controller does —
+//! status first, then the actions in order.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
+
+use super::{Action, Decision, Observed, decide};
+use crate::api::{
+    AgentRun, AgentRunSpec, AgentRunStatus, Approval, ApprovalGate, Backoff, Budget, ContextSpec, Decision as Answer,
+    Duration, Effect, OnTimeout, RetryPolicy, StepContainer, StepSpec,
+};
+
+pub const RUN: &str = "run";
+pub const UID: &str = "run-uid";
+
+/// A fixed instant plus `secs`.
+pub fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_750_000_000 + secs).unwrap()
+}
+
+pub fn container(image: &str) -> StepContainer {
+    StepContainer { image: image.into(), ..StepContainer::default() }
+}
+
+/// An Idempotent step with no retries.
+pub fn step(name: &str) -> StepSpec {
+    StepSpec { name: name.into(), container: container("tool:1"), effect: Effect::Idempotent, ..StepSpec::default() }
+}
+
+impl StepSpec {
+    pub fn with_effect(mut self, effect: Effect) -> Self {
+        self.effect = effect;
+        self
+    }
+    pub fn with_timeout(mut self, d: &str) -> Self {
+        self.timeout = Some(Duration::from(d));
+        self
+    }
+    pub fn with_retry(mut self, limit: i32, initial: &str, max: &str) -> Self {
+        self.retry = Some(RetryPolicy {
+            limit,
+            backoff: Some(Backoff { initial: Duration::from(initial), max: Duration::from(max) }),
+        });
+        self
+    }
+    pub fn with_fresh_for(mut self, d: &str) -> Self {
+        self.fresh_for = Some(Duration::from(d));
+        self
+    }
+    pub fn with_approval(mut self, timeout: Option<&str>, on_timeout: OnTimeout) -> Self {
+        self.approval = Some(ApprovalGate {
+            required: true,
+            question: Some(format!("run {}?", self.name)),
+            timeout: timeout.map(Duration::from),
+            on_timeout,
+        });
+        self
+    }
+    pub fn with_compensate(mut self) -> Self {
+        self.compensate = Some(container("undo:1"));
+        self
+    }
+}
+
+impl AgentRun {
+    /// A run named `run` with UID `run-uid`, generation 1, no steps.
+    pub fn test() -> AgentRun {
+        let mut run = AgentRun::new(RUN, AgentRunSpec::default());
+        run.metadata.namespace = Some("default".into());
+        run.metadata.uid = Some(UID.into());
+        run.metadata.generation = Some(1);
+        run
+    }
+    pub fn with_steps(mut self, steps: impl IntoIterator<Item = StepSpec>) -> Self {
+        self.spec.steps = steps.into_iter().collect();
+        self
+    }
+    pub fn with_planner(mut self, planner: StepSpec) -> Self {
+        self.spec.planner = Some(planner);
+        self
+    }
+    pub fn with_budget(mut self, tokens: Option<i64>, step_executions: Option<i32>) -> Self {
+        self.spec.budget = Some(Budget { tokens, step_executions });
+        self
+    }
+    pub fn with_context(mut self, max_bytes: i32, compactor: bool) -> Self {
+        self.spec.context = Some(ContextSpec { max_bytes: Some(max_bytes), compactor: compactor.then(|| container("compact:1")) });
+        self
+    }
+    pub fn with_deadline(mut self, secs: i64) -> Self {
+        self.spec.active_deadline_seconds = Some(secs);
+        self
+    }
+    pub fn with_ttl(mut self, secs: i32) -> Self {
+        self.spec.ttl_seconds_after_finished = Some(secs);
+        self
+    }
+}
+
+/// Moving a Pod through its life the way a kubelet reports it.
+pub trait PodExt: Sized {
+    fn running(self) -> Pod;
+    /// Exit 0 with this termination message.
+    fn succeeded(self, message: &str) -> Pod;
+    fn exited(self, code: i32, message: &str) -> Pod;
+    /// Evicted by the node: phase Failed, DisruptionTarget, reason Evicted.
+    fn evicted(self, started: bool) -> Pod;
+    fn deleting(self, at: Timestamp) -> Pod;
+}
+
+impl PodExt for Pod {
+    fn running(mut self) -> Pod {
+        self.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            container_statuses: Some(vec![container_status(ContainerState {
+                running: Some(ContainerStateRunning { started_at: None }),
+                ..ContainerState::default()
+            })]),
+            ..PodStatus::default()
+        });
+        self
+    }
+    fn succeeded(self, message: &str) -> Pod {
+        terminate(self, "Succeeded", 0, message)
+    }
+    fn exited(self, code: i32, message: &str) -> Pod {
+        terminate(self, "Failed", code, message)
+    }
+    fn evicted(mut self, started: bool) -> Pod {
+        let state = if started {
+            ContainerState {
+                terminated: Some(ContainerStateTerminated { exit_code: 137, ..Default::default() }),
+                ..Default::default()
+            }
+        } else {
+            ContainerState::default()
+        };
+        self.status = Some(PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("Evicted".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some("EvictionByEvictionAPI".into()),
+                ..PodCondition::default()
+            }]),
+            container_statuses: Some(vec![container_status(state)]),
+            ..PodStatus::default()
+        });
+        self
+    }
+    fn deleting(mut self, at: Timestamp) -> Pod {
+        self.metadata.deletion_timestamp = Some(Time(at));
+        self
+    }
+}
+
+fn container_status(state: ContainerState) -> ContainerStatus {
+    ContainerStatus { name: "step".into(), state: Some(state), ..ContainerStatus::default() }
+}
+
+fn terminate(mut pod: Pod, phase: &str, code: i32, message: &str) -> Pod {
+    pod.status = Some(PodStatus {
+        phase: Some(phase.into()),
+        container_statuses: Some(vec![container_status(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                message: (!message.is_empty()).then(|| message.to_owned()),
+                reason: Some(if code == 0 { "Completed" } else { "Error" }.into()),
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        })]),
+        ..PodStatus::default()
+    });
+    pod
+}
+
+/// A result message: `{"result": <result>, "tokens": {"input": n, "output": 0}}`.
+pub fn ok_message(result: serde_json::Value, tokens: i64) -> String {
+    serde_json::json!({"result": result, "tokens": {"input": tokens, "output": 0}}).to_string()
+}
+
+/// An in-memory cluster holding one run, applying decisions like the controller.
+#[derive(Clone)]
+pub struct World {
+    pub run: AgentRun,
+    pub pods: BTreeMap<String, Pod>,
+    pub approvals: BTreeMap<String, Approval>,
+    pub now: Timestamp,
+    pub run_deleted: bool,
+    /// Every Pod name ever created, in order.
+    pub created: Vec<String>,
+    next_uid: u64,
+}
+
+impl World {
+    pub fn new(run: AgentRun) -> World {
+        World {
+            run,
+            pods: BTreeMap::new(),
+            approvals: BTreeMap::new(),
+            now: t(0),
+            run_deleted: false,
+            created: Vec::new(),
+            next_uid: 0,
+        }
+    }
+
+    pub fn status(&self) -> AgentRunStatus {
+        self.run.status.clone().unwrap_or_default()
+    }
+
+    /// Decides with a complete, fresh cache.
+    pub fn decide(&self) -> Decision {
+        let pods: Vec<Pod> = self.pods.values().cloned().collect();
+        self.decide_with(&pods)
+    }
+
+    pub fn decide_with(&self, pods: &[Pod]) -> Decision {
+        let approvals: Vec<Approval> = self.approvals.values().cloned().collect();
+        decide(&Observed { run: &self.run, pods, approvals: &approvals, now: self.now })
+    }
+
+    /// Writes the status (if changed) and applies the actions in order.
+    pub fn commit(&mut self, d: &Decision) {
+        if self.run.status.as_ref() != Some(&d.status) {
+            self.run.status = Some(d.status.clone());
+        }
+        for a in &d.actions {
+            self.apply(a);
+        }
+    }
+
+    pub fn apply(&mut self, a: &Action) {
+        match a {
+            Action::CreatePod(pod) => {
+                let name = pod.metadata.name.clone().unwrap();
+                if !self.pods.contains_key(&name) {
+                    let mut pod = (**pod).clone();
+                    self.next_uid += 1;
+                    pod.metadata.uid = Some(format!("pod-uid-{}", self.next_uid));
+                    pod.status = Some(PodStatus { phase: Some("Pending".into()), ..PodStatus::default() });
+                    self.created.push(name.clone());
+                    self.pods.insert(name, pod);
+                }
+            }
+            Action::DeletePod { name, .. } => {
+                let now = self.now;
+                if let Some(p) = self.pods.get_mut(name) {
+                    if p.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty()) {
+                        self.pods.remove(name);
+                    } else if p.metadata.deletion_timestamp.is_none() {
+                        p.metadata.deletion_timestamp = Some(Time(now));
+                    }
+                }
+            }
+            Action::ReleaseFinalizer { pod } => {
+                if let Some(p) = self.pods.get_mut(pod) {
+                    p.metadata.finalizers = None;
+                }
+                self.gc();
+            }
+            Action::CreateApproval(a) => {
+                let name = a.metadata.name.clone().unwrap();
+                self.approvals.entry(name).or_insert_with(|| (**a).clone());
+            }
+            Action::SetApprovalStatus { name, status } => {
+                if let Some(a) = self.approvals.get_mut(name) {
+                    a.status = Some(status.clone());
+                }
+            }
+            Action::DeleteRun => self.run_deleted = true,
+            Action::Event { .. } => {}
+        }
+    }
+
+    /// The API server removes a deleted Pod once it has stopped and has no finalizers.
+    pub fn gc(&mut self) {
+        self.pods.retain(|_, p| {
+            p.metadata.deletion_timestamp.is_none()
+                || p.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty())
+                || super::observe::is_live(p)
+        });
+    }
+
+    /// Decide and commit once.
+    pub fn step(&mut self) -> Decision {
+        let d = self.decide();
+        self.commit(&d);
+        d
+    }
+
+    /// Steps until the status stops changing (at most `n` decisions).
+    pub fn settle(&mut self) -> Decision {
+        for _ in 0..50 {
+            let before = self.status();
+            let d = self.step();
+            if d.status == before {
+                return d;
+            }
+        }
+        panic!("the run did not settle: {:#?}", self.status());
+    }
+
+    pub fn advance(&mut self, secs: i64) {
+        self.now = self.now.checked_add(SignedDuration::from_secs(secs)).unwrap();
+    }
+
+    pub fn pod(&self, name: &str) -> Pod {
+        self.pods.get(name).unwrap_or_else(|| panic!("no pod {name}; pods: {:?}", self.pods.keys())).clone()
+    }
+
+    /// Replaces a Pod with what `f` makes of it (a kubelet update).
+    pub fn update_pod(&mut self, name: &str, f: impl FnOnce(Pod) -> Pod) {
+        let pod = f(self.pod(name));
+        self.pods.insert(name.to_owned(), pod);
+        self.gc();
+    }
+
+    /// Runs the Pod to success with this message, then settles.
+    pub fn succeed(&mut self, name: &str, message: &str) {
+        self.update_pod(name, |p| p.succeeded(message));
+        self.settle();
+    }
+
+    pub fn decide_approval(&mut self, name: &str, decision: Answer, manager: &str) {
+        let a = self.approvals.get_mut(name).unwrap_or_else(|| panic!("no approval {name}"));
+        a.spec.decision = Some(decision);
+        a.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:decision": {}}}))),
+            ..ManagedFieldsEntry::default()
+        }]);
+    }
+
+    pub fn live_pods(&self) -> Vec<String> {
+        self.pods.iter().filter(|(_, p)| super::observe::is_live(p)).map(|(n, _)| n.clone()).collect()
+    }
+}
