@@ -1143,3 +1143,108 @@ async fn helm_install_watching_one_namespace_grants_nothing_elsewhere() {
     watched.cleanup().await;
     env.cleanup().await;
 }
+
+/// The strongest check that the chart's RBAC is enough, not just as written:
+/// the real operator, authenticated as the chart's ServiceAccount
+/// (impersonation), with leader election, drives a gated run to success and
+/// deletes it after its TTL, and never hits a 403 on the way.
+#[tokio::test]
+async fn operator_runs_a_gated_run_under_the_charts_rbac() {
+    use agentrun_e2e::support::processes::{log_dir, start_operator};
+    use agentrun_e2e::support::scenario::{Scenario, phase, sim_step};
+    use agentrun_e2e::wait_for_deleted;
+    use agentrun_operator::api::RunPhase;
+    use serde_json::json;
+    use std::time::Duration;
+
+    const TIMEOUT: Duration = Duration::from_secs(90);
+    let mut s = Scenario::start_without_operator("operator_runs_under_chart_rbac").await;
+    let ns = s.namespace().to_owned();
+    // Release `agentrun-operator` watching its own namespace: Role, RoleBinding
+    // and the Lease Role for `agentrun-operator` (the operator's default Lease)
+    // all in `ns`, nothing cluster-wide.
+    let mut release = Release {
+        name: "agentrun-operator".into(),
+        namespace: ns.clone(),
+        installed: false,
+    };
+    release
+        .install(&["--set", &format!("watchNamespace={ns}")])
+        .await;
+
+    // A kubeconfig that acts as the chart's ServiceAccount.
+    let admin = std::fs::read_to_string(kubeconfig()).expect("reading the e2e kubeconfig");
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("kubeconfig YAML");
+    for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
+        user["user"]["as"] = release.service_account().into();
+    }
+    let impersonating = log_dir(&ns).join("operator-as-serviceaccount.kubeconfig");
+    std::fs::write(&impersonating, serde_yaml::to_string(&config).unwrap())
+        .expect("writing the impersonating kubeconfig");
+    let mut cfg = s.operator_config.clone();
+    cfg.kubeconfig = impersonating;
+    cfg.leader_elect = true;
+    s.operator_config = cfg.clone();
+    s.operator = Some(start_operator(&cfg));
+
+    let spec = json!({
+        "ttlSecondsAfterFinished": 2,
+        "steps": [
+            sim_step("draft", "None", json!({"runMs": 50, "result": {"amount": 5}})),
+            {"name": "issue", "effect": "NonIdempotent",
+             "approval": {"required": true, "question": "Issue the refund?", "onTimeout": "Reject"},
+             "container": {"image": "registry.example/pay:1",
+                           "env": [{"name": "SIM_STEP", "value": json!({"runMs": 50}).to_string()}]}},
+        ],
+    });
+    s.create_run("gated", spec).await;
+    let waiting = s
+        .wait_run("gated", "waiting for approval", TIMEOUT, |r| {
+            phase(r) == Some(RunPhase::WaitingForApproval)
+                && r.status
+                    .as_ref()
+                    .is_some_and(|st| st.steps.iter().any(|c| c.approval.is_some()))
+        })
+        .await;
+    let approval = waiting
+        .status
+        .as_ref()
+        .and_then(|st| st.steps.iter().find_map(|c| c.approval.clone()))
+        .expect("the gate names its Approval");
+    s.decide(&approval, "Approved", "fine").await;
+    let run = s.wait_finished("gated", TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
+    // TTL: the operator deletes the finished run itself.
+    wait_for_deleted(&s.runs(), "gated", TIMEOUT).await;
+
+    // The Lease was taken under the chart's Role.
+    let lease = ok_async({
+        let mut cmd = kubectl_cmd();
+        cmd.args(["get", "lease", "agentrun-operator", "-n", &ns])
+            .args(["-o", "jsonpath={.spec.holderIdentity}"]);
+        cmd
+    })
+    .await;
+    assert_eq!(lease, cfg.identity, "the operator holds its Lease");
+
+    let log_path = s
+        .operator
+        .as_ref()
+        .expect("operator running")
+        .log_path()
+        .to_owned();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let denied: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "the operator was denied under the chart's RBAC:\n{}",
+        denied.join("\n")
+    );
+
+    s.kill_operator().await;
+    release.uninstall().await;
+    s.finish().await;
+}
