@@ -35,6 +35,11 @@ use crate::metrics::{Health, Metrics, PhaseLabel, Refresh};
 
 pub use error::{Category, Error, Result};
 
+const SYNCED_RUNS: u8 = 1;
+const SYNCED_PODS: u8 = 2;
+const SYNCED_APPROVALS: u8 = 4;
+const SYNCED_ALL: u8 = SYNCED_RUNS | SYNCED_PODS | SYNCED_APPROVALS;
+
 /// Where the operator looks for runs.
 #[derive(Clone, Debug, Default)]
 pub struct Scope {
@@ -51,11 +56,21 @@ pub struct Context {
     pub approvals: Store<Approval>,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// Which caches finished their initial list (bits `SYNCED_*`).
+    synced: tokio::sync::watch::Receiver<u8>,
     /// Consecutive failures per run, for the per-object backoff.
     failures: Mutex<HashMap<ObjectRef<AgentRun>, u32>>,
 }
 
 impl Context {
+    /// Waits until the Pod and Approval caches hold the cluster's state. Before
+    /// that, a step Pod missing from the cache would look lost (D6) when it is
+    /// merely not listed yet.
+    async fn caches_synced(&self) {
+        let mut synced = self.synced.clone();
+        let _ = synced.wait_for(|m| *m == SYNCED_ALL).await;
+    }
+
     fn record_failure(&self, run: &ObjectRef<AgentRun>) -> u32 {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         let n = failures.entry(run.clone()).or_insert(0);
@@ -94,6 +109,19 @@ pub async fn run(
     let pods_api: Api<Pod> = api_for(&client, &scope);
     let approvals_api: Api<Approval> = api_for(&client, &scope);
 
+    // Which caches have finished their initial list. (Store::wait_until_ready
+    // wakes only one of several concurrent waiters, so readiness is taken from
+    // the watch streams' InitDone events instead.)
+    let (synced_tx, synced_rx) = tokio::sync::watch::channel(0u8);
+    let synced_tx = Arc::new(synced_tx);
+
+    let (runs_store, runs_writer) = reflector::store();
+    let run_stream = watcher(runs, watcher::Config::default())
+        .default_backoff()
+        .reflect(runs_writer)
+        .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_RUNS))
+        .touched_objects();
+
     let (pods, pods_writer) = reflector::store();
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel();
     let pod_stream = watcher(pods_api, watcher::Config::default().labels(labels::RUN))
@@ -102,6 +130,7 @@ pub async fn run(
             pod.managed_fields_mut().clear();
         })
         .reflect(pods_writer)
+        .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_PODS))
         .touched_objects()
         .inspect_ok(move |pod: &Pod| {
             if orphans::may_be_orphaned(pod) {
@@ -113,6 +142,7 @@ pub async fn run(
     let approval_stream = watcher(approvals_api, watcher::Config::default())
         .default_backoff()
         .reflect(approvals_writer)
+        .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_APPROVALS))
         .touched_objects();
 
     let ctx = Arc::new(Context {
@@ -121,10 +151,11 @@ pub async fn run(
         pods: pods.clone(),
         approvals: approvals.clone(),
         metrics: metrics.clone(),
+        synced: synced_rx.clone(),
         failures: Mutex::new(HashMap::new()),
     });
 
-    let controller = Controller::new(runs, watcher::Config::default())
+    let controller = Controller::for_stream(run_stream, runs_store.clone())
         .with_config(controller::Config::default().concurrency(16))
         .owns_stream(pod_stream)
         .watches_stream(approval_stream, |approval: Approval| {
@@ -134,21 +165,17 @@ pub async fn run(
         })
         .graceful_shutdown_on(shutdown);
 
-    let runs_store = controller.store();
     tokio::spawn(orphans::release_orphans(
         client.clone(),
-        runs_store.clone(),
+        synced_rx.clone(),
         pods.clone(),
         orphan_rx,
     ));
     {
-        let (runs_store, pods, approvals) = (runs_store.clone(), pods.clone(), approvals.clone());
+        let mut synced_rx = synced_rx.clone();
         tokio::spawn(async move {
-            let synced = runs_store.wait_until_ready().await.is_ok()
-                && pods.wait_until_ready().await.is_ok()
-                && approvals.wait_until_ready().await.is_ok();
-            health.set_ready(synced);
-            if synced {
+            if synced_rx.wait_for(|m| *m == SYNCED_ALL).await.is_ok() {
+                health.set_ready(true);
                 info!("caches synced");
             }
         });
@@ -169,6 +196,18 @@ pub async fn run(
         })
         .await;
     info!("controller stopped");
+}
+
+/// Marks `bit` in `synced` when a watch stream finishes its initial list.
+fn mark_synced<K>(
+    synced: Arc<tokio::sync::watch::Sender<u8>>,
+    bit: u8,
+) -> impl FnMut(&watcher::Event<K>) {
+    move |event| {
+        if matches!(event, watcher::Event::InitDone) {
+            synced.send_modify(|m| *m |= bit);
+        }
+    }
 }
 
 /// Sets the cache-derived gauges: runs by phase and pending approvals.

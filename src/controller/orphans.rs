@@ -26,11 +26,11 @@ pub(super) fn may_be_orphaned(pod: &Pod) -> bool {
 /// not the cache, so a run that is merely not cached yet keeps its Pods).
 pub(super) async fn release_orphans(
     client: Client,
-    runs: Store<AgentRun>,
+    mut synced: tokio::sync::watch::Receiver<u8>,
     pods: Store<Pod>,
     mut rx: UnboundedReceiver<ObjectRef<Pod>>,
 ) {
-    if runs.wait_until_ready().await.is_err() {
+    if synced.wait_for(|m| *m & super::SYNCED_RUNS != 0).await.is_err() {
         return;
     }
     while let Some(pod_ref) = rx.recv().await {

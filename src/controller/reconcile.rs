@@ -72,6 +72,7 @@ pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<A
 }
 
 async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Action> {
+    ctx.caches_synced().await;
     let obj_ref = ObjectRef::from_obj(run.as_ref());
     let ns = run.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let runs: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);

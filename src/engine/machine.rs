@@ -83,7 +83,10 @@ impl<'a> Machine<'a> {
             approvals: obs.approvals,
             name: run.metadata.name.as_deref().unwrap_or(""),
             uid,
-            now: obs.now,
+            // Status timestamps (metav1.Time) keep whole seconds. Deciding on the
+            // same resolution keeps every stored deadline exact: a backoff of 1s
+            // recorded now is due 1s later, not up to 1s early after a re-read.
+            now: whole_seconds(obs.now),
             status: input.clone(),
             committed: input,
             actions: Vec::new(),
@@ -1421,6 +1424,11 @@ impl<'a> Machine<'a> {
             cond::set(&mut self.status.conditions, condition::STALE, s, r, plan_status.reason.clone(), g, now);
         }
     }
+}
+
+/// `t` truncated to whole seconds, the resolution of `metav1.Time`.
+fn whole_seconds(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
 }
 
 fn timeout_text(d: SignedDuration) -> String {

@@ -160,8 +160,16 @@ impl Scenario {
         Ledger::read(&self.ledger_path).unwrap_or_else(|e| panic!("reading the ledger: {e}"))
     }
 
-    /// Sets an Approval's decision the way a person would with kubectl.
+    /// Sets an Approval's decision the way a person would with kubectl, once
+    /// the Approval exists (the run records its name just before creating it).
     pub async fn decide(&self, approval: &str, decision: &str, comment: &str) {
+        crate::wait_for(
+            &self.approvals(),
+            approval,
+            |a: Option<&Approval>| a.is_some(),
+            Duration::from_secs(30),
+        )
+        .await;
         let patch = json!({"spec": {"decision": decision, "comment": comment}});
         self.approvals()
             .patch(approval, &PatchParams::default(), &Patch::Merge(&patch))
