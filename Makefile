@@ -1,5 +1,6 @@
 # agentrun-operator — every entry point a developer or CI needs.
 #
+#   make demo          the product on the local control plane, as a person sees it
 #   make test          everything CI runs: lint, CRD drift, unit tests, and the
 #                      integration tests on a real local control plane
 #   make cluster-up    build (if needed) and start the local control plane
@@ -13,7 +14,7 @@ CARGO ?= cargo
 export AGENTRUN_E2E_DIR ?= $(CURDIR)/target/e2e
 CLUSTER := e2e/cluster
 
-.PHONY: test lint check-crds crds unit integration cluster-build cluster-up cluster-down tools bench build
+.PHONY: demo demo-stop test lint check-crds crds unit integration cluster-build cluster-up cluster-down tools bench build
 
 build:
 	$(CARGO) build --workspace --all-targets --locked
@@ -49,14 +50,22 @@ tools:
 cluster-up:
 	$(CLUSTER) up
 
-cluster-down:
+cluster-down: demo-stop
 	$(CLUSTER) down
+
+demo:
+	e2e/demo
+
+demo-stop:
+	@for p in operator simkubelet; do f=$(AGENTRUN_E2E_DIR)/demo/$$p.pid; \
+	  if [ -f $$f ]; then kill $$(cat $$f) 2>/dev/null || true; rm -f $$f; fi; done
 
 # Integration tests need the plane; `test` brings it up and always takes it down.
 integration:
 	eval "$$($(CLUSTER) env)"; $(CARGO) test --workspace --locked --test '*'
 
 test: lint check-crds unit
+	$(CARGO) build --workspace --bins --locked
 	$(CLUSTER) build
 	$(CLUSTER) tools
 	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(MAKE) --no-print-directory integration

@@ -359,11 +359,14 @@ async fn deleted_non_idempotent_step_asks_a_person_and_each_decision_does_what_i
             .await;
         assert_eq!(phase(&waiting), Some(RunPhase::WaitingForApproval));
         let approval_name = step(&waiting, "pay").approval.clone().unwrap();
-        let approval = s
-            .approvals()
-            .get(&approval_name)
-            .await
-            .expect("the Reconcile approval exists");
+        let approval = agentrun_e2e::wait_for(
+            &s.approvals(),
+            &approval_name,
+            |a: Option<&agentrun_operator::api::Approval>| a.is_some(),
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("the Reconcile approval exists");
         assert_eq!(format!("{:?}", approval.spec.kind), "Reconcile");
         let live_pods = s
             .pods()
@@ -445,7 +448,16 @@ async fn wait_for_gate(s: &Scenario, run: &str) -> String {
                 && step_opt(r, "issue").is_some_and(|c| c.approval.is_some())
         })
         .await;
-    step(&waiting, "issue").approval.clone().unwrap()
+    let name = step(&waiting, "issue").approval.clone().unwrap();
+    // The run names its Approval in status just before creating it.
+    agentrun_e2e::wait_for(
+        &s.approvals(),
+        &name,
+        |a: Option<&agentrun_operator::api::Approval>| a.is_some(),
+        Duration::from_secs(30),
+    )
+    .await;
+    name
 }
 
 #[tokio::test]
