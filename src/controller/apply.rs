@@ -204,6 +204,10 @@ pub(super) async fn apply(
             }
             Action::Event { type_, reason, message } => {
                 count_event(ctx, reason);
+                // The recorder folds events with the same (type, reason, action)
+                // into one series showing the first note; the note is the action
+                // here, so only true repeats are folded.
+                let action: String = message.chars().take(128).collect();
                 let event = Event {
                     type_: match type_ {
                         EventType::Normal => KubeEventType::Normal,
@@ -211,7 +215,7 @@ pub(super) async fn apply(
                     },
                     reason: reason.into(),
                     note: Some(message),
-                    action: reason.into(),
+                    action,
                     secondary: None,
                 };
                 // Events are best effort: a lost event never blocks a run.
