@@ -14,7 +14,11 @@ use agentrun_operator::controller::{self, Scope};
 use agentrun_operator::metrics::{Health, Metrics, serve_health, serve_metrics};
 
 #[derive(Parser)]
-#[command(name = "agentrun-operator", version, about = "Durable AI-agent runs on Kubernetes")]
+#[command(
+    name = "agentrun-operator",
+    version,
+    about = "Durable AI-agent runs on Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -90,7 +94,11 @@ fn default_identity() -> String {
     std::env::var("POD_NAME")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| format!("agentrun-operator-{}", std::process::id()))
 }
@@ -100,13 +108,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},
@@ -140,10 +149,18 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
     let health = Health::default();
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
-        .map_err(|source| RunError::Serve { what: "metrics", addr: args.metrics_addr, source })?;
+        .map_err(|source| RunError::Serve {
+            what: "metrics",
+            addr: args.metrics_addr,
+            source,
+        })?;
     let health_listener = tokio::net::TcpListener::bind(args.health_addr)
         .await
-        .map_err(|source| RunError::Serve { what: "health", addr: args.health_addr, source })?;
+        .map_err(|source| RunError::Serve {
+            what: "health",
+            addr: args.health_addr,
+            source,
+        })?;
     tokio::spawn(serve_metrics(metrics_listener, registry, metrics.clone()));
     tokio::spawn(serve_health(health_listener, health.clone()));
     info!(metrics = %args.metrics_addr, health = %args.health_addr, "serving metrics and health");

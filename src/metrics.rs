@@ -70,27 +70,71 @@ impl Metrics {
             refresh: std::sync::Mutex::new(None),
         };
         let r = registry.sub_registry_with_prefix("agentrun");
-        r.register("reconcile_duration_seconds", "Time of one reconcile", m.reconcile_duration.clone());
-        r.register("reconcile_errors", "Failed reconciles by error category", m.reconcile_errors.clone());
-        r.register("steps_started", "Step Pods created", m.steps_started.clone());
-        r.register("steps_succeeded", "Step attempts whose success was committed", m.steps_succeeded.clone());
-        r.register("steps_failed", "Step attempts that failed (exit code, timeout, bad result)", m.steps_failed.clone());
-        r.register("steps_disrupted", "Step attempts lost to eviction, preemption or deletion", m.steps_disrupted.clone());
+        r.register(
+            "reconcile_duration_seconds",
+            "Time of one reconcile",
+            m.reconcile_duration.clone(),
+        );
+        r.register(
+            "reconcile_errors",
+            "Failed reconciles by error category",
+            m.reconcile_errors.clone(),
+        );
+        r.register(
+            "steps_started",
+            "Step Pods created",
+            m.steps_started.clone(),
+        );
+        r.register(
+            "steps_succeeded",
+            "Step attempts whose success was committed",
+            m.steps_succeeded.clone(),
+        );
+        r.register(
+            "steps_failed",
+            "Step attempts that failed (exit code, timeout, bad result)",
+            m.steps_failed.clone(),
+        );
+        r.register(
+            "steps_disrupted",
+            "Step attempts lost to eviction, preemption or deletion",
+            m.steps_disrupted.clone(),
+        );
         r.register(
             "checkpoint_write_duration_seconds",
             "Latency of the resourceVersion-guarded status write",
             m.checkpoint_write_duration.clone(),
         );
-        r.register("status_conflicts", "Status writes refused with 409 (stale view)", m.status_conflicts.clone());
-        r.register("replans", "Plan revisions created after a stale input", m.replans.clone());
+        r.register(
+            "status_conflicts",
+            "Status writes refused with 409 (stale view)",
+            m.status_conflicts.clone(),
+        );
+        r.register(
+            "replans",
+            "Plan revisions created after a stale input",
+            m.replans.clone(),
+        );
         r.register(
             "duplicate_creates_suppressed",
             "Creates that found the object already there (ours): no duplicate was made",
             m.duplicate_creates_suppressed.clone(),
         );
-        r.register("runs", "AgentRuns by phase, as cached", m.runs_by_phase.clone());
-        r.register("approvals_pending", "Approvals waiting for a decision", m.approvals_pending.clone());
-        r.register("leader", "1 while this instance holds the leader lease", m.leader.clone());
+        r.register(
+            "runs",
+            "AgentRuns by phase, as cached",
+            m.runs_by_phase.clone(),
+        );
+        r.register(
+            "approvals_pending",
+            "Approvals waiting for a decision",
+            m.approvals_pending.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this instance holds the leader lease",
+            m.leader.clone(),
+        );
         Arc::new(m)
     }
 
@@ -100,7 +144,11 @@ impl Metrics {
     }
 
     fn refresh(&self) {
-        let refresh = self.refresh.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let refresh = self
+            .refresh
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         if let Some(refresh) = refresh {
             refresh();
         }
@@ -122,7 +170,10 @@ async fn metrics_handler(State(state): State<MetricsState>) -> impl IntoResponse
     match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
         Ok(()) => (
             StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             body,
         ),
         Err(_) => (
@@ -166,7 +217,10 @@ impl Health {
 }
 
 /// Serves `/healthz` and `/readyz` on `listener` until the process ends.
-pub async fn serve_health(listener: tokio::net::TcpListener, health: Health) -> std::io::Result<()> {
+pub async fn serve_health(
+    listener: tokio::net::TcpListener,
+    health: Health,
+) -> std::io::Result<()> {
     let app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(

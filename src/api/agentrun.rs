@@ -102,7 +102,10 @@ pub struct AgentRunSpec {
 #[serde(rename_all = "camelCase")]
 pub struct StepSpec {
     /// Unique within the plan; a DNS label of at most 48 characters.
-    #[schemars(length(min = 1, max = 48), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 48),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
 
     /// The container that performs the step.
@@ -374,7 +377,10 @@ pub enum RunPhase {
 impl RunPhase {
     /// Terminal phases are sticky: nothing moves a run out of them.
     pub fn is_terminal(self) -> bool {
-        matches!(self, RunPhase::Succeeded | RunPhase::Failed | RunPhase::Cancelled)
+        matches!(
+            self,
+            RunPhase::Succeeded | RunPhase::Failed | RunPhase::Cancelled
+        )
     }
 }
 
@@ -521,7 +527,10 @@ pub enum StepPhase {
 
 impl StepPhase {
     pub fn is_terminal(self) -> bool {
-        matches!(self, StepPhase::Succeeded | StepPhase::Failed | StepPhase::Superseded)
+        matches!(
+            self,
+            StepPhase::Succeeded | StepPhase::Failed | StepPhase::Superseded
+        )
     }
 }
 

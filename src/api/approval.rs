@@ -29,7 +29,11 @@ use super::{Effect, OnTimeout};
     printcolumn(name = "Kind", type_ = "string", json_path = ".spec.kind"),
     printcolumn(name = "Decision", type_ = "string", json_path = ".spec.decision"),
     printcolumn(name = "Expires", type_ = "string", json_path = ".spec.expiresAt"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(
     validation = Rule::new("!has(self.decision) || (self.kind == 'Approve' ? self.decision in ['Approved', 'Rejected'] : self.decision in ['Retry', 'MarkSucceeded', 'MarkFailed'])").message("spec.decision: an Approve approval takes Approved or Rejected; a Reconcile approval takes Retry, MarkSucceeded or MarkFailed").field_path(".decision").reason(Reason::FieldValueInvalid),

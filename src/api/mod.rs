@@ -17,8 +17,8 @@ pub use agentrun::*;
 pub use approval::*;
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 use schemars::{Schema, SchemaGenerator, json_schema};
 
 /// The API group of both resources.
@@ -45,7 +45,8 @@ fn any_json(_: &mut SchemaGenerator) -> Schema {
 
 /// Conditions as a map keyed by `type`, the standard `metav1.Condition` list.
 fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
-    let item = generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>();
+    let item =
+        generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>();
     json_schema!({
         "type": "array",
         "items": item,

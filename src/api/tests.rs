@@ -2,8 +2,8 @@
 //! feature). The same rules are proven against the real apiserver in
 //! `e2e/tests/api_admission.rs`.
 
-use kube::core::cel::{Validator, validate_cel, validate_cel_update};
 use kube::CustomResourceExt;
+use kube::core::cel::{Validator, validate_cel, validate_cel_update};
 use serde_json::{Value, json};
 
 use super::*;
@@ -64,8 +64,16 @@ fn valid_runs_pass_the_rules() {
 #[test]
 fn invalid_runs_are_refused_with_a_message_naming_the_field() {
     let cases = [
-        ("no steps and no planner", json!({"steps": []}), "at least one step is required"),
-        ("steps omitted and no planner", json!({}), "at least one step is required"),
+        (
+            "no steps and no planner",
+            json!({"steps": []}),
+            "at least one step is required",
+        ),
+        (
+            "steps omitted and no planner",
+            json!({}),
+            "at least one step is required",
+        ),
         (
             "backoff initial longer than max",
             json!({"steps": [{"name": "pay", "container": {"image": "x"},
@@ -75,7 +83,10 @@ fn invalid_runs_are_refused_with_a_message_naming_the_field() {
     ];
     for (name, spec, expected) in cases {
         let got = messages(validate_cel(&run(spec)));
-        assert!(got.contains(expected), "{name}: expected {expected:?} in {got:?}");
+        assert!(
+            got.contains(expected),
+            "{name}: expected {expected:?} in {got:?}"
+        );
     }
 }
 
@@ -94,7 +105,10 @@ fn approval_decisions_must_match_the_kind() {
         let got = messages(validate_cel(&approval(kind, Some(decision))));
         assert_eq!(got.is_empty(), ok, "{kind}/{decision}: {got}");
         if !ok {
-            assert!(got.contains("an Approve approval takes Approved or Rejected"), "{got}");
+            assert!(
+                got.contains("an Approve approval takes Approved or Rejected"),
+                "{got}"
+            );
         }
     }
 }
@@ -104,8 +118,16 @@ fn a_decision_is_final_once_made() {
     let pending = approval("Approve", None);
     let approved = approval("Approve", Some("Approved"));
     let rejected = approval("Approve", Some("Rejected"));
-    assert_eq!(messages(validate_cel_update(&approved, &pending)), "", "deciding is allowed");
-    assert_eq!(messages(validate_cel_update(&approved, &approved)), "", "no-op update is allowed");
+    assert_eq!(
+        messages(validate_cel_update(&approved, &pending)),
+        "",
+        "deciding is allowed"
+    );
+    assert_eq!(
+        messages(validate_cel_update(&approved, &approved)),
+        "",
+        "no-op update is allowed"
+    );
     let changed = messages(validate_cel_update(&rejected, &approved));
     assert!(changed.contains("a decision is final"), "{changed}");
     let removed = messages(validate_cel_update(&pending, &approved));
@@ -133,7 +155,10 @@ fn zero_durations_are_refused_where_they_make_no_sense() {
         let mut s = step("lookup");
         s[field] = json!("0s");
         let got = messages(validate_cel(&run(json!({"steps": [s]}))));
-        assert!(got.contains(&format!("{field} must be longer than 0s")), "{field}: {got}");
+        assert!(
+            got.contains(&format!("{field} must be longer than 0s")),
+            "{field}: {got}"
+        );
     }
 }
 
@@ -142,7 +167,8 @@ fn a_planner_plan_is_checked_by_the_step_schema() {
     // The engine validates planner output with the same schema and rules.
     let crd = AgentRun::crd();
     let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
-    let step_schema = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["steps"]["items"];
+    let step_schema =
+        &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["steps"]["items"];
     let bad = json!({"name": "pay", "container": {"image": "x"},
         "retry": {"backoff": {"initial": "10m", "max": "1m"}}});
     let got = messages(Validator::new().validate(step_schema, &bad, None));
@@ -153,9 +179,21 @@ fn a_planner_plan_is_checked_by_the_step_schema() {
 fn crds_are_namespaced_with_status_and_short_names() {
     for (crd, short) in [(AgentRun::crd(), "ar"), (Approval::crd(), "apv")] {
         assert_eq!(crd.spec.scope, "Namespaced");
-        assert_eq!(crd.spec.names.short_names.as_deref(), Some(&[short.to_string()][..]));
-        assert_eq!(crd.spec.names.categories.as_deref(), Some(&["agentrun-all".to_string()][..]));
+        assert_eq!(
+            crd.spec.names.short_names.as_deref(),
+            Some(&[short.to_string()][..])
+        );
+        assert_eq!(
+            crd.spec.names.categories.as_deref(),
+            Some(&["agentrun-all".to_string()][..])
+        );
         let version = &crd.spec.versions[0];
-        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
     }
 }

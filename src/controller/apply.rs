@@ -62,7 +62,9 @@ pub(super) async fn apply(
         });
         let params = PatchParams::apply(labels::FIELD_MANAGER).force();
         let started = std::time::Instant::now();
-        let written = runs.patch_status(&name, &params, &Patch::Apply(&patch)).await;
+        let written = runs
+            .patch_status(&name, &params, &Patch::Apply(&patch))
+            .await;
         ctx.metrics
             .checkpoint_write_duration
             .observe(started.elapsed().as_secs_f64());
@@ -129,7 +131,10 @@ pub(super) async fn apply(
                     Err(err) => return Err(fail(format!("creating pod {pod_name}"), err)),
                 }
             }
-            Action::DeletePod { name: pod_name, reason } => {
+            Action::DeletePod {
+                name: pod_name,
+                reason,
+            } => {
                 info!(pod = %pod_name, %reason, "deleting step pod");
                 match pods.delete(&pod_name, &DeleteParams::default()).await {
                     Ok(_) => {}
@@ -169,7 +174,10 @@ pub(super) async fn apply(
                     }
                 }
             }
-            Action::SetApprovalStatus { name: approval_name, status } => {
+            Action::SetApprovalStatus {
+                name: approval_name,
+                status,
+            } => {
                 let patch = json!({
                     "apiVersion": "agentrun.dev/v1alpha1",
                     "kind": "Approval",
@@ -202,7 +210,11 @@ pub(super) async fn apply(
                     Err(err) => return Err(fail("deleting run".into(), err)),
                 }
             }
-            Action::Event { type_, reason, message } => {
+            Action::Event {
+                type_,
+                reason,
+                message,
+            } => {
                 count_event(ctx, reason);
                 // The recorder folds events with the same (type, reason, action)
                 // into one series showing the first note; the note is the action
@@ -235,7 +247,11 @@ pub(super) async fn release_finalizer(
     world: &World,
     pod_name: &str,
 ) -> Result<(), kube::Error> {
-    let cached = world.pods.iter().find(|p| p.name_any() == pod_name).cloned();
+    let cached = world
+        .pods
+        .iter()
+        .find(|p| p.name_any() == pod_name)
+        .cloned();
     let mut pod = match cached {
         Some(p) => p,
         None => match pods.get(pod_name).await {
@@ -245,7 +261,11 @@ pub(super) async fn release_finalizer(
         },
     };
     for _ in 0..3 {
-        if !pod.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER) {
+        if !pod
+            .finalizers()
+            .iter()
+            .any(|f| f == labels::RESULT_FINALIZER)
+        {
             return Ok(());
         }
         let remaining: Vec<&String> = pod

@@ -226,13 +226,19 @@ fn gauges(runs: Store<AgentRun>, approvals: Store<Approval>, metrics: Arc<Metric
         ];
         let mut counts: HashMap<RunPhase, i64> = phases.iter().map(|p| (*p, 0)).collect();
         for run in runs.state() {
-            let phase = run.status.as_ref().and_then(|s| s.phase).unwrap_or(RunPhase::Pending);
+            let phase = run
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .unwrap_or(RunPhase::Pending);
             *counts.entry(phase).or_default() += 1;
         }
         for (phase, n) in counts {
             metrics
                 .runs_by_phase
-                .get_or_create(&PhaseLabel { phase: format!("{phase:?}") })
+                .get_or_create(&PhaseLabel {
+                    phase: format!("{phase:?}"),
+                })
                 .set(n);
         }
         let pending = approvals

@@ -18,7 +18,10 @@ use crate::labels;
 /// A Pod being deleted that still holds our finalizer.
 pub(super) fn may_be_orphaned(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
-        && pod.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER)
+        && pod
+            .finalizers()
+            .iter()
+            .any(|f| f == labels::RESULT_FINALIZER)
 }
 
 /// Consumes Pods flagged by [`may_be_orphaned`] and releases the finalizer of
@@ -30,11 +33,17 @@ pub(super) async fn release_orphans(
     pods: Store<Pod>,
     mut rx: UnboundedReceiver<ObjectRef<Pod>>,
 ) {
-    if synced.wait_for(|m| *m & super::SYNCED_RUNS != 0).await.is_err() {
+    if synced
+        .wait_for(|m| *m & super::SYNCED_RUNS != 0)
+        .await
+        .is_err()
+    {
         return;
     }
     while let Some(pod_ref) = rx.recv().await {
-        let Some(pod) = pods.get(&pod_ref) else { continue };
+        let Some(pod) = pods.get(&pod_ref) else {
+            continue;
+        };
         let Some(ns) = pod.namespace() else { continue };
         let Some(owner) = pod
             .owner_references()

@@ -9,9 +9,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{debug, instrument};
 
+use super::Context;
 use super::apply;
 use super::error::{Error, Result, backoff};
-use super::Context;
 use crate::api::{AgentRun, Approval};
 use crate::engine::{self, Observed};
 use crate::labels;
@@ -30,12 +30,25 @@ pub(super) struct World {
 /// Gathers the run's step Pods (by label, then by owner UID so a same-named
 /// newer run never sees an older run's Pods) and its Approvals (by run UID).
 pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
-    let name = run.metadata.name.as_deref().ok_or(Error::MissingMetadata("name"))?;
-    let ns = run.metadata.namespace.as_deref().ok_or(Error::MissingMetadata("namespace"))?;
-    let uid = run.metadata.uid.as_deref().ok_or(Error::MissingMetadata("uid"))?;
-    let owned_by_run = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
-        refs.iter().any(|r| r.uid == uid)
-    };
+    let name = run
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(Error::MissingMetadata("name"))?;
+    let ns = run
+        .metadata
+        .namespace
+        .as_deref()
+        .ok_or(Error::MissingMetadata("namespace"))?;
+    let uid = run
+        .metadata
+        .uid
+        .as_deref()
+        .ok_or(Error::MissingMetadata("uid"))?;
+    let owned_by_run =
+        |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
+            refs.iter().any(|r| r.uid == uid)
+        };
     let pods = ctx
         .pods
         .state()
