@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 use super::{Effect, OnTimeout};
 
 /// A decision a person owes an AgentRun.
+// The printer columns repeat `type_ = "string"`, which clippy takes for a
+// duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "agentrun.dev",
