@@ -10,32 +10,47 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::api::{
-    Approval, ApprovalContext, ApprovalKind, ApprovalPhase, ApprovalSpec, ApprovalStatus, Decision, OnTimeout,
+    Approval, ApprovalContext, ApprovalKind, ApprovalPhase, ApprovalSpec, ApprovalStatus, Decision,
+    OnTimeout,
 };
 use crate::labels;
 
 /// What the run makes of an Approval right now.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Answer {
-    Pending { expires_at: Option<Timestamp> },
-    Decided { decision: Decision, by: Option<String>, comment: Option<String> },
+    Pending {
+        expires_at: Option<Timestamp>,
+    },
+    Decided {
+        decision: Decision,
+        by: Option<String>,
+        comment: Option<String>,
+    },
     /// Expired without a decision; `onTimeout` applies.
-    Expired { on_timeout: OnTimeout },
+    Expired {
+        on_timeout: OnTimeout,
+    },
 }
 
 pub fn answer(a: &Approval, now: Timestamp) -> Answer {
     let status_phase = a.status.as_ref().map(|s| s.phase);
     // What was recorded first wins: an expiry already written stays an expiry.
     if status_phase == Some(ApprovalPhase::Expired) {
-        return Answer::Expired { on_timeout: a.spec.on_timeout };
+        return Answer::Expired {
+            on_timeout: a.spec.on_timeout,
+        };
     }
     if let Some(decision) = a.spec.decision {
-        return Answer::Decided { decision, by: decided_by(a), comment: a.spec.comment.clone() };
+        return Answer::Decided {
+            decision,
+            by: decided_by(a),
+            comment: a.spec.comment.clone(),
+        };
     }
     match a.spec.expires_at.as_ref().map(|t| t.0) {
-        Some(at) if at <= now && a.spec.kind == ApprovalKind::Approve => {
-            Answer::Expired { on_timeout: a.spec.on_timeout }
-        }
+        Some(at) if at <= now && a.spec.kind == ApprovalKind::Approve => Answer::Expired {
+            on_timeout: a.spec.on_timeout,
+        },
         expires_at => Answer::Pending { expires_at },
     }
 }
@@ -52,7 +67,9 @@ pub fn desired_status(a: &Approval, now: Timestamp) -> Option<ApprovalStatus> {
             let phase = match decision {
                 Decision::Approved => ApprovalPhase::Approved,
                 Decision::Rejected => ApprovalPhase::Rejected,
-                Decision::Retry | Decision::MarkSucceeded | Decision::MarkFailed => ApprovalPhase::Resolved,
+                Decision::Retry | Decision::MarkSucceeded | Decision::MarkFailed => {
+                    ApprovalPhase::Resolved
+                }
             };
             (phase, by, format!("decision {decision:?} applied"))
         }
@@ -62,7 +79,12 @@ pub fn desired_status(a: &Approval, now: Timestamp) -> Option<ApprovalStatus> {
             format!("expired without a decision; onTimeout {on_timeout:?} applied"),
         ),
     };
-    Some(ApprovalStatus { phase, decided_at: Some(Time(now)), decided_by: by, message: Some(message) })
+    Some(ApprovalStatus {
+        phase,
+        decided_at: Some(Time(now)),
+        decided_by: by,
+        message: Some(message),
+    })
 }
 
 /// The field manager that wrote `spec.decision`, from managedFields.
@@ -95,7 +117,13 @@ pub fn build(r: Request) -> Approval {
         metadata: ObjectMeta {
             name: Some(r.name),
             namespace: r.namespace,
-            labels: Some([(labels::RUN.to_owned(), r.run_name.to_owned()), (labels::STEP.to_owned(), r.step.to_owned())].into()),
+            labels: Some(
+                [
+                    (labels::RUN.to_owned(), r.run_name.to_owned()),
+                    (labels::STEP.to_owned(), r.step.to_owned()),
+                ]
+                .into(),
+            ),
             owner_references: Some(vec![r.owner]),
             ..ObjectMeta::default()
         },

@@ -60,8 +60,15 @@ mod tests {
         let mut cs = Vec::new();
         set(&mut cs, "Progressing", TRUE, "Running", "a", Some(1), t0);
         set(&mut cs, "Progressing", TRUE, "Running", "b", Some(2), t1);
-        assert_eq!(cs[0].last_transition_time, Time(t0), "same status keeps the time");
-        assert_eq!((cs[0].message.as_str(), cs[0].observed_generation), ("b", Some(2)));
+        assert_eq!(
+            cs[0].last_transition_time,
+            Time(t0),
+            "same status keeps the time"
+        );
+        assert_eq!(
+            (cs[0].message.as_str(), cs[0].observed_generation),
+            ("b", Some(2))
+        );
         set(&mut cs, "Progressing", FALSE, "Suspended", "", Some(2), t1);
         assert_eq!(cs[0].last_transition_time, Time(t1));
         assert_eq!(cs.len(), 1);

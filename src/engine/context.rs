@@ -54,7 +54,12 @@ pub fn full_size(identity: &Identity, summary: Option<&str>, results: &[PriorRes
 }
 
 /// The context within `max_bytes`: oldest results go first, then the summary is cut.
-pub fn materialise(identity: &Identity, summary: Option<&str>, results: &[PriorResult], max_bytes: usize) -> Materialised {
+pub fn materialise(
+    identity: &Identity,
+    summary: Option<&str>,
+    results: &[PriorResult],
+    max_bytes: usize,
+) -> Materialised {
     let json = render(identity, summary, results, 0);
     if json.len() <= max_bytes {
         return Materialised { json };
@@ -78,12 +83,24 @@ pub fn materialise(identity: &Identity, summary: Option<&str>, results: &[PriorR
     if json.len() <= max_bytes {
         return Materialised { json };
     }
-    Materialised { json: render(identity, None, &[], results.len()) }
+    Materialised {
+        json: render(identity, None, &[], results.len()),
+    }
 }
 
-fn render(identity: &Identity, summary: Option<&str>, results: &[PriorResult], omitted: usize) -> String {
-    serde_json::to_string(&Document { identity, summary, results, omitted_results: omitted })
-        .unwrap_or_else(|_| "{}".into())
+fn render(
+    identity: &Identity,
+    summary: Option<&str>,
+    results: &[PriorResult],
+    omitted: usize,
+) -> String {
+    serde_json::to_string(&Document {
+        identity,
+        summary,
+        results,
+        omitted_results: omitted,
+    })
+    .unwrap_or_else(|_| "{}".into())
 }
 
 #[cfg(test)]
@@ -107,7 +124,13 @@ mod tests {
     fn context_stays_within_max_bytes() {
         let big = json!("x".repeat(900));
         let names: Vec<String> = (0..40).map(|i| format!("step-{i}")).collect();
-        let results: Vec<PriorResult> = names.iter().map(|n| PriorResult { step: n, result: &big }).collect();
+        let results: Vec<PriorResult> = names
+            .iter()
+            .map(|n| PriorResult {
+                step: n,
+                result: &big,
+            })
+            .collect();
         let long_summary = "é".repeat(5000);
         for (name, summary, max) in [
             ("results only", None, 4096),
@@ -116,12 +139,22 @@ mod tests {
         ] {
             let m = materialise(&id(), summary, &results, max);
             assert!(m.json.len() <= max, "{name}: {} > {max}", m.json.len());
-            assert!(m.json.len() < full_size(&id(), summary, &results), "{name}: something was left out");
+            assert!(
+                m.json.len() < full_size(&id(), summary, &results),
+                "{name}: something was left out"
+            );
             let v: Value = serde_json::from_str(&m.json).unwrap();
-            assert_eq!(v["idempotencyKey"], "k", "{name}: identity is never dropped");
+            assert_eq!(
+                v["idempotencyKey"], "k",
+                "{name}: identity is never dropped"
+            );
         }
         let small = materialise(&id(), None, &results[..1], 4096);
-        assert_eq!(small.json.len(), full_size(&id(), None, &results[..1]), "what fits is kept whole");
+        assert_eq!(
+            small.json.len(),
+            full_size(&id(), None, &results[..1]),
+            "what fits is kept whole"
+        );
         assert!(full_size(&id(), None, &results) > 4096);
     }
 }

@@ -29,9 +29,10 @@ use super::reasons::{condition, reason};
 use super::result;
 use super::{Action, Decision, EventType, Observed};
 use crate::api::{
-    AgentRun, AgentRunStatus, ApprovalContext, ApprovalKind, CheckpointState, CompensationCheckpoint,
-    DEFAULT_CONTEXT_BYTES, Decision as Answered, Effect, EffectOutcome, MAX_CONTEXT_BYTES, OnTimeout, PlanSource,
-    PlanStatus, RunPhase, StepCheckpoint, StepContainer, StepPhase, StepRole, StepSpec, TokenUsage,
+    AgentRun, AgentRunStatus, ApprovalContext, ApprovalKind, CheckpointState,
+    CompensationCheckpoint, DEFAULT_CONTEXT_BYTES, Decision as Answered, Effect, EffectOutcome,
+    MAX_CONTEXT_BYTES, OnTimeout, PlanSource, PlanStatus, RunPhase, StepCheckpoint, StepContainer,
+    StepPhase, StepRole, StepSpec, TokenUsage,
 };
 
 /// Largest result kept inline in one checkpoint (serialized bytes).
@@ -138,7 +139,11 @@ impl<'a> Machine<'a> {
                 if !self.failing() {
                     self.fail_run(reason::INVALID_SPEC, e);
                 }
-                let empty = Plan { revision: plan_status.revision, steps: Vec::new(), rerun_from: 0 };
+                let empty = Plan {
+                    revision: plan_status.revision,
+                    steps: Vec::new(),
+                    rerun_from: 0,
+                };
                 self.wind_down(&empty);
                 self.derive(&empty);
                 return;
@@ -171,7 +176,11 @@ impl<'a> Machine<'a> {
                 .min()
                 .map(|at| at.duration_since(self.now).max(SignedDuration::ZERO))
         };
-        Decision { status: self.status, actions: self.actions, requeue_after }
+        Decision {
+            status: self.status,
+            actions: self.actions,
+            requeue_after,
+        }
     }
 
     // -----------------------------------------------------------------------
@@ -179,7 +188,11 @@ impl<'a> Machine<'a> {
     // -----------------------------------------------------------------------
 
     fn event(&mut self, type_: EventType, reason: &'static str, message: String) {
-        self.actions.push(Action::Event { type_, reason, message });
+        self.actions.push(Action::Event {
+            type_,
+            reason,
+            message,
+        });
     }
 
     fn at(&self, d: SignedDuration) -> Timestamp {
@@ -219,7 +232,11 @@ impl<'a> Machine<'a> {
     fn live_pod_with_key(&self, key: &str) -> bool {
         self.pods.values().any(|p| {
             observe::is_live(p)
-                && p.metadata.labels.as_ref().and_then(|l| l.get(crate::labels::IDEMPOTENCY_KEY)).map(String::as_str)
+                && p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(crate::labels::IDEMPOTENCY_KEY))
+                    .map(String::as_str)
                     == Some(key)
         })
     }
@@ -227,7 +244,14 @@ impl<'a> Machine<'a> {
     fn step_spec(&self, plan: &Plan<'_>, name: &str) -> Option<StepSpec> {
         plan.step(name)
             .or_else(|| self.run.spec.steps.iter().find(|s| s.name == name))
-            .or_else(|| self.status.plan.as_ref()?.steps.iter().find(|s| s.name == name))
+            .or_else(|| {
+                self.status
+                    .plan
+                    .as_ref()?
+                    .steps
+                    .iter()
+                    .find(|s| s.name == name)
+            })
             .cloned()
     }
 
@@ -254,11 +278,9 @@ impl<'a> Machine<'a> {
                     PodRole::Compactor => StepRole::Compactor,
                     _ => StepRole::Step,
                 };
-                let cp = self
-                    .committed
-                    .steps
-                    .iter()
-                    .find(|x| x.role == step_role && x.name == c.step && x.plan_revision == c.plan_revision)?;
+                let cp = self.committed.steps.iter().find(|x| {
+                    x.role == step_role && x.name == c.step && x.plan_revision == c.plan_revision
+                })?;
                 (cp.attempt, cp.phase)
             }
         };
@@ -279,7 +301,10 @@ impl<'a> Machine<'a> {
     fn stop_and_release(&mut self, pod: &Pod, why: &str) {
         let name = pod.metadata.name.clone().unwrap_or_default();
         if observe::is_live(pod) && pod.metadata.deletion_timestamp.is_none() {
-            self.actions.push(Action::DeletePod { name: name.clone(), reason: why.to_owned() });
+            self.actions.push(Action::DeletePod {
+                name: name.clone(),
+                reason: why.to_owned(),
+            });
         }
         if observe::has_result_finalizer(pod) {
             self.actions.push(Action::ReleaseFinalizer { pod: name });
@@ -299,8 +324,14 @@ impl<'a> Machine<'a> {
         // Once terminal no outcome can change the run, so every Pod may go;
         // all attempts were accounted for before the run became terminal.
         self.release_all_pods();
-        if let (Some(ttl), Some(done)) = (self.run.spec.ttl_seconds_after_finished, &self.status.completed_at) {
-            let at = done.0.checked_add(SignedDuration::from_secs(ttl.max(0).into())).unwrap_or(Timestamp::MAX);
+        if let (Some(ttl), Some(done)) = (
+            self.run.spec.ttl_seconds_after_finished,
+            &self.status.completed_at,
+        ) {
+            let at = done
+                .0
+                .checked_add(SignedDuration::from_secs(ttl.max(0).into()))
+                .unwrap_or(Timestamp::MAX);
             if at <= self.now {
                 self.actions.push(Action::DeleteRun);
             } else {
@@ -315,8 +346,12 @@ impl<'a> Machine<'a> {
 
     fn sync_approvals(&mut self) {
         for a in self.approvals.iter().filter(|a| a.spec.run_uid == self.uid) {
-            if let (Some(name), Some(status)) = (a.metadata.name.clone(), approval::desired_status(a, self.now)) {
-                self.actions.push(Action::SetApprovalStatus { name, status });
+            if let (Some(name), Some(status)) = (
+                a.metadata.name.clone(),
+                approval::desired_status(a, self.now),
+            ) {
+                self.actions
+                    .push(Action::SetApprovalStatus { name, status });
             }
         }
     }
@@ -327,13 +362,24 @@ impl<'a> Machine<'a> {
             .find(|a| a.metadata.name.as_deref() == Some(name) && a.spec.run_uid == self.uid)
     }
 
-    fn approval_context(&self, plan: &Plan, reason: String, step: &StepSpec, key: &str, pod: Option<String>) -> ApprovalContext {
+    fn approval_context(
+        &self,
+        plan: &Plan,
+        reason: String,
+        step: &StepSpec,
+        key: &str,
+        pod: Option<String>,
+    ) -> ApprovalContext {
         let index = CheckpointIndex::new(&self.status.steps);
         let mut completed: Vec<String> = (0..plan.steps.len())
             .filter_map(|i| {
                 let c = &self.status.steps[index.effective(&self.status.steps, plan, i)?];
                 (c.phase == StepPhase::Succeeded).then(|| {
-                    let r = c.result.as_ref().map(|r| r.to_string()).unwrap_or_else(|| "null".into());
+                    let r = c
+                        .result
+                        .as_ref()
+                        .map(|r| r.to_string())
+                        .unwrap_or_else(|| "null".into());
                     let short: String = r.chars().take(80).collect();
                     format!("{}: {short}", c.name)
                 })
@@ -393,12 +439,23 @@ impl<'a> Machine<'a> {
                 }
             }
             Observation::Succeeded { message } => self.on_success(plan, i, message.as_deref()),
-            Observation::Failed { exit_code, reason, message } => {
+            Observation::Failed {
+                exit_code,
+                reason,
+                message,
+            } => {
                 let tokens = result::tokens_best_effort(message.as_deref());
-                let why = format!("attempt {} exited with code {exit_code} ({reason})", cp.attempt);
+                let why = format!(
+                    "attempt {} exited with code {exit_code} ({reason})",
+                    cp.attempt
+                );
                 self.on_failure(plan, i, why, tokens);
             }
-            Observation::Disrupted { reason, started, message } => {
+            Observation::Disrupted {
+                reason,
+                started,
+                message,
+            } => {
                 let tokens = result::tokens_best_effort(message.as_deref());
                 self.on_disruption(plan, i, &reason, started, tokens);
             }
@@ -411,8 +468,15 @@ impl<'a> Machine<'a> {
     fn check_timeout(&mut self, plan: &Plan<'_>, i: usize) {
         let cp = &self.status.steps[i];
         let timeout = match cp.role {
-            StepRole::Step => self.step_spec(plan, &cp.name).and_then(|s| plan::duration(s.timeout.as_ref())),
-            StepRole::Planner => self.run.spec.planner.as_ref().and_then(|s| plan::duration(s.timeout.as_ref())),
+            StepRole::Step => self
+                .step_spec(plan, &cp.name)
+                .and_then(|s| plan::duration(s.timeout.as_ref())),
+            StepRole::Planner => self
+                .run
+                .spec
+                .planner
+                .as_ref()
+                .and_then(|s| plan::duration(s.timeout.as_ref())),
             StepRole::Compactor => None,
         };
         let (Some(timeout), Some(started)) = (timeout, cp.started_at.as_ref()) else {
@@ -424,9 +488,20 @@ impl<'a> Machine<'a> {
             return;
         }
         let pod = cp.pod.clone().unwrap_or_default();
-        let why = format!("attempt {} timed out after {}", cp.attempt, timeout_text(timeout));
-        self.actions.push(Action::DeletePod { name: pod, reason: why.clone() });
-        self.event(EventType::Warning, reason::STEP_TIMED_OUT, format!("step {}: {why}", cp.name));
+        let why = format!(
+            "attempt {} timed out after {}",
+            cp.attempt,
+            timeout_text(timeout)
+        );
+        self.actions.push(Action::DeletePod {
+            name: pod,
+            reason: why.clone(),
+        });
+        self.event(
+            EventType::Warning,
+            reason::STEP_TIMED_OUT,
+            format!("step {}: {why}", cp.name),
+        );
         self.on_failure(plan, i, why, TokenUsage::default());
     }
 
@@ -446,7 +521,10 @@ impl<'a> Machine<'a> {
         let report = match result::parse(message) {
             Ok(r) => r,
             Err(e) => {
-                let why = format!("attempt {} returned an unusable result: {e}", self.status.steps[i].attempt);
+                let why = format!(
+                    "attempt {} returned an unusable result: {e}",
+                    self.status.steps[i].attempt
+                );
                 return self.on_failure(plan, i, why, TokenUsage::default());
             }
         };
@@ -468,20 +546,32 @@ impl<'a> Machine<'a> {
         cp.result_truncated = truncated;
         if role == StepRole::Step {
             let effect = spec.as_ref().map_or(Effect::NonIdempotent, |s| s.effect);
-            cp.effect = Some(if effect == Effect::None { EffectOutcome::NotApplied } else { EffectOutcome::Applied });
+            cp.effect = Some(if effect == Effect::None {
+                EffectOutcome::NotApplied
+            } else {
+                EffectOutcome::Applied
+            });
         }
-        let fresh_for = spec.as_ref().and_then(|s| plan::duration(s.fresh_for.as_ref()));
+        let fresh_for = spec
+            .as_ref()
+            .and_then(|s| plan::duration(s.fresh_for.as_ref()));
         cp.fresh_until = fresh_for.map(|d| Time(self.now.checked_add(d).unwrap_or(Timestamp::MAX)));
         let name = cp.name.clone();
         let attempt = cp.attempt;
         self.recorded = true;
         match role {
-            StepRole::Step => {
-                self.event(EventType::Normal, reason::STEP_SUCCEEDED, format!("step {name} succeeded on attempt {attempt}"))
-            }
+            StepRole::Step => self.event(
+                EventType::Normal,
+                reason::STEP_SUCCEEDED,
+                format!("step {name} succeeded on attempt {attempt}"),
+            ),
             StepRole::Compactor => {
                 self.status.summary = report.summary;
-                self.event(EventType::Normal, reason::CONTEXT_COMPACTED, format!("context compacted before step {name}"));
+                self.event(
+                    EventType::Normal,
+                    reason::CONTEXT_COMPACTED,
+                    format!("context compacted before step {name}"),
+                );
             }
             StepRole::Planner => match plan::parse_planner_plan(report.plan.as_ref()) {
                 Ok(steps) => self.adopt_plan(&name, steps),
@@ -518,7 +608,10 @@ impl<'a> Machine<'a> {
     fn adopt_plan(&mut self, planner: &str, steps: Vec<StepSpec>) {
         let revision = self.status.plan.as_ref().map_or(1, |p| p.revision) + 1;
         let names: Vec<String> = steps.iter().map(|s| s.name.clone()).collect();
-        let message = format!("plan revision {revision} from planner {planner}: {} steps", names.len());
+        let message = format!(
+            "plan revision {revision} from planner {planner}: {} steps",
+            names.len()
+        );
         self.status.plan = Some(PlanStatus {
             revision,
             reason: format!("plan from planner {planner}"),
@@ -530,14 +623,21 @@ impl<'a> Machine<'a> {
         self.event(EventType::Normal, reason::PLAN_ADOPTED, message);
     }
 
-    fn retry_limit(&self, plan: &Plan<'_>, cp: &StepCheckpoint) -> (i32, Option<crate::api::Backoff>) {
+    fn retry_limit(
+        &self,
+        plan: &Plan<'_>,
+        cp: &StepCheckpoint,
+    ) -> (i32, Option<crate::api::Backoff>) {
         let spec = match cp.role {
             StepRole::Step => self.step_spec(plan, &cp.name),
             StepRole::Planner => self.run.spec.planner.clone(),
             StepRole::Compactor => None,
         };
         let retry = spec.and_then(|s| s.retry);
-        (retry.as_ref().map_or(0, |r| r.limit.max(0)), retry.and_then(|r| r.backoff))
+        (
+            retry.as_ref().map_or(0, |r| r.limit.max(0)),
+            retry.and_then(|r| r.backoff),
+        )
     }
 
     /// A failed attempt (exit code, timeout, bad result) consumes the retry budget.
@@ -562,7 +662,11 @@ impl<'a> Machine<'a> {
             let (role, name) = (cp.role, cp.name.clone());
             if role == StepRole::Compactor {
                 // Without a summary the oldest results are simply left out.
-                self.event(EventType::Warning, reason::STEP_FAILED, format!("compactor before {name}: {message}"));
+                self.event(
+                    EventType::Warning,
+                    reason::STEP_FAILED,
+                    format!("compactor before {name}: {message}"),
+                );
             } else {
                 self.fail_run(reason::STEP_FAILED, format!("step {name}: {message}"));
             }
@@ -571,19 +675,36 @@ impl<'a> Machine<'a> {
             let at = now.checked_add(delay).unwrap_or(Timestamp::MAX);
             cp.phase = StepPhase::Pending;
             cp.next_attempt_at = Some(Time(at));
-            let message = format!("{why}; retry {} of {limit} after {}", cp.failures, timeout_text(delay));
+            let message = format!(
+                "{why}; retry {} of {limit} after {}",
+                cp.failures,
+                timeout_text(delay)
+            );
             cp.message = Some(message.clone());
             let name = cp.name.clone();
-            self.event(EventType::Warning, reason::STEP_RETRYING, format!("step {name}: {message}"));
+            self.event(
+                EventType::Warning,
+                reason::STEP_RETRYING,
+                format!("step {name}: {message}"),
+            );
         }
     }
 
     /// A disruption does not consume the retry budget (D6); a NonIdempotent
     /// step that may have acted asks a person instead of running again (D7).
-    fn on_disruption(&mut self, plan: &Plan<'_>, i: usize, why: &str, started: bool, tokens: TokenUsage) {
+    fn on_disruption(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        why: &str,
+        started: bool,
+        tokens: TokenUsage,
+    ) {
         self.add_tokens(i, tokens);
         let effect = match self.status.steps[i].role {
-            StepRole::Step => self.step_spec(plan, &self.status.steps[i].name).map_or(Effect::NonIdempotent, |s| s.effect),
+            StepRole::Step => self
+                .step_spec(plan, &self.status.steps[i].name)
+                .map_or(Effect::NonIdempotent, |s| s.effect),
             _ => Effect::None,
         };
         let run = self.name.to_owned();
@@ -603,13 +724,24 @@ impl<'a> Machine<'a> {
             cp.approval = Some(approval);
             cp.message = Some(message.clone());
             let name = cp.name.clone();
-            self.event(EventType::Warning, reason::STEP_OUTCOME_UNKNOWN, format!("step {name}: {message}"));
+            self.event(
+                EventType::Warning,
+                reason::STEP_OUTCOME_UNKNOWN,
+                format!("step {name}: {message}"),
+            );
         } else {
-            let message = format!("attempt {} was disrupted ({why}); it runs again with the same key", cp.attempt);
+            let message = format!(
+                "attempt {} was disrupted ({why}); it runs again with the same key",
+                cp.attempt
+            );
             cp.phase = StepPhase::Pending;
             cp.message = Some(message.clone());
             let name = cp.name.clone();
-            self.event(EventType::Normal, reason::STEP_DISRUPTED, format!("step {name}: {message}"));
+            self.event(
+                EventType::Normal,
+                reason::STEP_DISRUPTED,
+                format!("step {name}: {message}"),
+            );
         }
     }
 
@@ -625,10 +757,19 @@ impl<'a> Machine<'a> {
         if spec.cancel {
             return self.fail_run(reason::CANCELLED, "spec.cancel is set".into());
         }
-        if let (Some(secs), Some(started)) = (spec.active_deadline_seconds, self.status.started_at.as_ref()) {
-            let at = started.0.checked_add(SignedDuration::from_secs(secs.max(0))).unwrap_or(Timestamp::MAX);
+        if let (Some(secs), Some(started)) = (
+            spec.active_deadline_seconds,
+            self.status.started_at.as_ref(),
+        ) {
+            let at = started
+                .0
+                .checked_add(SignedDuration::from_secs(secs.max(0)))
+                .unwrap_or(Timestamp::MAX);
             if at <= self.now {
-                return self.fail_run(reason::DEADLINE_EXCEEDED, format!("the run exceeded activeDeadlineSeconds ({secs})"));
+                return self.fail_run(
+                    reason::DEADLINE_EXCEEDED,
+                    format!("the run exceeded activeDeadlineSeconds ({secs})"),
+                );
             }
             self.deadlines.push(at);
         }
@@ -637,14 +778,25 @@ impl<'a> Machine<'a> {
         {
             self.budget_exceeded(
                 reason::TOKEN_BUDGET_EXCEEDED,
-                format!("{} tokens used, over the budget of {budget}", self.status.tokens_used),
+                format!(
+                    "{} tokens used, over the budget of {budget}",
+                    self.status.tokens_used
+                ),
             );
         }
     }
 
     fn budget_exceeded(&mut self, why: &'static str, message: String) {
         let generation = self.run.metadata.generation;
-        cond::set(&mut self.status.conditions, condition::BUDGET_EXCEEDED, TRUE, why, message.clone(), generation, self.now);
+        cond::set(
+            &mut self.status.conditions,
+            condition::BUDGET_EXCEEDED,
+            TRUE,
+            why,
+            message.clone(),
+            generation,
+            self.now,
+        );
         self.fail_run(why, message);
     }
 
@@ -652,11 +804,25 @@ impl<'a> Machine<'a> {
     /// why, and wind down through compensation.
     fn fail_run(&mut self, why: &'static str, message: String) {
         let generation = self.run.metadata.generation;
-        cond::set(&mut self.status.conditions, condition::FAILURE_TARGET, TRUE, why, message.clone(), generation, self.now);
+        cond::set(
+            &mut self.status.conditions,
+            condition::FAILURE_TARGET,
+            TRUE,
+            why,
+            message.clone(),
+            generation,
+            self.now,
+        );
         self.recorded = true;
         let now = self.now;
-        let effects: HashMap<String, Effect> =
-            self.run.spec.steps.iter().chain(self.status.plan.iter().flat_map(|p| p.steps.iter())).map(|s| (s.name.clone(), s.effect)).collect();
+        let effects: HashMap<String, Effect> = self
+            .run
+            .spec
+            .steps
+            .iter()
+            .chain(self.status.plan.iter().flat_map(|p| p.steps.iter()))
+            .map(|s| (s.name.clone(), s.effect))
+            .collect();
         for i in 0..self.status.steps.len() {
             let cp = &self.status.steps[i];
             if cp.phase.is_terminal() {
@@ -668,17 +834,32 @@ impl<'a> Machine<'a> {
                 let pod = self.pods.get(pod_name.as_str()).copied();
                 // Unseen Pods may exist: assume they started.
                 let started = pod.is_none_or(observe::started);
-                if cp.role == StepRole::Step && effects.get(&cp.name).is_some_and(|e| *e != Effect::None) {
-                    effect = Some(if started { EffectOutcome::Unknown } else { EffectOutcome::NotApplied });
+                if cp.role == StepRole::Step
+                    && effects.get(&cp.name).is_some_and(|e| *e != Effect::None)
+                {
+                    effect = Some(if started {
+                        EffectOutcome::Unknown
+                    } else {
+                        EffectOutcome::NotApplied
+                    });
                 }
-                if pod.is_none_or(|p| p.metadata.deletion_timestamp.is_none() && observe::is_live(p)) {
-                    self.actions.push(Action::DeletePod { name: pod_name, reason: format!("stopping: {message}") });
+                if pod
+                    .is_none_or(|p| p.metadata.deletion_timestamp.is_none() && observe::is_live(p))
+                {
+                    self.actions.push(Action::DeletePod {
+                        name: pod_name,
+                        reason: format!("stopping: {message}"),
+                    });
                 }
             } else if cp.role == StepRole::Step && effect.is_none() {
                 effect = Some(EffectOutcome::NotApplied);
             }
             let cp = &mut self.status.steps[i];
-            cp.effect = if cp.role == StepRole::Step { effect } else { None };
+            cp.effect = if cp.role == StepRole::Step {
+                effect
+            } else {
+                None
+            };
             cp.phase = StepPhase::Failed;
             cp.checkpoint = CheckpointState::Committed;
             cp.finished_at = Some(Time(now));
@@ -686,7 +867,11 @@ impl<'a> Machine<'a> {
             cp.next_attempt_at = None;
             cp.message = Some(format!("stopped: {message}"));
         }
-        let type_ = if why == reason::CANCELLED { EventType::Normal } else { EventType::Warning };
+        let type_ = if why == reason::CANCELLED {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
         self.event(type_, why, message);
     }
 
@@ -700,7 +885,12 @@ impl<'a> Machine<'a> {
         }
         if let Some(planner) = self.planning() {
             let rev = plan.revision;
-            match self.status.steps.iter().position(|c| c.role == StepRole::Planner && c.plan_revision == rev) {
+            match self
+                .status
+                .steps
+                .iter()
+                .position(|c| c.role == StepRole::Planner && c.plan_revision == rev)
+            {
                 None => self.launch(plan, StepRole::Planner, &planner.name, 1),
                 Some(i) => {
                     let cp = self.status.steps[i].clone();
@@ -712,9 +902,11 @@ impl<'a> Machine<'a> {
             return;
         }
         let index = CheckpointIndex::new(&self.status.steps);
-        let cursor = (0..plan.steps.len()).find_map(|i| match index.effective(&self.status.steps, plan, i) {
-            Some(c) if self.status.steps[c].phase == StepPhase::Succeeded => None,
-            other => Some((i, other)),
+        let cursor = (0..plan.steps.len()).find_map(|i| {
+            match index.effective(&self.status.steps, plan, i) {
+                Some(c) if self.status.steps[c].phase == StepPhase::Succeeded => None,
+                other => Some((i, other)),
+            }
         });
         let Some((i, slot)) = cursor else {
             return self.succeed_run(plan);
@@ -735,7 +927,9 @@ impl<'a> Machine<'a> {
 
     fn planning(&self) -> Option<StepSpec> {
         let plan = self.status.plan.as_ref()?;
-        (plan.source == PlanSource::Spec && plan.revision == 1).then(|| self.run.spec.planner.clone()).flatten()
+        (plan.source == PlanSource::Spec && plan.revision == 1)
+            .then(|| self.run.spec.planner.clone())
+            .flatten()
     }
 
     fn succeed_run(&mut self, plan: &Plan) {
@@ -744,10 +938,15 @@ impl<'a> Machine<'a> {
         self.event(
             EventType::Normal,
             reason::RUN_SUCCEEDED,
-            format!("all {} steps of plan revision {} succeeded", plan.steps.len(), plan.revision),
+            format!(
+                "all {} steps of plan revision {} succeeded",
+                plan.steps.len(),
+                plan.revision
+            ),
         );
         if let Some(ttl) = self.run.spec.ttl_seconds_after_finished {
-            self.deadlines.push(self.at(SignedDuration::from_secs(ttl.max(0).into())));
+            self.deadlines
+                .push(self.at(SignedDuration::from_secs(ttl.max(0).into())));
         }
     }
 
@@ -783,20 +982,30 @@ impl<'a> Machine<'a> {
         }
         let c = self.status.steps.len() - 1;
         self.request_approval(plan, i, c);
-        self.event(EventType::Normal, reason::APPROVAL_REQUESTED, format!("step {} waits for Approval {approval}", step.name));
+        self.event(
+            EventType::Normal,
+            reason::APPROVAL_REQUESTED,
+            format!("step {} waits for Approval {approval}", step.name),
+        );
     }
 
     fn request_approval(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
         let step = plan.steps[i];
         let cp = self.status.steps[c].clone();
-        let Some(name) = cp.approval.clone() else { return };
+        let Some(name) = cp.approval.clone() else {
+            return;
+        };
         let (kind, question, expires_at, on_timeout, why) = if cp.attempt == 0 {
             let gate = step.approval.clone().unwrap_or_default();
-            let expires = plan::duration(gate.timeout.as_ref())
-                .and_then(|t| cp.started_at.as_ref().map(|s| s.0.checked_add(t).unwrap_or(Timestamp::MAX)));
+            let expires = plan::duration(gate.timeout.as_ref()).and_then(|t| {
+                cp.started_at
+                    .as_ref()
+                    .map(|s| s.0.checked_add(t).unwrap_or(Timestamp::MAX))
+            });
             (
                 ApprovalKind::Approve,
-                gate.question.unwrap_or_else(|| format!("May step {} run?", step.name)),
+                gate.question
+                    .unwrap_or_else(|| format!("May step {} run?", step.name)),
                 expires,
                 gate.on_timeout,
                 format!("step {} requires approval before it starts", step.name),
@@ -834,14 +1043,20 @@ impl<'a> Machine<'a> {
 
     fn wait_for_approval(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
         let cp = self.status.steps[c].clone();
-        let Some(name) = cp.approval.clone() else { return };
+        let Some(name) = cp.approval.clone() else {
+            return;
+        };
         let Some(a) = self.find_approval(&name) else {
             // Asked but not yet visible (or the create was lost): ask again.
-            if let Some(t) = plan.steps[i].approval.as_ref().and_then(|g| plan::duration(g.timeout.as_ref()))
+            if let Some(t) = plan.steps[i]
+                .approval
+                .as_ref()
+                .and_then(|g| plan::duration(g.timeout.as_ref()))
                 && cp.attempt == 0
                 && let Some(s) = &cp.started_at
             {
-                self.deadlines.push(s.0.checked_add(t).unwrap_or(Timestamp::MAX));
+                self.deadlines
+                    .push(s.0.checked_add(t).unwrap_or(Timestamp::MAX));
             }
             return self.request_approval(plan, i, c);
         };
@@ -855,25 +1070,47 @@ impl<'a> Machine<'a> {
             }
             Answer::Expired { on_timeout } if !reconcile => match on_timeout {
                 OnTimeout::Approve => {
-                    self.event(EventType::Normal, reason::APPROVAL_EXPIRED, format!("Approval {name} expired; onTimeout Approve: step {step} runs"));
+                    self.event(
+                        EventType::Normal,
+                        reason::APPROVAL_EXPIRED,
+                        format!("Approval {name} expired; onTimeout Approve: step {step} runs"),
+                    );
                     self.launch(plan, StepRole::Step, &step, 1);
                 }
-                OnTimeout::Reject => self.refuse_step(c, reason::APPROVAL_EXPIRED, format!("Approval {name} expired without a decision (onTimeout Reject)")),
+                OnTimeout::Reject => self.refuse_step(
+                    c,
+                    reason::APPROVAL_EXPIRED,
+                    format!("Approval {name} expired without a decision (onTimeout Reject)"),
+                ),
             },
             Answer::Expired { .. } => {}
-            Answer::Decided { decision, by, comment } => {
+            Answer::Decided {
+                decision,
+                by,
+                comment,
+            } => {
                 let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
                 let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
                 match (reconcile, decision) {
                     (false, Answered::Approved) => {
-                        self.event(EventType::Normal, reason::APPROVAL_GRANTED, format!("Approval {name} approved{by}"));
+                        self.event(
+                            EventType::Normal,
+                            reason::APPROVAL_GRANTED,
+                            format!("Approval {name} approved{by}"),
+                        );
                         self.launch(plan, StepRole::Step, &step, 1);
                     }
-                    (false, Answered::Rejected) => {
-                        self.refuse_step(c, reason::APPROVAL_REJECTED, format!("Approval {name} rejected{by}{comment}"))
-                    }
+                    (false, Answered::Rejected) => self.refuse_step(
+                        c,
+                        reason::APPROVAL_REJECTED,
+                        format!("Approval {name} rejected{by}{comment}"),
+                    ),
                     (true, Answered::Retry) => {
-                        self.event(EventType::Normal, reason::RECONCILE_DECIDED, format!("Approval {name}: Retry{by}"));
+                        self.event(
+                            EventType::Normal,
+                            reason::RECONCILE_DECIDED,
+                            format!("Approval {name}: Retry{by}"),
+                        );
                         self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
                     }
                     (true, Answered::MarkSucceeded) => {
@@ -884,14 +1121,21 @@ impl<'a> Machine<'a> {
                         cp.checkpoint = CheckpointState::Committed;
                         cp.effect = Some(EffectOutcome::Applied);
                         cp.finished_at = Some(Time(now));
-                        cp.fresh_until = fresh_for.map(|d| Time(now.checked_add(d).unwrap_or(Timestamp::MAX)));
+                        cp.fresh_until =
+                            fresh_for.map(|d| Time(now.checked_add(d).unwrap_or(Timestamp::MAX)));
                         cp.message = Some(format!("marked succeeded{by}{comment}"));
                         self.recorded = true;
-                        self.event(EventType::Normal, reason::RECONCILE_DECIDED, format!("Approval {name}: MarkSucceeded{by}"));
+                        self.event(
+                            EventType::Normal,
+                            reason::RECONCILE_DECIDED,
+                            format!("Approval {name}: MarkSucceeded{by}"),
+                        );
                     }
-                    (true, Answered::MarkFailed) => {
-                        self.refuse_step(c, reason::STEP_FAILED, format!("Approval {name}: marked failed{by}{comment}"))
-                    }
+                    (true, Answered::MarkFailed) => self.refuse_step(
+                        c,
+                        reason::STEP_FAILED,
+                        format!("Approval {name}: marked failed{by}{comment}"),
+                    ),
                     _ => {} // admission forbids mismatched decisions; ignore them
                 }
             }
@@ -920,7 +1164,7 @@ impl<'a> Machine<'a> {
         let stale = (0..i).find_map(|j| {
             let c = &self.status.steps[index.effective(&self.status.steps, plan, j)?];
             let until = c.fresh_until.as_ref()?;
-            (until.0 <= self.now).then(|| (j, until.0))
+            (until.0 <= self.now).then_some((j, until.0))
         });
         // No timer for freshness: it only matters when a step is about to start.
         let Some((j, since)) = stale else {
@@ -950,12 +1194,24 @@ impl<'a> Machine<'a> {
     /// D11: when the context of step `i` would exceed `maxBytes` and a
     /// compactor is configured, it runs first. Returns whether it blocks.
     fn compaction_blocks(&mut self, plan: &Plan<'_>, i: usize) -> bool {
-        if self.run.spec.context.as_ref().and_then(|c| c.compactor.as_ref()).is_none() {
+        if self
+            .run
+            .spec
+            .context
+            .as_ref()
+            .and_then(|c| c.compactor.as_ref())
+            .is_none()
+        {
             return false;
         }
         let name = plan.steps[i].name.clone();
         let index = CheckpointIndex::new(&self.status.steps);
-        match index.at(&self.status.steps, StepRole::Compactor, &name, plan.revision) {
+        match index.at(
+            &self.status.steps,
+            StepRole::Compactor,
+            &name,
+            plan.revision,
+        ) {
             Some(c) => {
                 let cp = self.status.steps[c].clone();
                 match cp.phase {
@@ -982,8 +1238,13 @@ impl<'a> Machine<'a> {
                     idempotency_key: &key,
                     plan_revision: plan.revision,
                 };
-                let refs: Vec<PriorResult> = results.iter().map(|(s, r)| PriorResult { step: s, result: r }).collect();
-                if context::full_size(&identity, summary.as_deref(), &refs) <= self.max_context_bytes() {
+                let refs: Vec<PriorResult> = results
+                    .iter()
+                    .map(|(s, r)| PriorResult { step: s, result: r })
+                    .collect();
+                if context::full_size(&identity, summary.as_deref(), &refs)
+                    <= self.max_context_bytes()
+                {
                     return false;
                 }
                 self.launch(plan, StepRole::Compactor, &name, 1);
@@ -993,7 +1254,13 @@ impl<'a> Machine<'a> {
     }
 
     fn max_context_bytes(&self) -> usize {
-        let max = self.run.spec.context.as_ref().and_then(|c| c.max_bytes).unwrap_or(DEFAULT_CONTEXT_BYTES);
+        let max = self
+            .run
+            .spec
+            .context
+            .as_ref()
+            .and_then(|c| c.max_bytes)
+            .unwrap_or(DEFAULT_CONTEXT_BYTES);
         max.clamp(1024, MAX_CONTEXT_BYTES) as usize
     }
 
@@ -1027,17 +1294,27 @@ impl<'a> Machine<'a> {
             return;
         }
         if role == StepRole::Step {
-            let Some(i) = plan.steps.iter().position(|s| s.name == name) else { return };
+            let Some(i) = plan.steps.iter().position(|s| s.name == name) else {
+                return;
+            };
             if self.replan_if_stale(plan, i) || self.compaction_blocks(plan, i) {
                 return;
             }
         }
-        if let Some(budget) = self.run.spec.budget.as_ref().and_then(|b| b.step_executions)
+        if let Some(budget) = self
+            .run
+            .spec
+            .budget
+            .as_ref()
+            .and_then(|b| b.step_executions)
             && self.status.step_executions >= budget
         {
             return self.budget_exceeded(
                 reason::STEP_BUDGET_EXCEEDED,
-                format!("{} step Pods created, the budget of {budget} is spent", self.status.step_executions),
+                format!(
+                    "{} step Pods created, the budget of {budget} is spent",
+                    self.status.step_executions
+                ),
             );
         }
         let rev = plan.revision;
@@ -1077,7 +1354,11 @@ impl<'a> Machine<'a> {
             StepRole::Planner => format!("planner {name}"),
             StepRole::Compactor => format!("compactor before step {name}"),
         };
-        self.event(EventType::Normal, reason::STEP_STARTED, format!("{what}: attempt {attempt} as Pod {pod_name}"));
+        self.event(
+            EventType::Normal,
+            reason::STEP_STARTED,
+            format!("{what}: attempt {attempt} as Pod {pod_name}"),
+        );
     }
 
     /// The Pod of a checkpoint's current attempt, rebuilt deterministically
@@ -1085,20 +1366,35 @@ impl<'a> Machine<'a> {
     fn pod_for_step(&self, plan: &Plan<'_>, cp: &StepCheckpoint) -> Option<Pod> {
         let at = cp.started_at.as_ref().map_or(self.now, |t| t.0);
         let role: PodRole = cp.role.into();
-        let i = plan.steps.iter().position(|s| s.name == cp.name).unwrap_or(plan.steps.len());
+        let i = plan
+            .steps
+            .iter()
+            .position(|s| s.name == cp.name)
+            .unwrap_or(plan.steps.len());
         let (container, results, max): (StepContainer, _, usize) = match cp.role {
             StepRole::Step => {
                 let spec = self.step_spec(plan, &cp.name)?;
-                (spec.container, self.prior_results(plan, i, at), self.max_context_bytes())
+                (
+                    spec.container,
+                    self.prior_results(plan, i, at),
+                    self.max_context_bytes(),
+                )
             }
-            StepRole::Planner => (self.run.spec.planner.as_ref()?.container.clone(), Vec::new(), self.max_context_bytes()),
+            StepRole::Planner => (
+                self.run.spec.planner.as_ref()?.container.clone(),
+                Vec::new(),
+                self.max_context_bytes(),
+            ),
             StepRole::Compactor => (
                 self.run.spec.context.as_ref()?.compactor.clone()?,
                 self.prior_results(plan, i, at),
                 MAX_CONTEXT_BYTES as usize,
             ),
         };
-        let refs: Vec<PriorResult> = results.iter().map(|(s, r)| PriorResult { step: s, result: r }).collect();
+        let refs: Vec<PriorResult> = results
+            .iter()
+            .map(|(s, r)| PriorResult { step: s, result: r })
+            .collect();
         let identity = Identity {
             run: self.name,
             run_uid: self.uid,
@@ -1139,7 +1435,11 @@ impl<'a> Machine<'a> {
         }
         let targets = self.compensation_targets(plan);
         for (name, rev, container) in targets {
-            let existing = self.status.compensations.iter().position(|c| c.name == name && c.plan_revision == rev);
+            let existing = self
+                .status
+                .compensations
+                .iter()
+                .position(|c| c.name == name && c.plan_revision == rev);
             let Some(k) = existing else {
                 if !self.recorded && !self.run.spec.suspend {
                     self.launch_compensation(plan, &name, rev, &container, 1);
@@ -1150,7 +1450,10 @@ impl<'a> Machine<'a> {
             match cp.phase {
                 StepPhase::Running => return,
                 StepPhase::Pending => {
-                    if !self.recorded && !self.run.spec.suspend && self.due(cp.next_attempt_at.as_ref()) {
+                    if !self.recorded
+                        && !self.run.spec.suspend
+                        && self.due(cp.next_attempt_at.as_ref())
+                    {
                         self.launch_compensation(plan, &name, rev, &container, cp.attempt + 1);
                     }
                     return;
@@ -1168,7 +1471,12 @@ impl<'a> Machine<'a> {
             .iter()
             .rev()
             .filter(|c| c.role == StepRole::Step)
-            .filter(|c| matches!(c.effect, Some(EffectOutcome::Applied | EffectOutcome::Unknown)))
+            .filter(|c| {
+                matches!(
+                    c.effect,
+                    Some(EffectOutcome::Applied | EffectOutcome::Unknown)
+                )
+            })
             .filter_map(|c| {
                 let container = self.step_spec(plan, &c.name)?.compensate?;
                 Some((c.name.clone(), c.plan_revision, container))
@@ -1176,13 +1484,25 @@ impl<'a> Machine<'a> {
             .collect()
     }
 
-    fn launch_compensation(&mut self, plan: &Plan<'_>, name: &str, rev: i64, container: &StepContainer, attempt: i32) {
+    fn launch_compensation(
+        &mut self,
+        plan: &Plan<'_>,
+        name: &str,
+        rev: i64,
+        container: &StepContainer,
+        attempt: i32,
+    ) {
         let key = self.key(PodRole::Compensate, name, rev);
         if self.live_pod_with_key(&key) {
             return;
         }
         let pod_name = names::pod_name(self.name, PodRole::Compensate, name, rev, attempt);
-        let k = match self.status.compensations.iter().position(|c| c.name == name && c.plan_revision == rev) {
+        let k = match self
+            .status
+            .compensations
+            .iter()
+            .position(|c| c.name == name && c.plan_revision == rev)
+        {
             Some(k) => k,
             None => {
                 self.status.compensations.push(CompensationCheckpoint {
@@ -1202,7 +1522,9 @@ impl<'a> Machine<'a> {
         cp.started_at = Some(Time(self.now));
         cp.next_attempt_at = None;
         let cp = cp.clone();
-        self.actions.push(Action::CreatePod(Box::new(self.compensation_pod(plan, &cp, container))));
+        self.actions.push(Action::CreatePod(Box::new(
+            self.compensation_pod(plan, &cp, container),
+        )));
         self.event(
             EventType::Normal,
             reason::COMPENSATION_STARTED,
@@ -1210,15 +1532,28 @@ impl<'a> Machine<'a> {
         );
     }
 
-    fn compensation_pod(&self, _plan: &Plan<'_>, cp: &CompensationCheckpoint, container: &StepContainer) -> Pod {
+    fn compensation_pod(
+        &self,
+        _plan: &Plan<'_>,
+        cp: &CompensationCheckpoint,
+        container: &StepContainer,
+    ) -> Pod {
         let step_result = self
             .status
             .steps
             .iter()
-            .find(|c| c.role == StepRole::Step && c.name == cp.name && c.plan_revision == cp.plan_revision)
+            .find(|c| {
+                c.role == StepRole::Step && c.name == cp.name && c.plan_revision == cp.plan_revision
+            })
             .and_then(|c| c.result.clone());
-        let results: Vec<(String, Value)> = step_result.map(|r| (cp.name.clone(), r)).into_iter().collect();
-        let refs: Vec<PriorResult> = results.iter().map(|(s, r)| PriorResult { step: s, result: r }).collect();
+        let results: Vec<(String, Value)> = step_result
+            .map(|r| (cp.name.clone(), r))
+            .into_iter()
+            .collect();
+        let refs: Vec<PriorResult> = results
+            .iter()
+            .map(|(s, r)| PriorResult { step: s, result: r })
+            .collect();
         let identity = Identity {
             run: self.name,
             run_uid: self.uid,
@@ -1230,7 +1565,13 @@ impl<'a> Machine<'a> {
         };
         let ctx = context::materialise(&identity, None, &refs, self.max_context_bytes());
         pods::build(PodRequest {
-            name: names::pod_name(self.name, PodRole::Compensate, &cp.name, cp.plan_revision, cp.attempt),
+            name: names::pod_name(
+                self.name,
+                PodRole::Compensate,
+                &cp.name,
+                cp.plan_revision,
+                cp.attempt,
+            ),
             namespace: self.run.metadata.namespace.clone(),
             owner: self.owner(),
             run: self.name,
@@ -1251,7 +1592,10 @@ impl<'a> Machine<'a> {
         let (limit, backoff) = {
             let spec = self.step_spec(plan, &cp.name);
             let retry = spec.and_then(|s| s.retry);
-            (retry.as_ref().map_or(0, |r| r.limit.max(0)), retry.and_then(|r| r.backoff))
+            (
+                retry.as_ref().map_or(0, |r| r.limit.max(0)),
+                retry.and_then(|r| r.backoff),
+            )
         };
         let now = self.now;
         let failed = |why: String, m: &mut Self| {
@@ -1266,7 +1610,9 @@ impl<'a> Machine<'a> {
                 let message = format!("compensation of step {}: {why}", c.name);
                 m.event(EventType::Warning, reason::COMPENSATION_FAILED, message);
             } else {
-                let at = now.checked_add(plan::backoff(backoff.as_ref(), c.failures)).unwrap_or(Timestamp::MAX);
+                let at = now
+                    .checked_add(plan::backoff(backoff.as_ref(), c.failures))
+                    .unwrap_or(Timestamp::MAX);
                 c.phase = StepPhase::Pending;
                 c.next_attempt_at = Some(Time(at));
                 c.message = Some(format!("{why}; retry {} of {limit}", c.failures));
@@ -1275,7 +1621,9 @@ impl<'a> Machine<'a> {
         match observe::observe(pod, cp.pod_uid.as_deref()) {
             Observation::NotSeen => {
                 if let Some(container) = self.step_spec(plan, &cp.name).and_then(|s| s.compensate) {
-                    self.actions.push(Action::CreatePod(Box::new(self.compensation_pod(plan, &cp, &container))));
+                    self.actions.push(Action::CreatePod(Box::new(
+                        self.compensation_pod(plan, &cp, &container),
+                    )));
                 }
             }
             Observation::Live { uid } | Observation::Terminating { uid } => {
@@ -1293,18 +1641,30 @@ impl<'a> Machine<'a> {
                     let message = format!("compensation of step {} succeeded", cp.name);
                     self.event(EventType::Normal, reason::COMPENSATION_SUCCEEDED, message);
                 }
-                Err(e) => failed(format!("attempt {} returned an unusable result: {e}", cp.attempt), self),
+                Err(e) => failed(
+                    format!("attempt {} returned an unusable result: {e}", cp.attempt),
+                    self,
+                ),
             },
-            Observation::Failed { exit_code, reason, .. } => {
-                failed(format!("attempt {} exited with code {exit_code} ({reason})", cp.attempt), self)
-            }
+            Observation::Failed {
+                exit_code, reason, ..
+            } => failed(
+                format!(
+                    "attempt {} exited with code {exit_code} ({reason})",
+                    cp.attempt
+                ),
+                self,
+            ),
             Observation::Disrupted { .. } | Observation::Vanished => {
                 // Compensations run with their own key and are meant to be repeatable.
                 let c = &mut self.status.compensations[k];
                 c.disruptions += 1;
                 c.pod_uid = None;
                 c.phase = StepPhase::Pending;
-                c.message = Some(format!("attempt {} was disrupted; it runs again with the same key", cp.attempt));
+                c.message = Some(format!(
+                    "attempt {} was disrupted; it runs again with the same key",
+                    cp.attempt
+                ));
                 self.recorded = true;
             }
         }
@@ -1312,16 +1672,30 @@ impl<'a> Machine<'a> {
 
     fn finish_failed(&mut self) {
         let target = cond::get(&self.status.conditions, condition::FAILURE_TARGET).cloned();
-        let why = target.as_ref().map_or(reason::RUN_FAILED.to_owned(), |c| c.reason.clone());
+        let why = target
+            .as_ref()
+            .map_or(reason::RUN_FAILED.to_owned(), |c| c.reason.clone());
         let message = target.map(|c| c.message).unwrap_or_default();
         let cancelled = why == reason::CANCELLED;
-        self.status.phase = Some(if cancelled { RunPhase::Cancelled } else { RunPhase::Failed });
+        self.status.phase = Some(if cancelled {
+            RunPhase::Cancelled
+        } else {
+            RunPhase::Failed
+        });
         self.status.completed_at = Some(Time(self.now));
-        let failed_compensations: Vec<String> =
-            self.status.compensations.iter().filter(|c| c.phase == StepPhase::Failed).map(|c| c.name.clone()).collect();
+        let failed_compensations: Vec<String> = self
+            .status
+            .compensations
+            .iter()
+            .filter(|c| c.phase == StepPhase::Failed)
+            .map(|c| c.name.clone())
+            .collect();
         let mut text = message;
         if !failed_compensations.is_empty() {
-            text.push_str(&format!("; compensation failed for: {}", failed_compensations.join(", ")));
+            text.push_str(&format!(
+                "; compensation failed for: {}",
+                failed_compensations.join(", ")
+            ));
         }
         if cancelled {
             self.event(EventType::Normal, reason::RUN_CANCELLED, text);
@@ -1329,7 +1703,8 @@ impl<'a> Machine<'a> {
             self.event(EventType::Warning, reason::RUN_FAILED, text);
         }
         if let Some(ttl) = self.run.spec.ttl_seconds_after_finished {
-            self.deadlines.push(self.at(SignedDuration::from_secs(ttl.max(0).into())));
+            self.deadlines
+                .push(self.at(SignedDuration::from_secs(ttl.max(0).into())));
         }
     }
 
@@ -1340,17 +1715,32 @@ impl<'a> Machine<'a> {
     fn derive(&mut self, plan: &Plan<'_>) {
         let index = CheckpointIndex::new(&self.status.steps);
         let done = (0..plan.steps.len())
-            .filter(|&i| index.effective(&self.status.steps, plan, i).is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded))
+            .filter(|&i| {
+                index
+                    .effective(&self.status.steps, plan, i)
+                    .is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded)
+            })
             .count();
         self.status.progress = Some(format!("{done}/{}", plan.steps.len()));
-        let waiting = self.status.steps.iter().rfind(|c| c.phase == StepPhase::WaitingForApproval).cloned();
+        let waiting = self
+            .status
+            .steps
+            .iter()
+            .rfind(|c| c.phase == StepPhase::WaitingForApproval)
+            .cloned();
         let active = self
             .status
             .steps
             .iter()
             .rfind(|c| !c.phase.is_terminal())
             .map(|c| c.name.clone())
-            .or_else(|| self.status.compensations.iter().rfind(|c| !c.phase.is_terminal()).map(|c| c.name.clone()));
+            .or_else(|| {
+                self.status
+                    .compensations
+                    .iter()
+                    .rfind(|c| !c.phase.is_terminal())
+                    .map(|c| c.name.clone())
+            });
         if active.is_some() {
             self.status.current_step = active;
         }
@@ -1369,11 +1759,19 @@ impl<'a> Machine<'a> {
         let conds = &mut self.status.conditions;
         let target = cond::get(conds, condition::FAILURE_TARGET).cloned();
         match phase {
-            RunPhase::Succeeded => {
-                cond::set(conds, condition::SUCCEEDED, TRUE, reason::RUN_SUCCEEDED, format!("{done} steps succeeded"), g, now)
-            }
+            RunPhase::Succeeded => cond::set(
+                conds,
+                condition::SUCCEEDED,
+                TRUE,
+                reason::RUN_SUCCEEDED,
+                format!("{done} steps succeeded"),
+                g,
+                now,
+            ),
             RunPhase::Failed | RunPhase::Cancelled => {
-                let (r, m) = target.map_or((reason::RUN_FAILED.to_owned(), String::new()), |c| (c.reason, c.message));
+                let (r, m) = target.map_or((reason::RUN_FAILED.to_owned(), String::new()), |c| {
+                    (c.reason, c.message)
+                });
                 cond::set(conds, condition::SUCCEEDED, FALSE, &r, m, g, now)
             }
             p => {
@@ -1384,7 +1782,15 @@ impl<'a> Machine<'a> {
                     RunPhase::Pending => reason::PENDING,
                     _ => reason::RUNNING,
                 };
-                cond::set(conds, condition::SUCCEEDED, UNKNOWN, r, format!("{done}/{} steps done", plan.steps.len()), g, now)
+                cond::set(
+                    conds,
+                    condition::SUCCEEDED,
+                    UNKNOWN,
+                    r,
+                    format!("{done}/{} steps done", plan.steps.len()),
+                    g,
+                    now,
+                )
             }
         }
         let (status, r) = if phase.is_terminal() {
@@ -1398,18 +1804,38 @@ impl<'a> Machine<'a> {
         } else {
             (TRUE, reason::RUNNING)
         };
-        cond::set(conds, condition::PROGRESSING, status, r, String::new(), g, now);
+        cond::set(
+            conds,
+            condition::PROGRESSING,
+            status,
+            r,
+            String::new(),
+            g,
+            now,
+        );
         match &waiting {
             Some(w) if !phase.is_terminal() => cond::set(
                 conds,
                 condition::AWAITING_APPROVAL,
                 TRUE,
                 reason::WAITING_FOR_APPROVAL,
-                format!("step {} waits for Approval {}", w.name, w.approval.clone().unwrap_or_default()),
+                format!(
+                    "step {} waits for Approval {}",
+                    w.name,
+                    w.approval.clone().unwrap_or_default()
+                ),
                 g,
                 now,
             ),
-            _ => cond::set(conds, condition::AWAITING_APPROVAL, FALSE, reason::NO_APPROVAL_PENDING, String::new(), g, now),
+            _ => cond::set(
+                conds,
+                condition::AWAITING_APPROVAL,
+                FALSE,
+                reason::NO_APPROVAL_PENDING,
+                String::new(),
+                g,
+                now,
+            ),
         }
         if let Some(plan_status) = &self.status.plan
             && let Some(from) = &plan_status.rerun_from
@@ -1420,8 +1846,20 @@ impl<'a> Machine<'a> {
                 .position(|s| &s.name == from)
                 .and_then(|i| index.effective(&self.status.steps, plan, i))
                 .is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded);
-            let (s, r) = if rerun_done { (FALSE, reason::INPUTS_FRESH) } else { (TRUE, reason::INPUT_STALE) };
-            cond::set(&mut self.status.conditions, condition::STALE, s, r, plan_status.reason.clone(), g, now);
+            let (s, r) = if rerun_done {
+                (FALSE, reason::INPUTS_FRESH)
+            } else {
+                (TRUE, reason::INPUT_STALE)
+            };
+            cond::set(
+                &mut self.status.conditions,
+                condition::STALE,
+                s,
+                r,
+                plan_status.reason.clone(),
+                g,
+                now,
+            );
         }
     }
 }
@@ -1433,5 +1871,9 @@ fn whole_seconds(t: Timestamp) -> Timestamp {
 
 fn timeout_text(d: SignedDuration) -> String {
     let secs = d.as_secs();
-    if d.subsec_nanos() == 0 { format!("{secs}s") } else { format!("{:.3}s", d.as_secs_f64()) }
+    if d.subsec_nanos() == 0 {
+        format!("{secs}s")
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
+    }
 }

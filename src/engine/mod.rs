@@ -80,15 +80,27 @@ pub enum Action {
     /// Create if absent: AlreadyExists with our owner UID is success.
     CreatePod(Box<Pod>),
     /// Stop an attempt (timeout, cancel, a superseded attempt still running).
-    DeletePod { name: String, reason: String },
+    DeletePod {
+        name: String,
+        reason: String,
+    },
     /// Remove `agentrun.dev/result`: only for Pods whose outcome is already in
     /// the input status (and, once the run is terminal, every Pod of the run).
-    ReleaseFinalizer { pod: String },
+    ReleaseFinalizer {
+        pod: String,
+    },
     CreateApproval(Box<Approval>),
-    SetApprovalStatus { name: String, status: ApprovalStatus },
+    SetApprovalStatus {
+        name: String,
+        status: ApprovalStatus,
+    },
     /// TTL after finishing (D12).
     DeleteRun,
-    Event { type_: EventType, reason: &'static str, message: String },
+    Event {
+        type_: EventType,
+        reason: &'static str,
+        message: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -121,9 +121,21 @@ mod tests {
 
     #[test]
     fn pod_names_distinguish_roles_and_attempts() {
-        assert_eq!(pod_name("run", PodRole::Step, "fetch", 1, 2), "run-fetch-r1-a2");
-        assert_eq!(pod_name("run", PodRole::Compensate, "fetch", 1, 1), "run-fetch-r1-c1");
-        assert_eq!(pod_name("run", PodRole::Planner, "plan", 1, 1), "run-plan-r1-p1");
-        assert_eq!(pod_name("run", PodRole::Compactor, "fetch", 3, 1), "run-fetch-r3-s1");
+        assert_eq!(
+            pod_name("run", PodRole::Step, "fetch", 1, 2),
+            "run-fetch-r1-a2"
+        );
+        assert_eq!(
+            pod_name("run", PodRole::Compensate, "fetch", 1, 1),
+            "run-fetch-r1-c1"
+        );
+        assert_eq!(
+            pod_name("run", PodRole::Planner, "plan", 1, 1),
+            "run-plan-r1-p1"
+        );
+        assert_eq!(
+            pod_name("run", PodRole::Compactor, "fetch", 3, 1),
+            "run-fetch-r3-s1"
+        );
     }
 }

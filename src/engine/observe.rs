@@ -54,7 +54,10 @@ pub fn is_live(pod: &Pod) -> bool {
 }
 
 fn phase(pod: &Pod) -> &str {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
 }
 
 fn terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
@@ -77,8 +80,14 @@ pub fn started(pod: &Pod) -> bool {
             .into_iter()
             .flatten()
             .any(|c| {
-                let running = c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some());
-                running || c.last_state.as_ref().is_some_and(|s| s.terminated.is_some())
+                let running = c
+                    .state
+                    .as_ref()
+                    .is_some_and(|s| s.running.is_some() || s.terminated.is_some());
+                running
+                    || c.last_state
+                        .as_ref()
+                        .is_some_and(|s| s.terminated.is_some())
             })
 }
 
@@ -90,9 +99,17 @@ fn disruption_reason(pod: &Pod) -> Option<String> {
         .flatten()
         .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
     {
-        return Some(c.reason.clone().unwrap_or_else(|| "DisruptionTarget".into()));
+        return Some(
+            c.reason
+                .clone()
+                .unwrap_or_else(|| "DisruptionTarget".into()),
+        );
     }
-    status.reason.as_deref().filter(|r| DISRUPTION_REASONS.contains(r)).map(str::to_owned)
+    status
+        .reason
+        .as_deref()
+        .filter(|r| DISRUPTION_REASONS.contains(r))
+        .map(str::to_owned)
 }
 
 /// What the Pod of a running attempt shows.
@@ -103,18 +120,36 @@ pub enum Observation {
     /// Seen once, now gone or replaced by another object of the same name.
     Vanished,
     /// Pending or running.
-    Live { uid: Option<String> },
+    Live {
+        uid: Option<String>,
+    },
     /// Being deleted, containers still running: wait for it to stop (D2).
-    Terminating { uid: Option<String> },
-    Succeeded { message: Option<String> },
-    Failed { exit_code: i32, reason: String, message: Option<String> },
-    Disrupted { reason: String, started: bool, message: Option<String> },
+    Terminating {
+        uid: Option<String>,
+    },
+    Succeeded {
+        message: Option<String>,
+    },
+    Failed {
+        exit_code: i32,
+        reason: String,
+        message: Option<String>,
+    },
+    Disrupted {
+        reason: String,
+        started: bool,
+        message: Option<String>,
+    },
 }
 
 /// Classifies the Pod of an attempt; `seen_uid` is the UID status recorded.
 pub fn observe(pod: Option<&Pod>, seen_uid: Option<&str>) -> Observation {
     let Some(pod) = pod else {
-        return if seen_uid.is_some() { Observation::Vanished } else { Observation::NotSeen };
+        return if seen_uid.is_some() {
+            Observation::Vanished
+        } else {
+            Observation::NotSeen
+        };
     };
     let uid = pod.metadata.uid.clone();
     if let (Some(seen), Some(uid)) = (seen_uid, uid.as_deref())
@@ -130,7 +165,11 @@ pub fn observe(pod: Option<&Pod>, seen_uid: Option<&str>) -> Observation {
         "Failed" => {
             let killed = term.is_none_or(|t| KILLED_EXIT_CODES.contains(&t.exit_code));
             match disruption_reason(pod) {
-                Some(reason) => Observation::Disrupted { reason, started: started(pod), message },
+                Some(reason) => Observation::Disrupted {
+                    reason,
+                    started: started(pod),
+                    message,
+                },
                 None if deleting && killed => Observation::Disrupted {
                     reason: "Deleted".into(),
                     started: started(pod),

@@ -9,21 +9,27 @@ use jiff::SignedDuration;
 use serde_json::Value;
 
 use crate::api::{
-    AgentRunSpec, Backoff, MAX_CONTEXT_BYTES, MAX_STEP_NAME, MAX_STEPS, PlanSource, PlanStatus, StepCheckpoint,
-    StepPhase, StepRole, StepSpec,
+    AgentRunSpec, Backoff, MAX_CONTEXT_BYTES, MAX_STEP_NAME, MAX_STEPS, PlanSource, PlanStatus,
+    StepCheckpoint, StepPhase, StepRole, StepSpec,
 };
 
 /// Checks a list of steps the way admission would. `at` names the list in messages.
 pub fn validate_steps(steps: &[StepSpec], at: &str) -> Result<(), String> {
     if steps.len() > MAX_STEPS {
-        return Err(format!("{at}: {} steps, more than the {MAX_STEPS} a plan may have", steps.len()));
+        return Err(format!(
+            "{at}: {} steps, more than the {MAX_STEPS} a plan may have",
+            steps.len()
+        ));
     }
     let mut seen = HashSet::new();
     for (i, step) in steps.iter().enumerate() {
         let at = format!("{at}[{i}]");
         validate_step(step, &at)?;
         if !seen.insert(step.name.as_str()) {
-            return Err(format!("{at}.name: step name {:?} is used twice", step.name));
+            return Err(format!(
+                "{at}.name: step name {:?} is used twice",
+                step.name
+            ));
         }
     }
     Ok(())
@@ -42,9 +48,24 @@ pub fn validate_step(step: &StepSpec, at: &str) -> Result<(), String> {
     let durations = [
         ("freshFor", step.fresh_for.as_ref()),
         ("timeout", step.timeout.as_ref()),
-        ("approval.timeout", step.approval.as_ref().and_then(|a| a.timeout.as_ref())),
-        ("retry.backoff.initial", step.retry.as_ref().and_then(|r| r.backoff.as_ref()).map(|b| &b.initial)),
-        ("retry.backoff.max", step.retry.as_ref().and_then(|r| r.backoff.as_ref()).map(|b| &b.max)),
+        (
+            "approval.timeout",
+            step.approval.as_ref().and_then(|a| a.timeout.as_ref()),
+        ),
+        (
+            "retry.backoff.initial",
+            step.retry
+                .as_ref()
+                .and_then(|r| r.backoff.as_ref())
+                .map(|b| &b.initial),
+        ),
+        (
+            "retry.backoff.max",
+            step.retry
+                .as_ref()
+                .and_then(|r| r.backoff.as_ref())
+                .map(|b| &b.max),
+        ),
     ];
     for (field, d) in durations {
         if let Some(d) = d {
@@ -77,12 +98,16 @@ pub fn validate_spec(spec: &AgentRunSpec) -> Result<(), String> {
         && let Some(max) = ctx.max_bytes
         && !(1024..=MAX_CONTEXT_BYTES).contains(&max)
     {
-        return Err(format!("spec.context.maxBytes: {max} is outside 1024–{MAX_CONTEXT_BYTES}"));
+        return Err(format!(
+            "spec.context.maxBytes: {max} is outside 1024–{MAX_CONTEXT_BYTES}"
+        ));
     }
     if let Some(a) = spec.active_deadline_seconds
         && a < 1
     {
-        return Err(format!("spec.activeDeadlineSeconds: {a} must be at least 1"));
+        return Err(format!(
+            "spec.activeDeadlineSeconds: {a} must be at least 1"
+        ));
     }
     Ok(())
 }
@@ -92,8 +117,8 @@ pub fn parse_planner_plan(plan: Option<&Value>) -> Result<Vec<StepSpec>, String>
     let Some(plan) = plan else {
         return Err("the planner's termination message has no \"plan\" field".into());
     };
-    let steps: Vec<StepSpec> =
-        serde_json::from_value(plan.clone()).map_err(|e| format!("the planner's plan is not a list of steps: {e}"))?;
+    let steps: Vec<StepSpec> = serde_json::from_value(plan.clone())
+        .map_err(|e| format!("the planner's plan is not a list of steps: {e}"))?;
     if steps.is_empty() {
         return Err("the planner's plan has no steps".into());
     }
@@ -103,7 +128,8 @@ pub fn parse_planner_plan(plan: Option<&Value>) -> Result<Vec<StepSpec>, String>
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -118,7 +144,11 @@ pub fn backoff(policy: Option<&Backoff>, failures: i32) -> SignedDuration {
     let default = Backoff::default();
     let b = policy.unwrap_or(&default);
     let initial = b.initial.parse().unwrap_or(SignedDuration::from_secs(10));
-    let max = b.max.parse().unwrap_or(SignedDuration::from_secs(300)).max(initial);
+    let max = b
+        .max
+        .parse()
+        .unwrap_or(SignedDuration::from_secs(300))
+        .max(initial);
     let doublings = failures.saturating_sub(1).clamp(0, 30) as u32;
     initial.checked_mul(1 << doublings).unwrap_or(max).min(max)
 }
@@ -136,7 +166,8 @@ impl<'a> Plan<'a> {
         let steps: Vec<&StepSpec> = match status.source {
             PlanSource::Planner => status.steps.iter().collect(),
             PlanSource::Spec => {
-                let by_name: HashMap<&str, &StepSpec> = spec.steps.iter().map(|s| (s.name.as_str(), s)).collect();
+                let by_name: HashMap<&str, &StepSpec> =
+                    spec.steps.iter().map(|s| (s.name.as_str(), s)).collect();
                 status
                     .step_names
                     .iter()
@@ -153,7 +184,11 @@ impl<'a> Plan<'a> {
             .as_ref()
             .and_then(|n| steps.iter().position(|s| &s.name == n))
             .unwrap_or(0);
-        Ok(Plan { revision: status.revision, steps, rerun_from })
+        Ok(Plan {
+            revision: status.revision,
+            steps,
+            rerun_from,
+        })
     }
 
     pub fn step(&self, name: &str) -> Option<&'a StepSpec> {
@@ -176,7 +211,13 @@ impl CheckpointIndex {
     }
 
     /// The checkpoint at exactly this revision.
-    pub fn at(&self, checkpoints: &[StepCheckpoint], role: StepRole, name: &str, revision: i64) -> Option<usize> {
+    pub fn at(
+        &self,
+        checkpoints: &[StepCheckpoint],
+        role: StepRole,
+        name: &str,
+        revision: i64,
+    ) -> Option<usize> {
         self.by_name
             .get(&(role, name.to_owned()))?
             .iter()
@@ -187,11 +228,19 @@ impl CheckpointIndex {
     /// The checkpoint that counts for plan step `index` at `plan.revision`:
     /// before `rerun_from`, the newest earlier checkpoint that was not
     /// superseded; from `rerun_from` on, only one made at this revision.
-    pub fn effective(&self, checkpoints: &[StepCheckpoint], plan: &Plan, index: usize) -> Option<usize> {
+    pub fn effective(
+        &self,
+        checkpoints: &[StepCheckpoint],
+        plan: &Plan,
+        index: usize,
+    ) -> Option<usize> {
         let name = &plan.steps[index].name;
         let list = self.by_name.get(&(StepRole::Step, name.clone()))?;
         if index >= plan.rerun_from {
-            return list.iter().copied().find(|&i| checkpoints[i].plan_revision == plan.revision);
+            return list
+                .iter()
+                .copied()
+                .find(|&i| checkpoints[i].plan_revision == plan.revision);
         }
         list.iter()
             .copied()
@@ -209,7 +258,10 @@ mod tests {
     use crate::api::Duration;
 
     fn b(initial: &str, max: &str) -> Backoff {
-        Backoff { initial: Duration::from(initial), max: Duration::from(max) }
+        Backoff {
+            initial: Duration::from(initial),
+            max: Duration::from(max),
+        }
     }
 
     #[test]
@@ -222,9 +274,17 @@ mod tests {
             ("huge counts do not overflow", 1000, 300),
         ];
         for (name, failures, secs) in cases {
-            assert_eq!(backoff(Some(&b("10s", "5m")), failures), SignedDuration::from_secs(secs), "{name}");
+            assert_eq!(
+                backoff(Some(&b("10s", "5m")), failures),
+                SignedDuration::from_secs(secs),
+                "{name}"
+            );
         }
-        assert_eq!(backoff(None, 1), SignedDuration::from_secs(10), "default policy");
+        assert_eq!(
+            backoff(None, 1),
+            SignedDuration::from_secs(10),
+            "default policy"
+        );
     }
 
     #[test]
@@ -232,7 +292,11 @@ mod tests {
         let cases = [
             ("missing", None, "no \"plan\" field"),
             ("empty", Some(serde_json::json!([])), "no steps"),
-            ("wrong shape", Some(serde_json::json!([{"name": 1}])), "not a list of steps"),
+            (
+                "wrong shape",
+                Some(serde_json::json!([{"name": 1}])),
+                "not a list of steps",
+            ),
             (
                 "bad name",
                 Some(serde_json::json!([{"name": "Bad_Name", "container": {"image": "x"}}])),
@@ -240,12 +304,16 @@ mod tests {
             ),
             (
                 "duplicate",
-                Some(serde_json::json!([{"name": "a", "container": {"image": "x"}}, {"name": "a", "container": {"image": "x"}}])),
+                Some(
+                    serde_json::json!([{"name": "a", "container": {"image": "x"}}, {"name": "a", "container": {"image": "x"}}]),
+                ),
                 "used twice",
             ),
             (
                 "bad duration",
-                Some(serde_json::json!([{"name": "a", "container": {"image": "x"}, "timeout": "5 minutes"}])),
+                Some(
+                    serde_json::json!([{"name": "a", "container": {"image": "x"}, "timeout": "5 minutes"}]),
+                ),
                 "plan[0].timeout: invalid duration",
             ),
         ];

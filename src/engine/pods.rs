@@ -13,8 +13,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, ObjectFieldSelector, Pod,
-    PodSecurityContext, PodSpec, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar,
+    ObjectFieldSelector, Pod, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -54,7 +55,10 @@ pub fn build(r: PodRequest) -> Pod {
         pod_labels.insert(k.to_owned(), v);
     }
     let mut annotations = defaults.annotations.clone();
-    annotations.insert(labels::IDEMPOTENCY_KEY.to_owned(), r.idempotency_key.to_owned());
+    annotations.insert(
+        labels::IDEMPOTENCY_KEY.to_owned(),
+        r.idempotency_key.to_owned(),
+    );
     annotations.insert(labels::CONTEXT.to_owned(), r.context_json);
 
     // The step's own env first, ours last: a step cannot override its identity.
@@ -73,9 +77,15 @@ pub fn build(r: PodRequest) -> Pod {
         (labels::env::PLAN_REVISION, r.plan_revision.to_string()),
         (labels::env::CONTEXT_FILE, labels::CONTEXT_PATH.to_owned()),
     ] {
-        env.push(EnvVar { name: name.to_owned(), value: Some(value), value_from: None });
+        env.push(EnvVar {
+            name: name.to_owned(),
+            value: Some(value),
+            value_from: None,
+        });
     }
-    let (mount_dir, file) = labels::CONTEXT_PATH.rsplit_once('/').unwrap_or(("/agentrun", "context.json"));
+    let (mount_dir, file) = labels::CONTEXT_PATH
+        .rsplit_once('/')
+        .unwrap_or(("/agentrun", "context.json"));
 
     let container = Container {
         name: r.role.label().to_owned(),
@@ -96,7 +106,10 @@ pub fn build(r: PodRequest) -> Pod {
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             run_as_non_root: Some(true),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".to_owned()]), add: None }),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                add: None,
+            }),
             seccomp_profile: Some(runtime_default()),
             ..SecurityContext::default()
         }),
@@ -131,9 +144,12 @@ pub fn build(r: PodRequest) -> Pod {
                 }),
                 ..Volume::default()
             }]),
-            automount_service_account_token: Some(defaults.automount_service_account_token.unwrap_or(false)),
+            automount_service_account_token: Some(
+                defaults.automount_service_account_token.unwrap_or(false),
+            ),
             service_account_name: defaults.service_account_name.clone(),
-            node_selector: (!defaults.node_selector.is_empty()).then(|| defaults.node_selector.clone()),
+            node_selector: (!defaults.node_selector.is_empty())
+                .then(|| defaults.node_selector.clone()),
             tolerations: non_empty(&defaults.tolerations),
             image_pull_secrets: non_empty(&defaults.image_pull_secrets),
             priority_class_name: defaults.priority_class_name.clone(),
@@ -149,7 +165,10 @@ pub fn build(r: PodRequest) -> Pod {
 }
 
 fn runtime_default() -> SeccompProfile {
-    SeccompProfile { type_: "RuntimeDefault".to_owned(), localhost_profile: None }
+    SeccompProfile {
+        type_: "RuntimeDefault".to_owned(),
+        localhost_profile: None,
+    }
 }
 
 fn non_empty<T: Clone>(v: &[T]) -> Option<Vec<T>> {

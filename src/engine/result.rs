@@ -26,7 +26,10 @@ pub struct StepReport {
 /// Parses a termination message. An empty or absent message is a null result.
 pub fn parse(message: Option<&str>) -> Result<StepReport, String> {
     let Some(message) = message.map(str::trim).filter(|m| !m.is_empty()) else {
-        return Ok(StepReport { result: Value::Null, ..StepReport::default() });
+        return Ok(StepReport {
+            result: Value::Null,
+            ..StepReport::default()
+        });
     };
     if message.len() > MAX_MESSAGE_BYTES {
         return Err(format!(
@@ -92,7 +95,10 @@ fn parse_tokens(v: &Value) -> Option<TokenUsage> {
         None => Some(0),
         Some(n) => n.as_i64().filter(|n| *n >= 0),
     };
-    Some(TokenUsage { input: field("input")?, output: field("output")? })
+    Some(TokenUsage {
+        input: field("input")?,
+        output: field("output")?,
+    })
 }
 
 /// The start of `s`, on a char boundary, in quotes.
@@ -117,14 +123,25 @@ mod tests {
             want: StepReport,
         }
         let cases = [
-            Case { name: "absent message is a null result", message: None, want: StepReport::default() },
-            Case { name: "blank message is a null result", message: Some("  \n"), want: StepReport::default() },
+            Case {
+                name: "absent message is a null result",
+                message: None,
+                want: StepReport::default(),
+            },
+            Case {
+                name: "blank message is a null result",
+                message: Some("  \n"),
+                want: StepReport::default(),
+            },
             Case {
                 name: "result and tokens",
                 message: Some(r#"{"result": {"rows": 3}, "tokens": {"input": 10, "output": 5}}"#),
                 want: StepReport {
                     result: json!({"rows": 3}),
-                    tokens: TokenUsage { input: 10, output: 5 },
+                    tokens: TokenUsage {
+                        input: 10,
+                        output: 5,
+                    },
                     ..Default::default()
                 },
             },
@@ -140,7 +157,10 @@ mod tests {
             Case {
                 name: "unknown fields are ignored",
                 message: Some(r#"{"result": 1, "extra": true}"#),
-                want: StepReport { result: json!(1), ..Default::default() },
+                want: StepReport {
+                    result: json!(1),
+                    ..Default::default()
+                },
             },
         ];
         for c in cases {
@@ -154,10 +174,22 @@ mod tests {
         let cases: [(&str, &str, &str); 6] = [
             ("not JSON", "done!", "not JSON"),
             ("not an object", "[1,2]", "must be a JSON object"),
-            ("negative tokens", r#"{"tokens": {"input": -1}}"#, "tokens must be"),
+            (
+                "negative tokens",
+                r#"{"tokens": {"input": -1}}"#,
+                "tokens must be",
+            ),
             ("tokens not an object", r#"{"tokens": 7}"#, "tokens must be"),
-            ("summary not a string", r#"{"summary": 7}"#, "summary must be a string"),
-            ("plan not an array", r#"{"plan": {}}"#, "plan must be an array"),
+            (
+                "summary not a string",
+                r#"{"summary": 7}"#,
+                "summary must be a string",
+            ),
+            (
+                "plan not an array",
+                r#"{"plan": {}}"#,
+                "plan must be an array",
+            ),
         ];
         for (name, message, want) in cases {
             let err = parse(Some(message)).expect_err(name);

@@ -6,14 +6,15 @@ use std::collections::BTreeMap;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, Pod,
+    PodCondition, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
 
 use super::{Action, Decision, Observed, decide};
 use crate::api::{
-    AgentRun, AgentRunSpec, AgentRunStatus, Approval, ApprovalGate, Backoff, Budget, ContextSpec, Decision as Answer,
-    Duration, Effect, OnTimeout, RetryPolicy, StepContainer, StepSpec,
+    AgentRun, AgentRunSpec, AgentRunStatus, Approval, ApprovalGate, Backoff, Budget, ContextSpec,
+    Decision as Answer, Duration, Effect, OnTimeout, RetryPolicy, StepContainer, StepSpec,
 };
 
 pub const RUN: &str = "run";
@@ -25,12 +26,20 @@ pub fn t(secs: i64) -> Timestamp {
 }
 
 pub fn container(image: &str) -> StepContainer {
-    StepContainer { image: image.into(), ..StepContainer::default() }
+    StepContainer {
+        image: image.into(),
+        ..StepContainer::default()
+    }
 }
 
 /// An Idempotent step with no retries.
 pub fn step(name: &str) -> StepSpec {
-    StepSpec { name: name.into(), container: container("tool:1"), effect: Effect::Idempotent, ..StepSpec::default() }
+    StepSpec {
+        name: name.into(),
+        container: container("tool:1"),
+        effect: Effect::Idempotent,
+        ..StepSpec::default()
+    }
 }
 
 impl StepSpec {
@@ -45,7 +54,10 @@ impl StepSpec {
     pub fn with_retry(mut self, limit: i32, initial: &str, max: &str) -> Self {
         self.retry = Some(RetryPolicy {
             limit,
-            backoff: Some(Backoff { initial: Duration::from(initial), max: Duration::from(max) }),
+            backoff: Some(Backoff {
+                initial: Duration::from(initial),
+                max: Duration::from(max),
+            }),
         });
         self
     }
@@ -86,11 +98,17 @@ impl AgentRun {
         self
     }
     pub fn with_budget(mut self, tokens: Option<i64>, step_executions: Option<i32>) -> Self {
-        self.spec.budget = Some(Budget { tokens, step_executions });
+        self.spec.budget = Some(Budget {
+            tokens,
+            step_executions,
+        });
         self
     }
     pub fn with_context(mut self, max_bytes: i32, compactor: bool) -> Self {
-        self.spec.context = Some(ContextSpec { max_bytes: Some(max_bytes), compactor: compactor.then(|| container("compact:1")) });
+        self.spec.context = Some(ContextSpec {
+            max_bytes: Some(max_bytes),
+            compactor: compactor.then(|| container("compact:1")),
+        });
         self
     }
     pub fn with_deadline(mut self, secs: i64) -> Self {
@@ -135,7 +153,10 @@ impl PodExt for Pod {
     fn evicted(mut self, started: bool) -> Pod {
         let state = if started {
             ContainerState {
-                terminated: Some(ContainerStateTerminated { exit_code: 137, ..Default::default() }),
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 137,
+                    ..Default::default()
+                }),
                 ..Default::default()
             }
         } else {
@@ -162,7 +183,11 @@ impl PodExt for Pod {
 }
 
 fn container_status(state: ContainerState) -> ContainerStatus {
-    ContainerStatus { name: "step".into(), state: Some(state), ..ContainerStatus::default() }
+    ContainerStatus {
+        name: "step".into(),
+        state: Some(state),
+        ..ContainerStatus::default()
+    }
 }
 
 fn terminate(mut pod: Pod, phase: &str, code: i32, message: &str) -> Pod {
@@ -225,7 +250,12 @@ impl World {
 
     pub fn decide_with(&self, pods: &[Pod]) -> Decision {
         let approvals: Vec<Approval> = self.approvals.values().cloned().collect();
-        decide(&Observed { run: &self.run, pods, approvals: &approvals, now: self.now })
+        decide(&Observed {
+            run: &self.run,
+            pods,
+            approvals: &approvals,
+            now: self.now,
+        })
     }
 
     /// Writes the status (if changed) and applies the actions in order.
@@ -246,7 +276,10 @@ impl World {
                     let mut pod = (**pod).clone();
                     self.next_uid += 1;
                     pod.metadata.uid = Some(format!("pod-uid-{}", self.next_uid));
-                    pod.status = Some(PodStatus { phase: Some("Pending".into()), ..PodStatus::default() });
+                    pod.status = Some(PodStatus {
+                        phase: Some("Pending".into()),
+                        ..PodStatus::default()
+                    });
                     self.created.push(name.clone());
                     self.pods.insert(name, pod);
                 }
@@ -285,7 +318,10 @@ impl World {
     pub fn gc(&mut self) {
         self.pods.retain(|_, p| {
             p.metadata.deletion_timestamp.is_none()
-                || p.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty())
+                || p.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| !f.is_empty())
                 || super::observe::is_live(p)
         });
     }
@@ -310,11 +346,17 @@ impl World {
     }
 
     pub fn advance(&mut self, secs: i64) {
-        self.now = self.now.checked_add(SignedDuration::from_secs(secs)).unwrap();
+        self.now = self
+            .now
+            .checked_add(SignedDuration::from_secs(secs))
+            .unwrap();
     }
 
     pub fn pod(&self, name: &str) -> Pod {
-        self.pods.get(name).unwrap_or_else(|| panic!("no pod {name}; pods: {:?}", self.pods.keys())).clone()
+        self.pods
+            .get(name)
+            .unwrap_or_else(|| panic!("no pod {name}; pods: {:?}", self.pods.keys()))
+            .clone()
     }
 
     /// Replaces a Pod with what `f` makes of it (a kubelet update).
@@ -331,7 +373,10 @@ impl World {
     }
 
     pub fn decide_approval(&mut self, name: &str, decision: Answer, manager: &str) {
-        let a = self.approvals.get_mut(name).unwrap_or_else(|| panic!("no approval {name}"));
+        let a = self
+            .approvals
+            .get_mut(name)
+            .unwrap_or_else(|| panic!("no approval {name}"));
         a.spec.decision = Some(decision);
         a.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
             manager: Some(manager.into()),
@@ -342,6 +387,10 @@ impl World {
     }
 
     pub fn live_pods(&self) -> Vec<String> {
-        self.pods.iter().filter(|(_, p)| super::observe::is_live(p)).map(|(n, _)| n.clone()).collect()
+        self.pods
+            .iter()
+            .filter(|(_, p)| super::observe::is_live(p))
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 }

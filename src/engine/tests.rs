@@ -7,8 +7,8 @@ use super::reasons::{condition, reason};
 use super::testing::*;
 use super::{Action, Decision, EventType, PodRole, idempotency_key};
 use crate::api::{
-    AgentRun, ApprovalKind, ApprovalPhase, CheckpointState, Decision as Answer, Duration, Effect, EffectOutcome,
-    OnTimeout, PlanSource, RunPhase, StepCheckpoint, StepPhase, StepRole,
+    AgentRun, ApprovalKind, ApprovalPhase, CheckpointState, Decision as Answer, Duration, Effect,
+    EffectOutcome, OnTimeout, PlanSource, RunPhase, StepCheckpoint, StepPhase, StepRole,
 };
 use crate::labels;
 
@@ -52,7 +52,7 @@ fn events(d: &Decision) -> Vec<&'static str> {
         .collect()
 }
 
-fn cp<'a>(w: &'a World, name: &str, rev: i64) -> StepCheckpoint {
+fn cp(w: &World, name: &str, rev: i64) -> StepCheckpoint {
     w.status()
         .steps
         .into_iter()
@@ -61,7 +61,12 @@ fn cp<'a>(w: &'a World, name: &str, rev: i64) -> StepCheckpoint {
 }
 
 fn condition_of(w: &World, type_: &str) -> (String, String) {
-    let c = w.status().conditions.into_iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_}"));
+    let c = w
+        .status()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_}"));
     (c.status, c.reason)
 }
 
@@ -82,16 +87,29 @@ fn first_decision_records_the_plan_and_launches_the_first_step() {
     let mut w = World::new(two_steps());
     let d = w.step();
     let s = w.status();
-    assert_eq!(s.plan.as_ref().map(|p| (p.revision, p.source)), Some((1, PlanSource::Spec)));
+    assert_eq!(
+        s.plan.as_ref().map(|p| (p.revision, p.source)),
+        Some((1, PlanSource::Spec))
+    );
     assert_eq!(s.phase, Some(RunPhase::Running));
     assert_eq!(creates(&d), ["run-a-r1-a1"]);
     let a = cp(&w, "a", 1);
-    assert_eq!((a.attempt, a.phase, a.pod.as_deref()), (1, StepPhase::Running, Some("run-a-r1-a1")));
-    assert_eq!(a.idempotency_key, idempotency_key(UID, PodRole::Step, "a", 1));
+    assert_eq!(
+        (a.attempt, a.phase, a.pod.as_deref()),
+        (1, StepPhase::Running, Some("run-a-r1-a1"))
+    );
+    assert_eq!(
+        a.idempotency_key,
+        idempotency_key(UID, PodRole::Step, "a", 1)
+    );
     assert_eq!(s.step_executions, 1);
     assert_eq!(s.progress.as_deref(), Some("0/2"));
     assert_eq!(s.current_step.as_deref(), Some("a"));
-    assert_eq!(d.requeue_after, secs(0), "status changed: continue after the write");
+    assert_eq!(
+        d.requeue_after,
+        secs(0),
+        "status changed: continue after the write"
+    );
 }
 
 #[test]
@@ -114,16 +132,27 @@ fn step_pods_carry_identity_context_finalizer_and_a_restricted_security_context(
     let ann = pod.metadata.annotations.clone().unwrap();
     assert_eq!(ann.get(labels::IDEMPOTENCY_KEY), Some(&key));
     let ctx: serde_json::Value = serde_json::from_str(&ann[labels::CONTEXT]).unwrap();
-    assert_eq!((ctx["step"].as_str(), ctx["attempt"].as_i64()), (Some("a"), Some(1)));
-    assert_eq!(pod.metadata.finalizers, Some(vec![labels::RESULT_FINALIZER.to_owned()]));
+    assert_eq!(
+        (ctx["step"].as_str(), ctx["attempt"].as_i64()),
+        (Some("a"), Some(1))
+    );
+    assert_eq!(
+        pod.metadata.finalizers,
+        Some(vec![labels::RESULT_FINALIZER.to_owned()])
+    );
     let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!((owner.uid.as_str(), owner.controller), (UID, Some(true)));
     let spec = pod.spec.unwrap();
     assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
     assert_eq!(spec.automount_service_account_token, Some(false));
     let c = &spec.containers[0];
-    let env: Vec<(String, String)> =
-        c.env.clone().unwrap().into_iter().map(|e| (e.name, e.value.unwrap_or_default())).collect();
+    let env: Vec<(String, String)> = c
+        .env
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.value.unwrap_or_default()))
+        .collect();
     for (k, v) in [
         (labels::env::IDEMPOTENCY_KEY, key.as_str()),
         (labels::env::RUN, "run"),
@@ -144,7 +173,10 @@ fn step_pods_carry_identity_context_finalizer_and_a_restricted_security_context(
     let vol = &spec.volumes.unwrap()[0];
     let item = &vol.downward_api.as_ref().unwrap().items.as_ref().unwrap()[0];
     assert_eq!(item.path, "context.json");
-    assert_eq!(item.field_ref.as_ref().unwrap().field_path, "metadata.annotations['agentrun.dev/context']");
+    assert_eq!(
+        item.field_ref.as_ref().unwrap().field_path,
+        "metadata.annotations['agentrun.dev/context']"
+    );
 }
 
 #[test]
@@ -177,7 +209,8 @@ fn an_unchanged_world_gives_back_the_same_status() {
         Case {
             name: "backoff wait",
             world: || {
-                let mut w = World::new(AgentRun::test().with_steps([step("a").with_retry(2, "10s", "1m")]));
+                let mut w =
+                    World::new(AgentRun::test().with_steps([step("a").with_retry(2, "10s", "1m")]));
                 w.settle();
                 w.update_pod("run-a-r1-a1", |p| p.exited(1, ""));
                 w.settle();
@@ -187,7 +220,10 @@ fn an_unchanged_world_gives_back_the_same_status() {
         Case {
             name: "approval wait",
             world: || {
-                let mut w = World::new(AgentRun::test().with_steps([step("a").with_approval(Some("1h"), OnTimeout::Reject)]));
+                let mut w = World::new(
+                    AgentRun::test()
+                        .with_steps([step("a").with_approval(Some("1h"), OnTimeout::Reject)]),
+                );
                 w.settle();
                 w
             },
@@ -219,15 +255,26 @@ fn an_unchanged_world_gives_back_the_same_status() {
 fn a_step_outcome_is_committed_before_the_next_step_starts() {
     let mut w = World::new(two_steps());
     w.settle();
-    w.update_pod("run-a-r1-a1", |p| p.succeeded(&ok_message(json!({"rows": 3}), 7)));
+    w.update_pod("run-a-r1-a1", |p| {
+        p.succeeded(&ok_message(json!({"rows": 3}), 7))
+    });
     let record = w.step();
     let a = cp(&w, "a", 1);
-    assert_eq!((a.phase, a.checkpoint), (StepPhase::Succeeded, CheckpointState::Committed));
+    assert_eq!(
+        (a.phase, a.checkpoint),
+        (StepPhase::Succeeded, CheckpointState::Committed)
+    );
     assert_eq!(a.result, Some(json!({"rows": 3})));
     assert_eq!(a.effect, Some(EffectOutcome::Applied));
     assert_eq!(w.status().tokens_used, 7);
-    assert!(creates(&record).is_empty(), "D4: step b does not start in the decision that records a");
-    assert!(releases(&record).is_empty(), "D5: the finalizer stays until the outcome is committed");
+    assert!(
+        creates(&record).is_empty(),
+        "D4: step b does not start in the decision that records a"
+    );
+    assert!(
+        releases(&record).is_empty(),
+        "D5: the finalizer stays until the outcome is committed"
+    );
     let next = w.step();
     assert_eq!(creates(&next), ["run-b-r1-a1"]);
     assert_eq!(releases(&next), ["run-a-r1-a1"]);
@@ -241,12 +288,22 @@ fn a_failed_status_write_starts_nothing_and_reports_no_success() {
     w.update_pod("run-a-r1-a1", |p| p.succeeded(""));
     // The write of this decision fails (409): nothing is applied, the world is unchanged.
     let lost = w.decide();
-    assert_eq!(lost.status.phase, Some(RunPhase::Running), "not Succeeded in the same decision as the outcome");
+    assert_eq!(
+        lost.status.phase,
+        Some(RunPhase::Running),
+        "not Succeeded in the same decision as the outcome"
+    );
     let again = w.step();
-    assert_eq!(again.status.steps, lost.status.steps, "the same outcome is recorded again");
+    assert_eq!(
+        again.status.steps, lost.status.steps,
+        "the same outcome is recorded again"
+    );
     w.settle();
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
-    assert!(w.pods["run-a-r1-a1"].metadata.finalizers.is_none(), "released after the commit");
+    assert!(
+        w.pods["run-a-r1-a1"].metadata.finalizers.is_none(),
+        "released after the commit"
+    );
 }
 
 #[test]
@@ -275,19 +332,35 @@ fn failures_consume_retries_with_exponential_backoff() {
     let a = cp(&w, "a", 1);
     assert_eq!((a.phase, a.failures, a.attempt), (StepPhase::Pending, 1, 1));
     assert_eq!(a.next_attempt_at.as_ref().map(|t| t.0), Some(t(10)));
-    assert_eq!(w.status().tokens_used, 5, "D9: a failed attempt's tokens count");
+    assert_eq!(
+        w.status().tokens_used,
+        5,
+        "D9: a failed attempt's tokens count"
+    );
     assert!(events(&d).contains(&reason::STEP_RETRYING));
     let wait = w.step();
     assert!(creates(&wait).is_empty(), "no attempt before the backoff");
-    assert_eq!(wait.requeue_after, secs(10), "requeue exactly at the backoff");
+    assert_eq!(
+        wait.requeue_after,
+        secs(10),
+        "requeue exactly at the backoff"
+    );
     w.advance(10);
     let d = w.step();
     assert_eq!(creates(&d), ["run-a-r1-a2"]);
-    assert_eq!(cp(&w, "a", 1).idempotency_key, a.idempotency_key, "D1: same key across attempts");
+    assert_eq!(
+        cp(&w, "a", 1).idempotency_key,
+        a.idempotency_key,
+        "D1: same key across attempts"
+    );
     w.settle();
     w.update_pod("run-a-r1-a2", |p| p.exited(2, ""));
     w.settle();
-    assert_eq!(cp(&w, "a", 1).next_attempt_at.as_ref().map(|t| t.0), Some(t(25)), "doubled to 20s, capped at 15s");
+    assert_eq!(
+        cp(&w, "a", 1).next_attempt_at.as_ref().map(|t| t.0),
+        Some(t(25)),
+        "doubled to 20s, capped at 15s"
+    );
     w.advance(15);
     w.settle();
     w.update_pod("run-a-r1-a3", |p| p.exited(1, ""));
@@ -296,7 +369,10 @@ fn failures_consume_retries_with_exponential_backoff() {
     assert_eq!((a.phase, a.failures), (StepPhase::Failed, 3));
     assert!(a.message.unwrap().contains("no retries left"));
     assert_eq!(w.status().phase, Some(RunPhase::Failed));
-    assert_eq!(condition_of(&w, condition::SUCCEEDED), ("False".into(), reason::STEP_FAILED.into()));
+    assert_eq!(
+        condition_of(&w, condition::SUCCEEDED),
+        ("False".into(), reason::STEP_FAILED.into())
+    );
 }
 
 #[test]
@@ -306,7 +382,10 @@ fn disruptions_do_not_consume_retries() {
         disrupt: fn(&mut World),
     }
     let cases = [
-        Case { name: "evicted", disrupt: |w| w.update_pod("run-a-r1-a1", |p| p.evicted(true)) },
+        Case {
+            name: "evicted",
+            disrupt: |w| w.update_pod("run-a-r1-a1", |p| p.evicted(true)),
+        },
         Case {
             name: "preempted",
             disrupt: |w| {
@@ -339,7 +418,12 @@ fn disruptions_do_not_consume_retries() {
         (c.disrupt)(&mut w);
         w.settle();
         let a = cp(&w, "a", 1);
-        assert_eq!((a.failures, a.disruptions, a.attempt), (0, 1, 2), "{}", c.name);
+        assert_eq!(
+            (a.failures, a.disruptions, a.attempt),
+            (0, 1, 2),
+            "{}",
+            c.name
+        );
         assert_eq!(a.phase, StepPhase::Running, "{}: runs again", c.name);
         assert!(w.pods.contains_key("run-a-r1-a2"), "{}", c.name);
         assert_eq!(
@@ -353,14 +437,19 @@ fn disruptions_do_not_consume_retries() {
 
 #[test]
 fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
-    let mut w = World::new(AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent), step("b")]));
+    let mut w = World::new(
+        AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent), step("b")]),
+    );
     w.settle();
     w.update_pod("run-a-r1-a1", |p| p.running());
     w.settle();
     w.update_pod("run-a-r1-a1", |p| p.evicted(true));
     w.settle();
     let a = cp(&w, "a", 1);
-    assert_eq!((a.phase, a.effect), (StepPhase::WaitingForApproval, Some(EffectOutcome::Unknown)));
+    assert_eq!(
+        (a.phase, a.effect),
+        (StepPhase::WaitingForApproval, Some(EffectOutcome::Unknown))
+    );
     assert_eq!(w.status().phase, Some(RunPhase::WaitingForApproval));
     assert!(w.live_pods().is_empty(), "a durable wait runs no Pods");
     let name = "run-a-r1-reconcile-a1";
@@ -379,7 +468,10 @@ fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
             check: |w| {
                 let a = cp(w, "a", 1);
                 assert_eq!((a.attempt, a.phase), (2, StepPhase::Running));
-                assert_eq!(a.idempotency_key, idempotency_key(UID, PodRole::Step, "a", 1));
+                assert_eq!(
+                    a.idempotency_key,
+                    idempotency_key(UID, PodRole::Step, "a", 1)
+                );
             },
         },
         Case {
@@ -387,7 +479,10 @@ fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
             decision: Answer::MarkSucceeded,
             check: |w| {
                 let a = cp(w, "a", 1);
-                assert_eq!((a.phase, a.effect), (StepPhase::Succeeded, Some(EffectOutcome::Applied)));
+                assert_eq!(
+                    (a.phase, a.effect),
+                    (StepPhase::Succeeded, Some(EffectOutcome::Applied))
+                );
                 assert!(w.pods.contains_key("run-b-r1-a1"));
             },
         },
@@ -403,13 +498,19 @@ fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
         w2.settle();
         (c.check)(&w2);
         let st = w2.approvals[name].status.clone().unwrap();
-        assert_eq!((st.phase, st.decided_by.as_deref()), (ApprovalPhase::Resolved, Some("kubectl-patch")), "{}", c.name);
+        assert_eq!(
+            (st.phase, st.decided_by.as_deref()),
+            (ApprovalPhase::Resolved, Some("kubectl-patch")),
+            "{}",
+            c.name
+        );
     }
 }
 
 #[test]
 fn a_non_idempotent_step_evicted_before_it_started_simply_reruns() {
-    let mut w = World::new(AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent)]));
+    let mut w =
+        World::new(AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent)]));
     w.settle();
     w.update_pod("run-a-r1-a1", |p| p.evicted(false));
     w.settle();
@@ -419,7 +520,9 @@ fn a_non_idempotent_step_evicted_before_it_started_simply_reruns() {
 
 #[test]
 fn a_timed_out_attempt_is_stopped_counted_and_not_overlapped() {
-    let mut w = World::new(AgentRun::test().with_steps([step("a").with_timeout("30s").with_retry(1, "1s", "1s")]));
+    let mut w = World::new(
+        AgentRun::test().with_steps([step("a").with_timeout("30s").with_retry(1, "1s", "1s")]),
+    );
     w.settle();
     w.update_pod("run-a-r1-a1", |p| p.running());
     let d = w.settle();
@@ -431,11 +534,17 @@ fn a_timed_out_attempt_is_stopped_counted_and_not_overlapped() {
     assert_eq!(cp(&w, "a", 1).failures, 1);
     w.advance(5);
     let d = w.step();
-    assert!(creates(&d).is_empty(), "D2: attempt 2 waits while attempt 1 is still live");
+    assert!(
+        creates(&d).is_empty(),
+        "D2: attempt 2 waits while attempt 1 is still live"
+    );
     w.update_pod("run-a-r1-a1", |p| p.exited(137, ""));
     w.settle();
     assert!(w.pods.contains_key("run-a-r1-a2"));
-    assert!(!w.pods.contains_key("run-a-r1-a1"), "attempt 1 released and gone");
+    assert!(
+        !w.pods.contains_key("run-a-r1-a1"),
+        "attempt 1 released and gone"
+    );
 }
 
 #[test]
@@ -443,8 +552,16 @@ fn unusable_results_fail_the_attempt_with_the_problem_quoted() {
     let cases = [
         ("not JSON", "all good!".to_owned(), "not JSON"),
         ("wrong shape", "[1]".to_owned(), "must be a JSON object"),
-        ("too large", format!("{{\"result\": \"{}\"}}", "x".repeat(5000)), "over the 4096-byte limit"),
-        ("bad tokens", r#"{"tokens": "many"}"#.to_owned(), "tokens must be"),
+        (
+            "too large",
+            format!("{{\"result\": \"{}\"}}", "x".repeat(5000)),
+            "over the 4096-byte limit",
+        ),
+        (
+            "bad tokens",
+            r#"{"tokens": "many"}"#.to_owned(),
+            "tokens must be",
+        ),
     ];
     for (name, message, want) in cases {
         let mut w = World::new(AgentRun::test().with_steps([step("a")]));
@@ -453,12 +570,20 @@ fn unusable_results_fail_the_attempt_with_the_problem_quoted() {
         w.settle();
         let a = cp(&w, "a", 1);
         assert_eq!(a.phase, StepPhase::Failed, "{name}");
-        assert!(a.message.as_deref().unwrap_or("").contains(want), "{name}: {:?}", a.message);
+        assert!(
+            a.message.as_deref().unwrap_or("").contains(want),
+            "{name}: {:?}",
+            a.message
+        );
     }
     let mut w = World::new(AgentRun::test().with_steps([step("a")]));
     w.settle();
     w.succeed("run-a-r1-a1", "");
-    assert_eq!((cp(&w, "a", 1).phase, cp(&w, "a", 1).result), (StepPhase::Succeeded, None), "empty message: null result");
+    assert_eq!(
+        (cp(&w, "a", 1).phase, cp(&w, "a", 1).result),
+        (StepPhase::Succeeded, None),
+        "empty message: null result"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -467,11 +592,16 @@ fn unusable_results_fail_the_attempt_with_the_problem_quoted() {
 
 #[test]
 fn an_approval_gate_waits_with_zero_pods_and_requeues_at_expiry() {
-    let mut w = World::new(AgentRun::test().with_steps([step("a").with_approval(Some("1h"), OnTimeout::Reject)]));
+    let mut w = World::new(
+        AgentRun::test().with_steps([step("a").with_approval(Some("1h"), OnTimeout::Reject)]),
+    );
     let d = w.settle();
     let name = "run-a-r1-approve";
     let a = &w.approvals[name];
-    assert_eq!((a.spec.kind, a.spec.run_uid.as_str(), a.spec.plan_revision), (ApprovalKind::Approve, UID, 1));
+    assert_eq!(
+        (a.spec.kind, a.spec.run_uid.as_str(), a.spec.plan_revision),
+        (ApprovalKind::Approve, UID, 1)
+    );
     assert_eq!(a.spec.expires_at.as_ref().map(|t| t.0), Some(t(3600)));
     assert_eq!(a.spec.question, "run a?");
     assert_eq!(a.metadata.owner_references.as_ref().unwrap()[0].uid, UID);
@@ -480,7 +610,11 @@ fn an_approval_gate_waits_with_zero_pods_and_requeues_at_expiry() {
     assert_eq!(condition_of(&w, condition::AWAITING_APPROVAL).0, "True");
     assert_eq!(d.requeue_after, secs(3600));
     w.advance(1000);
-    assert_eq!(w.decide().requeue_after, secs(2600), "after a restart too: the timer is in the Approval");
+    assert_eq!(
+        w.decide().requeue_after,
+        secs(2600),
+        "after a restart too: the timer is in the Approval"
+    );
 }
 
 #[test]
@@ -528,14 +662,26 @@ fn approval_answers() {
         },
     ];
     for c in cases {
-        let mut w = World::new(AgentRun::test().with_steps([step("a").with_approval(Some("1h"), c.on_timeout)]));
+        let mut w = World::new(
+            AgentRun::test().with_steps([step("a").with_approval(Some("1h"), c.on_timeout)]),
+        );
         w.settle();
         (c.act)(&mut w);
         w.settle();
         assert_eq!(w.status().phase, Some(c.phase), "{}", c.name);
         let st = w.approvals["run-a-r1-approve"].status.clone().unwrap();
-        assert_eq!((st.phase, st.decided_by.as_deref()), (c.approval, Some(c.decided_by)), "{}", c.name);
-        assert_eq!(w.pods.contains_key("run-a-r1-a1"), c.phase == RunPhase::Running, "{}", c.name);
+        assert_eq!(
+            (st.phase, st.decided_by.as_deref()),
+            (c.approval, Some(c.decided_by)),
+            "{}",
+            c.name
+        );
+        assert_eq!(
+            w.pods.contains_key("run-a-r1-a1"),
+            c.phase == RunPhase::Running,
+            "{}",
+            c.name
+        );
     }
 }
 
@@ -545,7 +691,11 @@ fn approval_answers() {
 
 #[test]
 fn a_stale_input_replans_from_the_stale_step_with_new_keys() {
-    let mut w = World::new(AgentRun::test().with_steps([step("a"), step("b").with_fresh_for("1m"), step("c")]));
+    let mut w = World::new(AgentRun::test().with_steps([
+        step("a"),
+        step("b").with_fresh_for("1m"),
+        step("c"),
+    ]));
     w.settle();
     w.succeed("run-a-r1-a1", "");
     w.succeed("run-b-r1-a1", &ok_message(json!("quote"), 0));
@@ -557,20 +707,36 @@ fn a_stale_input_replans_from_the_stale_step_with_new_keys() {
     w.settle();
     w.advance(120);
     let d = w.step();
-    assert!(creates(&d).is_empty(), "the re-plan is committed before anything runs");
+    assert!(
+        creates(&d).is_empty(),
+        "the re-plan is committed before anything runs"
+    );
     assert!(events(&d).contains(&reason::REPLANNED));
     let plan = w.status().plan.unwrap();
     assert_eq!((plan.revision, plan.rerun_from.as_deref()), (2, Some("b")));
     assert!(plan.reason.contains("step b went stale"), "{}", plan.reason);
     assert_eq!(cp(&w, "c", 1).phase, StepPhase::Superseded);
-    assert_eq!(condition_of(&w, condition::STALE), ("True".into(), reason::INPUT_STALE.into()));
+    assert_eq!(
+        condition_of(&w, condition::STALE),
+        ("True".into(), reason::INPUT_STALE.into())
+    );
     w.settle();
-    assert!(w.pods.contains_key("run-b-r2-a1"), "b runs again at revision 2");
-    assert_ne!(cp(&w, "b", 2).idempotency_key, b.idempotency_key, "with a new key");
+    assert!(
+        w.pods.contains_key("run-b-r2-a1"),
+        "b runs again at revision 2"
+    );
+    assert_ne!(
+        cp(&w, "b", 2).idempotency_key,
+        b.idempotency_key,
+        "with a new key"
+    );
     assert_eq!(cp(&w, "b", 1), b, "the old checkpoint is kept as it was");
     w.succeed("run-b-r2-a1", "");
     assert!(w.pods.contains_key("run-c-r2-a1"));
-    assert!(!w.pods.contains_key("run-a-r2-a1"), "a, still fresh, is not run again");
+    assert!(
+        !w.pods.contains_key("run-a-r2-a1"),
+        "a, still fresh, is not run again"
+    );
     w.succeed("run-c-r2-a1", "");
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
     assert_eq!(w.status().progress.as_deref(), Some("3/3"));
@@ -593,7 +759,9 @@ fn run_limits() {
     let cases = [
         Case {
             name: "token budget counts every attempt",
-            run: AgentRun::test().with_steps([step("a").with_retry(3, "1s", "1s"), step("b")]).with_budget(Some(100), None),
+            run: AgentRun::test()
+                .with_steps([step("a").with_retry(3, "1s", "1s"), step("b")])
+                .with_budget(Some(100), None),
             act: |w| {
                 w.update_pod("run-a-r1-a1", |p| p.exited(1, &ok_message(json!(null), 60)));
                 w.settle();
@@ -606,7 +774,9 @@ fn run_limits() {
         },
         Case {
             name: "step execution budget",
-            run: AgentRun::test().with_steps([step("a").with_retry(3, "1s", "1s")]).with_budget(None, Some(1)),
+            run: AgentRun::test()
+                .with_steps([step("a").with_retry(3, "1s", "1s")])
+                .with_budget(None, Some(1)),
             act: |w| {
                 w.update_pod("run-a-r1-a1", |p| p.exited(1, ""));
                 w.settle();
@@ -638,8 +808,17 @@ fn run_limits() {
         (c.act)(&mut w);
         w.settle();
         assert_eq!(w.status().phase, Some(RunPhase::Failed), "{}", c.name);
-        assert_eq!(condition_of(&w, condition::SUCCEEDED), ("False".into(), c.reason.into()), "{}", c.name);
-        let budget = w.status().conditions.iter().any(|x| x.type_ == condition::BUDGET_EXCEEDED && x.status == "True");
+        assert_eq!(
+            condition_of(&w, condition::SUCCEEDED),
+            ("False".into(), c.reason.into()),
+            "{}",
+            c.name
+        );
+        let budget = w
+            .status()
+            .conditions
+            .iter()
+            .any(|x| x.type_ == condition::BUDGET_EXCEEDED && x.status == "True");
         assert_eq!(budget, c.budget_condition, "{}", c.name);
         assert!(w.live_pods().is_empty(), "{}", c.name);
     }
@@ -651,9 +830,16 @@ fn suspend_starts_no_pods_and_lets_a_running_step_finish() {
     w.settle();
     w.run.spec.suspend = true;
     w.succeed("run-a-r1-a1", "");
-    assert_eq!(cp(&w, "a", 1).phase, StepPhase::Succeeded, "the running step is checkpointed");
+    assert_eq!(
+        cp(&w, "a", 1).phase,
+        StepPhase::Succeeded,
+        "the running step is checkpointed"
+    );
     assert!(!w.pods.contains_key("run-b-r1-a1"));
-    assert_eq!(condition_of(&w, condition::PROGRESSING), ("False".into(), reason::SUSPENDED.into()));
+    assert_eq!(
+        condition_of(&w, condition::PROGRESSING),
+        ("False".into(), reason::SUSPENDED.into())
+    );
     assert_eq!(w.decide().requeue_after, None, "nothing to wait for");
     w.run.spec.suspend = false;
     w.settle();
@@ -681,22 +867,42 @@ fn cancel_stops_the_step_then_compensates_applied_steps_in_reverse() {
     w.run.spec.cancel = true;
     let d = w.step();
     assert_eq!(deletes(&d), ["run-d-r1-a1"]);
-    assert_eq!(cp(&w, "d", 1).effect, Some(EffectOutcome::Unknown), "it was running: it may have acted");
+    assert_eq!(
+        cp(&w, "d", 1).effect,
+        Some(EffectOutcome::Unknown),
+        "it was running: it may have acted"
+    );
     assert_eq!(w.status().phase, Some(RunPhase::Compensating));
     w.settle();
-    assert!(!w.created.iter().any(|n| n.contains("-c1")), "no compensation while d's Pod still runs");
+    assert!(
+        !w.created.iter().any(|n| n.contains("-c1")),
+        "no compensation while d's Pod still runs"
+    );
     w.update_pod("run-d-r1-a1", |p| p.exited(143, ""));
     w.settle();
     w.succeed("run-d-r1-c1", "");
     w.succeed("run-c-r1-c1", "");
     w.succeed("run-a-r1-c1", "");
     let order: Vec<&String> = w.created.iter().filter(|n| n.ends_with("-c1")).collect();
-    assert_eq!(order, ["run-d-r1-c1", "run-c-r1-c1", "run-a-r1-c1"], "reverse order; b had no effect");
+    assert_eq!(
+        order,
+        ["run-d-r1-c1", "run-c-r1-c1", "run-a-r1-c1"],
+        "reverse order; b had no effect"
+    );
     let pod = w.pod("run-a-r1-c1");
-    assert_eq!(pod.metadata.labels.as_ref().unwrap()[labels::ROLE], "compensate");
-    assert_ne!(pod.metadata.labels.as_ref().unwrap()[labels::IDEMPOTENCY_KEY], cp(&w, "a", 1).idempotency_key);
+    assert_eq!(
+        pod.metadata.labels.as_ref().unwrap()[labels::ROLE],
+        "compensate"
+    );
+    assert_ne!(
+        pod.metadata.labels.as_ref().unwrap()[labels::IDEMPOTENCY_KEY],
+        cp(&w, "a", 1).idempotency_key
+    );
     assert_eq!(w.status().phase, Some(RunPhase::Cancelled));
-    assert_eq!(condition_of(&w, condition::SUCCEEDED), ("False".into(), reason::CANCELLED.into()));
+    assert_eq!(
+        condition_of(&w, condition::SUCCEEDED),
+        ("False".into(), reason::CANCELLED.into())
+    );
 }
 
 #[test]
@@ -709,7 +915,11 @@ fn a_run_failing_after_side_effects_compensates_first() {
     assert_eq!(w.status().phase, Some(RunPhase::Compensating));
     w.update_pod("run-a-r1-c1", |p| p.exited(1, ""));
     w.settle();
-    assert_eq!(w.status().phase, Some(RunPhase::Failed), "a failed compensation is reported, not retried forever");
+    assert_eq!(
+        w.status().phase,
+        Some(RunPhase::Failed),
+        "a failed compensation is reported, not retried forever"
+    );
     assert_eq!(w.status().compensations[0].phase, StepPhase::Failed);
 }
 
@@ -723,26 +933,51 @@ fn big_result(i: usize) -> String {
 
 #[test]
 fn context_past_max_bytes_runs_the_compactor_at_the_checkpoint_boundary() {
-    let mut w = World::new(AgentRun::test().with_steps([step("a"), step("b"), step("c")]).with_context(1024, true));
+    let mut w = World::new(
+        AgentRun::test()
+            .with_steps([step("a"), step("b"), step("c")])
+            .with_context(1024, true),
+    );
     w.settle();
     w.succeed("run-a-r1-a1", &big_result(0));
     w.succeed("run-b-r1-a1", &big_result(1));
-    assert!(w.pods.contains_key("run-c-r1-s1"), "the compactor runs before c");
+    assert!(
+        w.pods.contains_key("run-c-r1-s1"),
+        "the compactor runs before c"
+    );
     assert!(!w.pods.contains_key("run-c-r1-a1"));
     let compactor = w.pod("run-c-r1-s1");
-    assert_eq!(compactor.metadata.labels.as_ref().unwrap()[labels::ROLE], "compactor");
-    w.succeed("run-c-r1-s1", r#"{"summary": "a and b found 2 things", "tokens": {"input": 3}}"#);
-    assert_eq!(w.status().summary.as_deref(), Some("a and b found 2 things"));
+    assert_eq!(
+        compactor.metadata.labels.as_ref().unwrap()[labels::ROLE],
+        "compactor"
+    );
+    w.succeed(
+        "run-c-r1-s1",
+        r#"{"summary": "a and b found 2 things", "tokens": {"input": 3}}"#,
+    );
+    assert_eq!(
+        w.status().summary.as_deref(),
+        Some("a and b found 2 things")
+    );
     let ctx: serde_json::Value =
-        serde_json::from_str(&w.pod("run-c-r1-a1").metadata.annotations.unwrap()[labels::CONTEXT]).unwrap();
+        serde_json::from_str(&w.pod("run-c-r1-a1").metadata.annotations.unwrap()[labels::CONTEXT])
+            .unwrap();
     assert_eq!(ctx["summary"], "a and b found 2 things");
-    assert_eq!(ctx["results"], json!([]), "the summary replaces the raw results");
+    assert_eq!(
+        ctx["results"],
+        json!([]),
+        "the summary replaces the raw results"
+    );
     assert_eq!(w.status().tokens_used, 3);
 }
 
 #[test]
 fn without_a_compactor_the_context_is_trimmed_to_max_bytes() {
-    let mut w = World::new(AgentRun::test().with_steps([step("a"), step("b"), step("c")]).with_context(1024, false));
+    let mut w = World::new(
+        AgentRun::test()
+            .with_steps([step("a"), step("b"), step("c")])
+            .with_context(1024, false),
+    );
     w.settle();
     w.succeed("run-a-r1-a1", &big_result(0));
     w.succeed("run-b-r1-a1", &big_result(1));
@@ -759,7 +994,10 @@ fn terminal_phases_are_sticky_and_ttl_deletes_the_run() {
     w.settle();
     w.succeed("run-a-r1-a1", "");
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
-    assert_eq!(condition_of(&w, condition::SUCCEEDED), ("True".into(), reason::RUN_SUCCEEDED.into()));
+    assert_eq!(
+        condition_of(&w, condition::SUCCEEDED),
+        ("True".into(), reason::RUN_SUCCEEDED.into())
+    );
     assert!(w.pods["run-a-r1-a1"].metadata.finalizers.is_none());
     let done = w.status();
     // New Pod events, a cancel, a clock jump: nothing moves a finished run.
@@ -783,10 +1021,20 @@ fn the_planner_runs_first_and_its_plan_becomes_revision_2() {
     let mut w = World::new(AgentRun::test().with_planner(step("plan")));
     w.settle();
     assert_eq!(w.status().phase, Some(RunPhase::Planning));
-    assert_eq!(w.pod("run-plan-r1-p1").metadata.labels.unwrap()[labels::ROLE], "planner");
+    assert_eq!(
+        w.pod("run-plan-r1-p1").metadata.labels.unwrap()[labels::ROLE],
+        "planner"
+    );
     w.succeed("run-plan-r1-p1", &plan.to_string());
     let p = w.status().plan.unwrap();
-    assert_eq!((p.revision, p.source, p.step_names.clone()), (2, PlanSource::Planner, vec!["search".into(), "write".into()]));
+    assert_eq!(
+        (p.revision, p.source, p.step_names.clone()),
+        (
+            2,
+            PlanSource::Planner,
+            vec!["search".into(), "write".into()]
+        )
+    );
     assert_eq!(w.status().tokens_used, 120);
     assert!(w.pods.contains_key("run-search-r2-a1"));
     w.succeed("run-search-r2-a1", "");
@@ -799,9 +1047,17 @@ fn the_planner_runs_first_and_its_plan_becomes_revision_2() {
 fn a_bad_plan_fails_the_run_with_a_clear_condition() {
     let mut w = World::new(AgentRun::test().with_planner(step("plan")));
     w.settle();
-    w.succeed("run-plan-r1-p1", r#"{"plan": [{"name": "Not A Name", "container": {"image": "x"}}]}"#);
+    w.succeed(
+        "run-plan-r1-p1",
+        r#"{"plan": [{"name": "Not A Name", "container": {"image": "x"}}]}"#,
+    );
     assert_eq!(w.status().phase, Some(RunPhase::Failed));
-    let c = w.status().conditions.into_iter().find(|c| c.type_ == condition::SUCCEEDED).unwrap();
+    let c = w
+        .status()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == condition::SUCCEEDED)
+        .unwrap();
     assert_eq!(c.reason, reason::INVALID_PLAN);
     assert!(c.message.contains("must be a DNS label"), "{}", c.message);
 }
@@ -809,17 +1065,29 @@ fn a_bad_plan_fails_the_run_with_a_clear_condition() {
 #[test]
 fn an_invalid_spec_ends_the_run_without_a_hot_loop() {
     let cases = [
-        ("bad duration", step("a").with_timeout("5 minutes"), "spec.steps[0].timeout: invalid duration"),
+        (
+            "bad duration",
+            step("a").with_timeout("5 minutes"),
+            "spec.steps[0].timeout: invalid duration",
+        ),
         ("bad name", step("A_b"), "must be a DNS label"),
     ];
     for (name, s, want) in cases {
         let mut w = World::new(AgentRun::test().with_steps([s]));
         let d = w.settle();
         assert_eq!(w.status().phase, Some(RunPhase::Failed), "{name}");
-        let c = w.status().conditions.into_iter().find(|c| c.type_ == condition::SUCCEEDED).unwrap();
+        let c = w
+            .status()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == condition::SUCCEEDED)
+            .unwrap();
         assert_eq!(c.reason, reason::INVALID_SPEC, "{name}");
         assert!(c.message.contains(want), "{name}: {}", c.message);
-        assert_eq!(d.requeue_after, None, "{name}: waits for a change, no requeue");
+        assert_eq!(
+            d.requeue_after, None,
+            "{name}: waits for a change, no requeue"
+        );
         assert!(w.created.is_empty(), "{name}");
     }
 }
@@ -832,13 +1100,21 @@ fn condition_transition_times_move_only_on_status_changes() {
     w.advance(50);
     w.update_pod("run-a-r1-a1", |p| p.running());
     w.settle();
-    assert_eq!(w.status().conditions, before, "same statuses: same conditions");
+    assert_eq!(
+        w.status().conditions,
+        before,
+        "same statuses: same conditions"
+    );
     w.run.metadata.generation = Some(2);
     w.settle();
     let after = w.status().conditions;
     assert!(after.iter().all(|c| c.observed_generation == Some(2)));
     for (a, b) in before.iter().zip(&after) {
-        assert_eq!(a.last_transition_time, b.last_transition_time, "{}", a.type_);
+        assert_eq!(
+            a.last_transition_time, b.last_transition_time,
+            "{}",
+            a.type_
+        );
     }
     assert_eq!(w.status().observed_generation, Some(2));
 }
@@ -850,14 +1126,18 @@ fn events_use_pascal_case_reasons() {
     for a in &d.actions {
         if let Action::Event { type_, reason, .. } = a {
             assert_eq!(*type_, EventType::Normal);
-            assert!(reason.chars().next().unwrap().is_ascii_uppercase() && !reason.contains(['_', ' ']));
+            assert!(
+                reason.chars().next().unwrap().is_ascii_uppercase() && !reason.contains(['_', ' '])
+            );
         }
     }
 }
 
 #[test]
 fn status_of_a_finished_500_step_run_stays_under_256_kib() {
-    let steps: Vec<_> = (0..500).map(|i| step(&format!("step-{i:03}")).with_fresh_for("24h")).collect();
+    let steps: Vec<_> = (0..500)
+        .map(|i| step(&format!("step-{i:03}")).with_fresh_for("24h"))
+        .collect();
     let mut w = World::new(AgentRun::test().with_steps(steps));
     w.settle();
     for i in 0..500 {
@@ -867,7 +1147,10 @@ fn status_of_a_finished_500_step_run_stays_under_256_kib() {
     }
     let s = w.status();
     assert_eq!(s.phase, Some(RunPhase::Succeeded));
-    assert!(s.steps.iter().any(|c| c.result_truncated), "later results are kept out of status");
+    assert!(
+        s.steps.iter().any(|c| c.result_truncated),
+        "later results are kept out of status"
+    );
     let size = serde_json::to_vec(&s).unwrap().len();
     assert!(size < 256 * 1024, "status is {size} bytes");
     eprintln!("500-step status: {size} bytes");
@@ -876,6 +1159,8 @@ fn status_of_a_finished_500_step_run_stays_under_256_kib() {
 #[test]
 fn durations_in_status_messages_use_the_manifest_form() {
     // Sanity check of the Duration type the engine relies on.
-    assert_eq!("90s".parse::<Duration>().unwrap().parse().unwrap(), SignedDuration::from_secs(90));
+    assert_eq!(
+        "90s".parse::<Duration>().unwrap().parse().unwrap(),
+        SignedDuration::from_secs(90)
+    );
 }
-
