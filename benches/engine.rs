@@ -7,7 +7,9 @@ use agentrun_operator::api::{AgentRun, AgentRunSpec, Effect, StepContainer, Step
 use agentrun_operator::engine::{Action, Observed, decide};
 use criterion::{Criterion, criterion_group, criterion_main};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus,
+};
 
 const STEPS: usize = 500;
 const DONE: usize = 250;
@@ -16,14 +18,23 @@ fn run() -> AgentRun {
     let steps = (0..STEPS)
         .map(|i| StepSpec {
             name: format!("step-{i:03}"),
-            container: StepContainer { image: "tool:1".into(), ..Default::default() },
+            container: StepContainer {
+                image: "tool:1".into(),
+                ..Default::default()
+            },
             effect: Effect::Idempotent,
             fresh_for: Some("24h".into()),
             timeout: Some("10m".into()),
             ..Default::default()
         })
         .collect();
-    let mut run = AgentRun::new("bench", AgentRunSpec { steps, ..Default::default() });
+    let mut run = AgentRun::new(
+        "bench",
+        AgentRunSpec {
+            steps,
+            ..Default::default()
+        },
+    );
     run.metadata.namespace = Some("default".into());
     run.metadata.uid = Some("bench-uid".into());
     run.metadata.generation = Some(1);
@@ -36,7 +47,11 @@ fn phase(pod: &mut Pod, phase: &str, message: Option<String>) {
         container_statuses: Some(vec![ContainerStatus {
             name: "step".into(),
             state: Some(ContainerState {
-                terminated: message.map(|m| ContainerStateTerminated { exit_code: 0, message: Some(m), ..Default::default() }),
+                terminated: message.map(|m| ContainerStateTerminated {
+                    exit_code: 0,
+                    message: Some(m),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -52,7 +67,12 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
     let mut now = Timestamp::from_second(1_750_000_000).unwrap();
     let mut uid = 0;
     for _ in 0..10 * STEPS {
-        let d = decide(&Observed { run: &run, pods: &pods, approvals: &[], now });
+        let d = decide(&Observed {
+            run: &run,
+            pods: &pods,
+            approvals: &[],
+            now,
+        });
         run.status = Some(d.status);
         for a in d.actions {
             match a {
@@ -63,12 +83,16 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
                     if run.status.as_ref().unwrap().steps.len() > DONE {
                         phase(&mut p, "Running", None);
                     } else {
-                        let msg = format!(r#"{{"result": {{"rows": {uid}}}, "tokens": {{"input": 100, "output": 20}}}}"#);
+                        let msg = format!(
+                            r#"{{"result": {{"rows": {uid}}}, "tokens": {{"input": 100, "output": 20}}}}"#
+                        );
                         phase(&mut p, "Succeeded", Some(msg));
                     }
                     pods.push(p);
                 }
-                Action::ReleaseFinalizer { pod } => pods.retain(|p| p.metadata.name.as_deref() != Some(&pod)),
+                Action::ReleaseFinalizer { pod } => {
+                    pods.retain(|p| p.metadata.name.as_deref() != Some(&pod))
+                }
                 _ => {}
             }
         }
@@ -83,10 +107,21 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
 
 fn bench(c: &mut Criterion) {
     let (run, pods, now) = mid_way();
-    let observed = Observed { run: &run, pods: &pods, approvals: &[], now };
+    let observed = Observed {
+        run: &run,
+        pods: &pods,
+        approvals: &[],
+        now,
+    };
     let d = decide(&observed);
-    assert_eq!(Some(&d.status), run.status.as_ref(), "a steady state: nothing to write");
-    c.bench_function("decide_500_steps_mid_way", |b| b.iter(|| decide(black_box(&observed))));
+    assert_eq!(
+        Some(&d.status),
+        run.status.as_ref(),
+        "a steady state: nothing to write"
+    );
+    c.bench_function("decide_500_steps_mid_way", |b| {
+        b.iter(|| decide(black_box(&observed)))
+    });
 }
 
 criterion_group!(benches, bench);

@@ -40,6 +40,9 @@ pub const MAX_INLINE_RESULT: usize = 1024;
 /// Largest total of inline results across the run; later results are kept
 /// out of status (`resultTruncated`) so a 500-step run stays < 256 KiB (D11).
 pub const MAX_INLINE_RESULTS: usize = 48 * 1024;
+/// Re-plans for stale input before the run gives up: a freshness budget
+/// shorter than the steps (or approvals) after it can never be met.
+pub const MAX_REPLANS: i64 = 20;
 /// Prior results named in an Approval's context.
 const APPROVAL_CONTEXT_STEPS: usize = 20;
 
@@ -1172,6 +1175,16 @@ impl<'a> Machine<'a> {
         };
         let revision = plan.revision + 1;
         let stale_name = plan.steps[j].name.clone();
+        let replans = self.status.plan.as_ref().map_or(0, |p| p.revision) - 1;
+        if replans >= MAX_REPLANS {
+            self.fail_run(
+                reason::INPUT_STALE,
+                format!(
+                    "the result of step {stale_name} went stale again after {replans} re-plans; its freshFor is shorter than what must happen before the steps that use it"
+                ),
+            );
+            return true;
+        }
         let reason_text = format!(
             "the result of step {stale_name} went stale at {since}; steps from {stale_name} on run again at plan revision {revision}"
         );

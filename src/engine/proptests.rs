@@ -131,7 +131,6 @@ fn ev() -> impl Strategy<Value = Ev> {
         1 => (0usize..8).prop_map(Ev::Vanish),
         2 => (1i64..400).prop_map(Ev::ClockJump),
         2 => (0usize..4, any::<bool>(), 0u8..3).prop_map(|(which, answer, reconcile)| Ev::Human { which, answer, reconcile }),
-        1 => Just(Ev::Cancel),
     ]
 }
 
@@ -164,7 +163,7 @@ impl Sim {
         self.w.run.status = Some(d.status.clone());
         let n = crash_after.unwrap_or(usize::MAX);
         for a in d.actions.iter().take(n) {
-            self.check_action(&before, a);
+            self.check_action(&before, &d.status, a);
             self.w.apply(a);
             self.check_world();
         }
@@ -175,7 +174,7 @@ impl Sim {
     }
 
     /// Checks an action against the status that was committed before the decision.
-    fn check_action(&mut self, committed: &AgentRunStatus, a: &Action) {
+    fn check_action(&mut self, committed: &AgentRunStatus, decided: &AgentRunStatus, a: &Action) {
         match a {
             Action::CreatePod(pod) => {
                 let l = pod.metadata.labels.clone().unwrap();
@@ -214,7 +213,9 @@ impl Sim {
                     );
                 }
                 if pod_role == PodRole::Step {
-                    let plan = committed.plan.clone().expect("a plan before any step Pod");
+                    // The plan may be recorded with the first launch; the
+                    // checkpoints a launch depends on must already be committed.
+                    let plan = decided.plan.clone().expect("a plan with any step Pod");
                     let i = plan
                         .step_names
                         .iter()
@@ -368,7 +369,10 @@ fn check_status_transition(before: &AgentRunStatus, after: &AgentRunStatus) {
     }
 }
 
-fn drive(steps: Vec<StepGen>, tokens: Option<i64>, events: Vec<Ev>) {
+fn drive(steps: Vec<StepGen>, tokens: Option<i64>, mut events: Vec<Ev>, cancel_at: Option<usize>) {
+    if let Some(at) = cancel_at {
+        events.insert(at.min(events.len()), Ev::Cancel);
+    }
     let mut sim = Sim {
         w: World::new(build_run(&steps, tokens)),
         cache: BTreeMap::new(),
@@ -425,7 +429,9 @@ fn drive(steps: Vec<StepGen>, tokens: Option<i64>, events: Vec<Ev>) {
     // run must reach a terminal phase or a durable wait.
     for _ in 0..400 {
         sim.cache = sim.w.pods.clone();
+        let before = sim.w.status();
         let d = sim.reconcile(false, None);
+        let acted = d.actions.iter().any(|a| !matches!(a, Action::Event { .. }));
         let names: Vec<String> = sim.w.pods.keys().cloned().collect();
         let mut moved = false;
         for n in names {
@@ -440,7 +446,7 @@ fn drive(steps: Vec<StepGen>, tokens: Option<i64>, events: Vec<Ev>) {
                 moved = true;
             }
         }
-        if d.status == sim.w.status() && !moved {
+        if d.status == before && !moved && !acted {
             match d.requeue_after {
                 Some(after) if after > jiff::SignedDuration::ZERO => {
                     sim.w.advance(after.as_secs().max(1))
@@ -481,14 +487,15 @@ fn drive(steps: Vec<StepGen>, tokens: Option<i64>, events: Vec<Ev>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn invariants_hold_under_random_interleavings(
         steps in prop::collection::vec(step_gen(), 1..5),
         tokens in prop::option::weighted(0.3, 20i64..200),
         events in prop::collection::vec(ev(), 0..80),
+        cancel_at in prop::option::weighted(0.15, 0usize..80),
     ) {
-        drive(steps, tokens, events);
+        drive(steps, tokens, events, cancel_at);
     }
 }
