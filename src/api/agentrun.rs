@@ -120,12 +120,12 @@ pub struct StepSpec {
     /// How long the step's result stays true. A later step never starts on a
     /// result older than this: the run re-plans from the stale step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("freshFor must be longer than 0s"))]
+    #[x_kube(validation = Rule::new(concat!("!self.matches(r'", crate::duration_pattern!(), "') || duration(self) > duration('0s')")).message("freshFor must be longer than 0s"))]
     pub fresh_for: Option<Duration>,
 
     /// Longest time one attempt may run before it is stopped and counted as failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("timeout must be longer than 0s"))]
+    #[x_kube(validation = Rule::new(concat!("!self.matches(r'", crate::duration_pattern!(), "') || duration(self) > duration('0s')")).message("timeout must be longer than 0s"))]
     pub timeout: Option<Duration>,
 
     /// Retries after a failed attempt (exit code or timeout). Disruptions do not count.
@@ -196,7 +196,7 @@ pub struct RetryPolicy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("duration(self.initial) <= duration(self.max)").message("backoff.initial must not be longer than backoff.max").reason(Reason::FieldValueInvalid)
+    validation = Rule::new(concat!("!self.initial.matches(r'", crate::duration_pattern!(), "') || !self.max.matches(r'", crate::duration_pattern!(), "') || duration(self.initial) <= duration(self.max)")).message("backoff.initial must not be longer than backoff.max").reason(Reason::FieldValueInvalid)
 )]
 pub struct Backoff {
     /// First delay (default 10s).
@@ -226,7 +226,7 @@ impl Default for Backoff {
 }
 
 /// A human approval required before a step starts.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalGate {
     /// Whether the approval is required (default true when the block is present).
@@ -238,6 +238,7 @@ pub struct ApprovalGate {
     pub question: Option<String>,
     /// How long to wait for a decision; unset waits indefinitely.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(concat!("!self.matches(r'", crate::duration_pattern!(), "') || duration(self) > duration('0s')")).message("approval.timeout must be longer than 0s"))]
     pub timeout: Option<Duration>,
     /// What an expired approval means.
     #[serde(default)]
@@ -288,7 +289,7 @@ pub struct ContextSpec {
 }
 
 /// Defaults for every step Pod of the run.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PodDefaults {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -309,6 +310,7 @@ pub struct PodDefaults {
     pub priority_class_name: Option<String>,
     /// Extra labels for step Pods (the `agentrun.dev/` labels cannot be overridden).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(k, !k.startsWith('agentrun.dev/'))").message("podTemplate.labels: agentrun.dev/ labels are set by the operator"))]
     pub labels: BTreeMap<String, String>,
     /// Extra annotations for step Pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -402,6 +404,7 @@ pub struct PlanStatus {
     /// The full step definitions when the planner wrote the plan (empty when the
     /// plan is `spec.steps`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 500))]
     pub steps: Vec<StepSpec>,
     /// Set by a re-plan for freshness (D8): the first step that runs again at
     /// this revision. Steps before it keep their checkpoints from earlier

@@ -10,10 +10,19 @@ use jiff::SignedDuration;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+/// The duration pattern as a literal, for CEL rules built with `concat!`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! duration_pattern {
+    () => {
+        r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+    };
+}
+
 /// The pattern the CRD schema enforces: one or more `<number><unit>` terms with
 /// units `ms`, `s`, `m` or `h`, the subset of Go's `time.ParseDuration` that
 /// people write in manifests.
-pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
+pub const DURATION_PATTERN: &str = duration_pattern!();
 
 /// A duration written the Kubernetes way, e.g. `"90s"`, `"15m"`, `"72h"`, `"1h30m"`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
