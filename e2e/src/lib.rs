@@ -14,6 +14,7 @@
 //! helper that needs one panics and says how to start it.
 #![forbid(unsafe_code)]
 
+pub mod chaos;
 pub mod ledger;
 
 pub mod support {

@@ -1,0 +1,87 @@
+//! The chaos suite's driver: `make chaos` (long) or `chaos --short`.
+//!
+//! Runs the workload against the control plane of `KUBECONFIG` (or
+//! `$AGENTRUN_E2E_DIR/kubeconfig`) with the operator behind the fault proxy,
+//! prints one summary line on stdout and the breakdown on stderr, and exits
+//! non-zero when a step ran again after its success was committed, a run or a
+//! checkpoint was lost, a run got stuck, or fewer faults than `--faults-min`
+//! were injected.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agentrun_e2e::chaos::{self, ChaosConfig};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(name = "chaos", about = "agentrun-operator under injected faults")]
+struct Args {
+    /// Runs to create (default: 200, or 24 with --short).
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Faults to inject before the faults may stop (default: 1000, or 150 with --short).
+    #[arg(long)]
+    faults_min: Option<u64>,
+    /// Longest fault phase in seconds (default: 900, or 90 with --short).
+    #[arg(long)]
+    duration_limit: Option<u64>,
+    /// Seconds the runs get to finish after the faults stop (default: 180, or 60 with --short).
+    #[arg(long)]
+    settle: Option<u64>,
+    /// Seed of the workload and of every fault decision.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The bounded short version (the one inside `make test`).
+    #[arg(long)]
+    short: bool,
+    /// Fraction of the operator's writes that get a fault.
+    #[arg(long)]
+    write_fault_rate: Option<f64>,
+    /// Runs in flight at once.
+    #[arg(long)]
+    max_active: Option<usize>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,agentrun_e2e=info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let mut cfg = if args.short {
+        ChaosConfig::short(args.seed)
+    } else {
+        ChaosConfig::long(args.seed)
+    };
+    if let Some(n) = args.runs {
+        cfg.runs = n;
+    }
+    if let Some(n) = args.faults_min {
+        cfg.faults_min = n;
+    }
+    if let Some(s) = args.duration_limit {
+        cfg.duration_limit = Duration::from_secs(s);
+    }
+    if let Some(s) = args.settle {
+        cfg.settle = Duration::from_secs(s);
+    }
+    if let Some(r) = args.write_fault_rate {
+        cfg.proxy.write_fault_rate = r;
+    }
+    if let Some(n) = args.max_active {
+        cfg.max_active = n;
+    }
+    let report = chaos::run(cfg).await;
+    eprintln!("{}", report.details());
+    println!("{}", report.summary());
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
