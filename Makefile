@@ -6,6 +6,7 @@
 #   make cluster-up    build (if needed) and start the local control plane
 #   make cluster-down  stop it
 #   make crds          regenerate crds/ from the Rust types
+#   make chaos         the long chaos suite on its own control plane (target/e2e-chaos)
 #   make bench         the engine micro-benchmark
 
 SHELL := /bin/bash
@@ -72,3 +73,17 @@ test: lint check-crds unit
 
 bench:
 	$(CARGO) bench --locked --bench engine
+
+# The chaos suite (e2e/README.md, "Chaos suite") on a plane of its own
+# (target/e2e-chaos), always taken down; CHAOS_ARGS passes flags to the driver,
+# e.g. make chaos CHAOS_ARGS='--seed 3'. The short version is tests/chaos.rs.
+CHAOS_E2E_DIR ?= $(CURDIR)/target/e2e-chaos
+CHAOS_ARGS ?=
+
+.PHONY: chaos
+chaos:
+	$(CARGO) build --workspace --bins --locked
+	$(CLUSTER) build
+	export AGENTRUN_E2E_DIR=$(CHAOS_E2E_DIR); unset KUBECONFIG; \
+	  trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; \
+	  time target/debug/chaos $(CHAOS_ARGS)

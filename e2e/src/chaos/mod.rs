@@ -418,8 +418,19 @@ async fn disrupt(pods: &Api<Pod>, shared: &Shared, rng: &mut Rng, max: usize, ev
         .collect();
     let mut done = 0;
     let n = rng.range(1, max as u64) as usize;
+    let running = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
     for _ in 0..n.min(candidates.len()) {
-        let pod = candidates.swap_remove(rng.below(candidates.len() as u64) as usize);
+        // Mostly Pods whose step is running (where a disruption matters most),
+        // sometimes a Pending one or one whose result is not yet committed.
+        let running_ix: Vec<usize> = (0..candidates.len())
+            .filter(|i| running(&candidates[*i]))
+            .collect();
+        let ix = if !running_ix.is_empty() && rng.chance(0.8) {
+            *rng.pick(&running_ix)
+        } else {
+            rng.below(candidates.len() as u64) as usize
+        };
+        let pod = candidates.swap_remove(ix);
         let name = pod.name_any();
         let result = if evict {
             pods.evict(&name, &EvictParams::default()).await.map(|_| ())

@@ -1,4 +1,5 @@
-//! The chaos workload: seeded random runs of 3–8 steps with mixed effects,
+//! The chaos workload: seeded random runs of 3–8 steps with mixed effects
+//! (20–300 ms each, one in seven 1–3 s),
 //! approval gates, steps that fail a few times before they succeed, and
 //! compensations on some NonIdempotent steps.
 //!
@@ -59,7 +60,12 @@ pub fn generate(rng: &mut Rng, index: usize) -> RunPlan {
                 fail_times,
                 retry_limit,
                 approval: rng.chance(0.12),
-                run_ms: rng.range(20, 300),
+                // Mostly quick steps; some slow enough to be caught mid-run.
+                run_ms: if rng.chance(0.15) {
+                    rng.range(1000, 3000)
+                } else {
+                    rng.range(20, 300)
+                },
                 compensate: effect == "NonIdempotent" && rng.chance(0.3),
             }
         })
