@@ -117,7 +117,14 @@ impl<'a> Machine<'a> {
         if self.status.started_at.is_none() {
             self.status.started_at = Some(Time(self.now));
         }
-        let spec_error = plan::validate_spec(&self.run.spec).err();
+        // The spec only changes with the generation: validate it once per generation.
+        let validated = self.committed.plan.is_some()
+            && self.committed.observed_generation == self.run.metadata.generation;
+        let spec_error = if validated {
+            None
+        } else {
+            plan::validate_spec(&self.run.spec).err()
+        };
         if self.status.plan.is_none() {
             self.status.plan = Some(PlanStatus {
                 revision: 1,

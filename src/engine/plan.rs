@@ -197,15 +197,19 @@ impl<'a> Plan<'a> {
 }
 
 /// Index over `status.steps` by (role, name) for quick effective-checkpoint lookups.
-pub struct CheckpointIndex {
-    by_name: HashMap<(StepRole, String), Vec<usize>>,
+pub struct CheckpointIndex<'s> {
+    by_name: HashMap<(StepRole, &'s str), Vec<usize>>,
 }
 
-impl CheckpointIndex {
-    pub fn new(checkpoints: &[StepCheckpoint]) -> Self {
-        let mut by_name: HashMap<(StepRole, String), Vec<usize>> = HashMap::new();
+impl<'s> CheckpointIndex<'s> {
+    pub fn new(checkpoints: &'s [StepCheckpoint]) -> Self {
+        let mut by_name: HashMap<(StepRole, &'s str), Vec<usize>> =
+            HashMap::with_capacity(checkpoints.len());
         for (i, c) in checkpoints.iter().enumerate() {
-            by_name.entry((c.role, c.name.clone())).or_default().push(i);
+            by_name
+                .entry((c.role, c.name.as_str()))
+                .or_default()
+                .push(i);
         }
         CheckpointIndex { by_name }
     }
@@ -219,7 +223,7 @@ impl CheckpointIndex {
         revision: i64,
     ) -> Option<usize> {
         self.by_name
-            .get(&(role, name.to_owned()))?
+            .get(&(role, name))?
             .iter()
             .copied()
             .find(|&i| checkpoints[i].plan_revision == revision)
@@ -234,8 +238,8 @@ impl CheckpointIndex {
         plan: &Plan,
         index: usize,
     ) -> Option<usize> {
-        let name = &plan.steps[index].name;
-        let list = self.by_name.get(&(StepRole::Step, name.clone()))?;
+        let name = plan.steps[index].name.as_str();
+        let list = self.by_name.get(&(StepRole::Step, name))?;
         if index >= plan.rerun_from {
             return list
                 .iter()
