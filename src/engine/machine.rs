@@ -35,8 +35,9 @@ use crate::api::{
     StepPhase, StepRole, StepSpec, TokenUsage,
 };
 
-/// Largest result kept inline in one checkpoint (serialized bytes).
-pub const MAX_INLINE_RESULT: usize = 1024;
+/// Largest result kept inline in one checkpoint (serialized bytes): a whole
+/// termination message, so a result is only ever left out by the run-wide cap.
+pub const MAX_INLINE_RESULT: usize = 4096;
 /// Largest total of inline results across the run; later results are kept
 /// out of status (`resultTruncated`) so a 500-step run stays < 256 KiB (D11).
 pub const MAX_INLINE_RESULTS: usize = 48 * 1024;
