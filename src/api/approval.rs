@@ -48,7 +48,10 @@ use super::{Effect, OnTimeout};
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalSpec {
     /// The AgentRun waiting on this decision. Immutable.
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.runName is immutable"))]
     pub run_name: String,
     /// The UID of that AgentRun, so a decision never reaches a newer run of the same name. Immutable.
@@ -56,7 +59,10 @@ pub struct ApprovalSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.runUid is immutable"))]
     pub run_uid: String,
     /// The step the decision is about. Immutable.
-    #[schemars(length(min = 1, max = 48), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 48),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.step is immutable"))]
     pub step: String,
     /// The plan revision of that step. Immutable.
