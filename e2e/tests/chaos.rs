@@ -1,4 +1,4 @@
-//! The bounded short chaos run (the long one is `make chaos`): two dozen runs
+//! The bounded short chaos run (the long one is `make chaos`): forty runs
 //! under injected API faults, operator SIGKILLs, bulk evictions and Pod
 //! deletes, on the standard e2e plane in a namespace of its own. Fails on any
 //! duplicate execution, lost run or checkpoint, stuck run, or too few faults.

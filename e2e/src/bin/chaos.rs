@@ -17,13 +17,13 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(name = "chaos", about = "agentrun-operator under injected faults")]
 struct Args {
-    /// Runs to create (default: 200, or 24 with --short).
+    /// Runs to create (default: 200, or 40 with --short).
     #[arg(long)]
     runs: Option<usize>,
-    /// Faults to inject before the faults may stop (default: 1000, or 150 with --short).
+    /// Faults to inject before the faults may stop (default: 1000, or 300 with --short).
     #[arg(long)]
     faults_min: Option<u64>,
-    /// Longest fault phase in seconds (default: 900, or 90 with --short).
+    /// Longest fault phase in seconds (default: 900, or 120 with --short).
     #[arg(long)]
     duration_limit: Option<u64>,
     /// Seconds the runs get to finish after the faults stop (default: 180, or 60 with --short).
@@ -41,6 +41,21 @@ struct Args {
     /// Runs in flight at once.
     #[arg(long)]
     max_active: Option<usize>,
+    /// Operator kill -9 every MIN..MAX milliseconds (default 4000..12000, or 4000..9000 with --short).
+    #[arg(long, value_name = "MIN..MAX", value_parser = parse_range)]
+    kill_every_ms: Option<(u64, u64)>,
+}
+
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("{s:?}: write MIN..MAX"))?;
+    let a: u64 = a.parse().map_err(|e| format!("{a:?}: {e}"))?;
+    let b: u64 = b.parse().map_err(|e| format!("{b:?}: {e}"))?;
+    if a > b || b == 0 {
+        return Err(format!("{s:?}: MIN must not exceed MAX, MAX above 0"));
+    }
+    Ok((a, b))
 }
 
 #[tokio::main]
@@ -75,6 +90,9 @@ async fn main() -> ExitCode {
     }
     if let Some(n) = args.max_active {
         cfg.max_active = n;
+    }
+    if let Some((a, b)) = args.kill_every_ms {
+        cfg.kill_every = (Duration::from_millis(a), Duration::from_millis(b));
     }
     let report = chaos::run(cfg).await;
     eprintln!("{}", report.details());

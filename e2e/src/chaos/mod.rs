@@ -96,10 +96,10 @@ impl ChaosConfig {
     /// The bounded short run for `make test`.
     pub fn short(seed: u64) -> ChaosConfig {
         ChaosConfig {
-            runs: 24,
-            max_active: 12,
-            faults_min: 150,
-            duration_limit: Duration::from_secs(90),
+            runs: 40,
+            max_active: 16,
+            faults_min: 300,
+            duration_limit: Duration::from_secs(120),
             settle: Duration::from_secs(60),
             kill_every: (Duration::from_secs(4), Duration::from_secs(9)),
             ..ChaosConfig::long(seed)
