@@ -15,6 +15,7 @@
 mod apply;
 mod error;
 mod failpoints;
+mod index;
 mod orphans;
 mod reconcile;
 
@@ -52,6 +53,8 @@ pub struct Context {
     pub client: Client,
     /// Step Pods (label `agentrun.dev/run`), managedFields trimmed.
     pub pods: Store<Pod>,
+    /// The names of each run's step Pods, from the same watch.
+    pod_index: index::PodIndex,
     /// Approvals, managedFields kept (the decider is read from them).
     pub approvals: Store<Approval>,
     pub recorder: Recorder,
@@ -123,6 +126,7 @@ pub async fn run(
         .touched_objects();
 
     let (pods, pods_writer) = reflector::store();
+    let pod_index = index::PodIndex::default();
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel();
     let pod_stream = watcher(pods_api, watcher::Config::default().labels(labels::RUN))
         .default_backoff()
@@ -130,6 +134,10 @@ pub async fn run(
             pod.managed_fields_mut().clear();
         })
         .reflect(pods_writer)
+        .inspect_ok({
+            let pod_index = pod_index.clone();
+            move |event| pod_index.apply(event)
+        })
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_PODS))
         .touched_objects()
         .inspect_ok(move |pod: &Pod| {
@@ -149,6 +157,7 @@ pub async fn run(
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
         pods: pods.clone(),
+        pod_index,
         approvals: approvals.clone(),
         metrics: metrics.clone(),
         synced: synced_rx.clone(),

@@ -14,7 +14,6 @@ use super::apply;
 use super::error::{Error, Result, backoff};
 use crate::api::{AgentRun, Approval};
 use crate::engine::{self, Observed};
-use crate::labels;
 use crate::metrics::CategoryLabel;
 
 /// How many times one reconcile re-reads and re-decides after a 409 on the
@@ -50,14 +49,11 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
             refs.iter().any(|r| r.uid == uid)
         };
     let pods = ctx
-        .pods
-        .state()
+        .pod_index
+        .pods_of(ns, name)
         .into_iter()
-        .filter(|p| {
-            p.metadata.namespace.as_deref() == Some(ns)
-                && p.labels().get(labels::RUN).map(String::as_str) == Some(name)
-                && owned_by_run(p.owner_references())
-        })
+        .filter_map(|pod| ctx.pods.get(&ObjectRef::new(&pod).within(ns)))
+        .filter(|p| owned_by_run(p.owner_references()))
         .map(|p| (*p).clone())
         .collect();
     let approvals = ctx
