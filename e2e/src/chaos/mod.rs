@@ -117,6 +117,8 @@ pub struct Report {
     pub deletions: u64,
     pub approvals_answered: u64,
     pub status_versions: u64,
+    /// Step Pods still holding `agentrun.dev/result` 30 s after the last run finished.
+    pub finalizers_held: usize,
     pub fault_phase: Duration,
     pub wall_time: Duration,
     pub verdict: Verdict,
@@ -146,7 +148,7 @@ impl Report {
     pub fn details(&self) -> String {
         let v = &self.verdict;
         let mut out = format!(
-            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} evictions={} deletions={} approvals_answered={} status_versions_seen={}\nexecutions={} successful_executions={} phases={:?} reconcile_unexpected={}",
+            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} evictions={} deletions={} approvals_answered={} status_versions_seen={} finalizers_held={}\nexecutions={} successful_executions={} phases={:?} reconcile_unexpected={}",
             self.namespace,
             self.wall_time.as_secs_f64(),
             self.fault_phase.as_secs_f64(),
@@ -156,6 +158,7 @@ impl Report {
             self.deletions,
             self.approvals_answered,
             self.status_versions,
+            self.finalizers_held,
             v.executions,
             v.successful_executions,
             v.phases,
@@ -321,7 +324,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     // Let the last finalizer releases and ledger lines land.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let finalizers_held = wait_finalizers_released(&pods_api, Duration::from_secs(30)).await;
     approver_task.abort();
     if let Some(mut op) = operator.take() {
         op.kill().await;
@@ -359,6 +362,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         deletions,
         approvals_answered: *lock(&shared.approvals_answered),
         status_versions: observer.versions,
+        finalizers_held,
         fault_phase,
         wall_time: wall.elapsed(),
         verdict,
@@ -551,6 +555,27 @@ async fn approve(
                 Err(err) => warn!(approval = %name, error = %err, "answering failed"),
             }
         }
+    }
+}
+
+/// Waits until no step Pod holds the result finalizer (every run is finished,
+/// so every result is committed and every finalizer due for release, D5);
+/// returns how many still hold it at the deadline.
+async fn wait_finalizers_released(pods: &Api<Pod>, timeout: Duration) -> usize {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let held = match pods.list(&ListParams::default().labels(labels::RUN)).await {
+            Ok(list) => list
+                .items
+                .iter()
+                .filter(|p| p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
+                .count(),
+            Err(_) => usize::MAX,
+        };
+        if held == 0 || Instant::now() >= deadline {
+            return if held == usize::MAX { 0 } else { held };
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

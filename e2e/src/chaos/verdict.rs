@@ -12,8 +12,8 @@
 //! Definitions (also in e2e/README.md, "Chaos suite"):
 //!
 //! - **duplicate**: one execution (a ledger `started` line) of an idempotency key
-//!   that either started after the driver had already seen the key's success
-//!   committed in status, or finished `Succeeded` while an earlier-finished
+//!   that either started after the driver had already seen the key's outcome
+//!   (Succeeded, or Failed for good) committed in status, or finished `Succeeded` while an earlier-finished
 //!   execution of the same key had already succeeded. The scripted approver answers
 //!   `Retry` to a Reconcile approval only when the ledger shows no success and no
 //!   running execution for the key, so no legitimate execution is counted.
@@ -44,8 +44,9 @@ use crate::ledger::{Ledger, LedgerEvent, Outcome};
 #[derive(Debug, Default)]
 pub struct Observer {
     runs: BTreeMap<String, SeenRun>,
-    /// Per idempotency key, when its success was first seen committed.
-    pub success_committed_at: BTreeMap<String, Timestamp>,
+    /// Per idempotency key, when its outcome (Succeeded or Failed) was first seen
+    /// committed, and that outcome.
+    pub committed_at: BTreeMap<String, (Timestamp, StepPhase)>,
     /// Per run, what broke the contract.
     pub violations: Vec<(String, String)>,
     /// Status versions looked at.
@@ -87,11 +88,9 @@ impl Observer {
                 json!({"phase": c.phase, "key": c.idempotency_key, "attempt": c.attempt,
                        "result": c.result, "finishedAt": c.finished_at, "effect": c.effect}),
             );
-            if c.phase == StepPhase::Succeeded {
-                self.success_committed_at
-                    .entry(c.idempotency_key.clone())
-                    .or_insert(now);
-            }
+            self.committed_at
+                .entry(c.idempotency_key.clone())
+                .or_insert((now, c.phase));
         }
         for c in &status.compensations {
             if !c.phase.is_terminal() {
@@ -102,11 +101,9 @@ impl Observer {
                 id,
                 json!({"phase": c.phase, "key": c.idempotency_key, "attempt": c.attempt, "finishedAt": c.finished_at}),
             );
-            if c.phase == StepPhase::Succeeded {
-                self.success_committed_at
-                    .entry(c.idempotency_key.clone())
-                    .or_insert(now);
-            }
+            self.committed_at
+                .entry(c.idempotency_key.clone())
+                .or_insert((now, c.phase));
         }
         for (id, before) in &seen.committed {
             match current.get(id) {
@@ -227,13 +224,13 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
             .iter()
             .filter(|x| x.outcome == Some(Outcome::Succeeded))
             .min_by_key(|x| x.finished_at);
-        let committed_at = e.observer.success_committed_at.get(*key);
+        let committed_at = e.observer.committed_at.get(*key);
         for x in execs {
             let succeeded = x.outcome == Some(Outcome::Succeeded);
             if succeeded {
                 v.successful_executions += 1;
             }
-            let after_commit = committed_at.is_some_and(|c| x.started_at > *c);
+            let after_commit = committed_at.is_some_and(|(c, _)| x.started_at > *c);
             let second_success = succeeded && first_success.is_some_and(|f| f.uid != x.uid);
             if after_commit || second_success {
                 v.duplicates += 1;
@@ -245,8 +242,10 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
                     x.outcome,
                     if after_commit {
                         format!(
-                            ", after its success was committed (seen {})",
-                            committed_at.map(|c| c.to_string()).unwrap_or_default()
+                            ", after its outcome was committed ({})",
+                            committed_at
+                                .map(|(t, p)| format!("{p:?}, seen {t}"))
+                                .unwrap_or_default()
                         )
                     } else {
                         String::new()
@@ -471,6 +470,19 @@ mod tests {
         ledger.extend(exec("2", "k", 30, Outcome::Killed, 31));
         let v = judge(&o, &[r], ledger);
         assert_eq!(v.duplicates, 1, "{v:?}");
+    }
+
+    #[test]
+    fn an_execution_after_a_committed_failure_is_a_duplicate() {
+        let mut o = Observer::default();
+        let mut failed = committed("a", "k", "r");
+        failed.phase = StepPhase::Failed;
+        failed.result = None;
+        let r = run("r", 5, vec![failed], RunPhase::Failed);
+        o.observe(&r, Timestamp::from_second(20).unwrap());
+        let mut ledger = exec("1", "k", 10, Outcome::Failed, 11).to_vec();
+        ledger.extend(exec("2", "k", 30, Outcome::Failed, 31));
+        assert_eq!(judge(&o, &[r], ledger).duplicates, 1);
     }
 
     #[test]
