@@ -7,7 +7,9 @@
 #   make cluster-down  stop it
 #   make crds          regenerate crds/ from the Rust types
 #   make chaos         the long chaos suite on its own control plane (target/e2e-chaos)
-#   make bench         the engine micro-benchmark
+#   make bench         the engine micro-benchmark, then the cluster benchmark on its own
+#                      control plane (target/e2e-bench); BENCH_ARGS passes flags to it,
+#                      e.g. make bench BENCH_ARGS='--concurrency 1,50 --repeats 1'
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -71,8 +73,19 @@ test: lint check-crds unit
 	$(CLUSTER) tools
 	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(MAKE) --no-print-directory integration
 
+# The cluster benchmark gets a plane of its own (separate ports and etcd) and
+# always takes it down. See docs/performance.md.
+BENCH_E2E_DIR ?= $(CURDIR)/target/e2e-bench
+BENCH_ARGS ?=
+
 bench:
 	$(CARGO) bench --locked --bench engine
+	$(CARGO) test --locked --lib -- engine::tests::status_of_a_finished_500_step_run_stays_under_256_kib --nocapture
+	$(CARGO) build --release --locked -p agentrun-operator -p agentrun-e2e --bins
+	$(CLUSTER) build
+	export AGENTRUN_E2E_DIR=$(BENCH_E2E_DIR); unset KUBECONFIG; \
+	  trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; \
+	  target/release/bench $(BENCH_ARGS)
 
 # The chaos suite (e2e/README.md, "Chaos suite") on a plane of its own
 # (target/e2e-chaos), always taken down; CHAOS_ARGS passes flags to the driver,

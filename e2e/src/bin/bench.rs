@@ -1,0 +1,1457 @@
+//! The cluster benchmark (`make bench`): agentrun-operator on the local control
+//! plane with simkubelet steps of 0 ms, at several concurrency levels.
+//!
+//! ```text
+//!   bench ──creates N AgentRuns──▶ kube-apiserver ◀──watch/write── agentrun-operator (child, --namespace NS)
+//!     │  watches Pods + AgentRuns          ▲  /metrics (admin cert)  ◀──watch/patch status── simkubelet (child)
+//!     └─ scrapes apiserver_request_total ──┘  before/after; the operator's /metrics; /proc/<pid>/status
+//! ```
+//!
+//! Figures per batch (one fresh namespace, operator and simkubelet each):
+//! operator API writes per step, step hand-off latency (Pod seen Succeeded →
+//! the next step's Pod seen, both by this driver's watch), steps per second,
+//! operator RSS; then a resume batch (operator SIGKILLed with N runs in
+//! flight) and the status size of one long run. It prints its figures; it is
+//! not a test and asserts no target.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentrun_e2e::ledger::Ledger;
+use agentrun_e2e::support::processes::free_port;
+use agentrun_e2e::{TestNamespace, install_crds, repo_root};
+use agentrun_operator::api::{AgentRun, RunPhase};
+use agentrun_operator::labels;
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Config, ResourceExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+type Res<T> = Result<T, String>;
+
+#[derive(Parser, Debug, Clone)]
+#[command(name = "bench", about = "agentrun-operator cluster benchmark")]
+struct Args {
+    /// Concurrent runs per batch, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,50,200,1000")]
+    concurrency: Vec<usize>,
+    /// Steps per run.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Repeats of every figure (the table shows medians).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Runs in flight for the resume figure (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    resume_runs: usize,
+    /// Wait for the resumed runs to finish (and count duplicates over their
+    /// whole lives) instead of stopping once every run has its next Pod.
+    #[arg(long, default_value_t = false)]
+    resume_finish: bool,
+    /// Steps of the run whose status size is measured (0 skips it).
+    #[arg(long, default_value_t = 500)]
+    status_steps: usize,
+    /// Bytes of result each step of the status-size run reports (the engine's
+    /// unit test uses 1,000-byte results; 0 reports `{}`).
+    #[arg(long, default_value_t = 1000)]
+    status_result_bytes: usize,
+    /// Repeats of the status-size run (its size is deterministic; its time is not).
+    #[arg(long, default_value_t = 1)]
+    status_repeats: usize,
+    /// A batch that has not finished after this long is aborted.
+    #[arg(long, default_value_t = 900)]
+    deadline_secs: u64,
+    /// Parallel creates when submitting runs.
+    #[arg(long, default_value_t = 16)]
+    create_parallelism: usize,
+    /// The operator binary (default: target/release/agentrun-operator).
+    #[arg(long)]
+    operator_bin: Option<PathBuf>,
+    /// The simkubelet binary (default: target/release/simkubelet).
+    #[arg(long)]
+    simkubelet_bin: Option<PathBuf>,
+    /// The control plane's directory (default: $AGENTRUN_E2E_DIR, else target/e2e-bench).
+    #[arg(long)]
+    e2e_dir: Option<PathBuf>,
+    /// Also write the summary table (markdown) to this file.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// RUST_LOG for the operator.
+    #[arg(long, default_value = "info")]
+    operator_log: String,
+}
+
+/// Where things are.
+struct Setup {
+    args: Args,
+    client: Client,
+    e2e_dir: PathBuf,
+    kubeconfig: PathBuf,
+    operator_bin: PathBuf,
+    simkubelet_bin: PathBuf,
+    out_dir: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    match bench(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench(args: Args) -> Res<()> {
+    let e2e_dir = args
+        .e2e_dir
+        .clone()
+        .or_else(|| std::env::var_os("AGENTRUN_E2E_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| repo_root().join("target/e2e-bench"));
+    let kubeconfig = e2e_dir.join("kubeconfig");
+    let bin = |given: &Option<PathBuf>, name: &str| -> Res<PathBuf> {
+        let p = given
+            .clone()
+            .unwrap_or_else(|| repo_root().join("target/release").join(name));
+        if p.exists() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "{} not found: build it with `cargo build --release -p agentrun-operator -p agentrun-e2e --bins`",
+                p.display()
+            ))
+        }
+    };
+    let operator_bin = bin(&args.operator_bin, "agentrun-operator")?;
+    let simkubelet_bin = bin(&args.simkubelet_bin, "simkubelet")?;
+    let client = connect(&kubeconfig).await?;
+    install_crds(&client).await;
+    let out_dir = e2e_dir.join("bench");
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
+    let setup = Setup {
+        args: args.clone(),
+        client,
+        e2e_dir,
+        kubeconfig,
+        operator_bin,
+        simkubelet_bin,
+        out_dir,
+    };
+    println!("{}", machine_line(&setup));
+
+    let mut batches: BTreeMap<usize, Vec<Batch>> = BTreeMap::new();
+    for &n in &args.concurrency {
+        for r in 1..=args.repeats {
+            let b = run_batch(&setup, n, args.steps, r).await?;
+            println!("{}", b.line());
+            batches.entry(n).or_default().push(b);
+        }
+    }
+    let mut resumes = Vec::new();
+    if args.resume_runs > 0 {
+        for r in 1..=args.repeats {
+            let res = resume_batch(&setup, args.resume_runs, r).await?;
+            println!("{}", res.line());
+            resumes.push(res);
+        }
+    }
+    let mut sizes = Vec::new();
+    if args.status_steps > 0 {
+        for r in 1..=args.status_repeats {
+            let s = status_size(&setup, args.status_steps, r).await?;
+            println!("{}", s.line());
+            sizes.push(s);
+        }
+    }
+    let table = summary(&setup, &batches, &resumes, &sizes);
+    println!("\n{table}");
+    if let Some(path) = &args.report {
+        std::fs::write(path, &table).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+async fn connect(kubeconfig: &Path) -> Res<Client> {
+    let file = Kubeconfig::read_from(kubeconfig).map_err(|e| {
+        format!(
+            "reading {}: {e} (is the bench plane up? `AGENTRUN_E2E_DIR=… e2e/cluster up`)",
+            kubeconfig.display()
+        )
+    })?;
+    let mut config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| format!("loading {}: {e}", kubeconfig.display()))?;
+    // The driver itself lists and watches thousands of objects.
+    config.read_timeout = Some(Duration::from_secs(120));
+    let client = Client::try_from(config).map_err(|e| e.to_string())?;
+    client
+        .apiserver_version()
+        .await
+        .map_err(|e| format!("control plane not reachable: {e}"))?;
+    Ok(client)
+}
+
+fn machine_line(setup: &Setup) -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_owned())
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb / 1024 / 1024);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "# machine: {cpus} CPUs, {mem} GiB, Linux {}; operator {}; simkubelet {}",
+        kernel.trim(),
+        setup.operator_bin.display(),
+        setup.simkubelet_bin.display()
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Child processes
+
+struct Proc {
+    child: Child,
+    pid: u32,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command, log: &Path) -> Res<Proc> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| format!("opening {}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        cmd.stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let child = cmd.spawn().map_err(|e| format!("spawning: {e}"))?;
+        let pid = child.id().ok_or("child exited at once")?;
+        Ok(Proc { child, pid })
+    }
+
+    async fn kill(mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
+
+struct Operator {
+    proc: Proc,
+    metrics: SocketAddr,
+    health: SocketAddr,
+}
+
+fn start_operator(setup: &Setup, ns: &str, dir: &Path) -> Res<Operator> {
+    let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let health: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let mut cmd = Command::new(&setup.operator_bin);
+    cmd.args(["run", "--namespace", ns, "--identity", "bench"])
+        .arg("--metrics-addr")
+        .arg(metrics.to_string())
+        .arg("--health-addr")
+        .arg(health.to_string())
+        .env("KUBECONFIG", &setup.kubeconfig)
+        .env("RUST_LOG", &setup.args.operator_log)
+        .env_remove("AGENTRUN_FAILPOINT")
+        .env_remove("AGENTRUN_WATCH_NAMESPACE");
+    let proc = Proc::spawn(cmd, &dir.join("operator.log"))?;
+    Ok(Operator {
+        proc,
+        metrics,
+        health,
+    })
+}
+
+fn start_simkubelet(setup: &Setup, ns: &str, dir: &Path) -> Res<Proc> {
+    let mut cmd = Command::new(&setup.simkubelet_bin);
+    cmd.args(["--namespace", ns, "--default-run-ms", "0", "--ledger"])
+        .arg(dir.join("ledger.jsonl"))
+        .env("KUBECONFIG", &setup.kubeconfig)
+        .env("RUST_LOG", "warn");
+    Proc::spawn(cmd, &dir.join("simkubelet.log"))
+}
+
+/// Waits for the operator's `/readyz` (caches listed); returns how long it took.
+async fn wait_ready(op: &Operator, deadline: Duration) -> Res<Duration> {
+    let start = Instant::now();
+    loop {
+        if let Ok((200, _)) = http_get(op.health, "/readyz").await {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > deadline {
+            return Err(format!("operator not ready after {deadline:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(
+        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((code, body.to_owned()))
+}
+
+/// `VmRSS` and `VmHWM` of a process, in KiB.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// CPU time (user + system) of a process so far, in ms (USER_HZ = 100).
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) * 10.0
+}
+
+/// The control plane's processes, from `e2e/cluster up`'s PID files.
+fn plane_pids(setup: &Setup) -> Vec<(&'static str, u32)> {
+    ["kube-apiserver", "etcd"]
+        .into_iter()
+        .filter_map(|name| {
+            let p =
+                std::fs::read_to_string(setup.e2e_dir.join(format!("state/{name}.pid"))).ok()?;
+            Some((name, p.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Metrics
+
+/// `apiserver_request_total` by (verb, group, resource, subresource, code);
+/// `apiserver_request_duration_seconds_{sum,count}` under code "sum"/"count".
+type Requests = BTreeMap<(String, String, String, String, String), f64>;
+
+fn parse_labels(s: &str) -> HashMap<&str, &str> {
+    let mut out = HashMap::new();
+    let mut rest = s;
+    while let Some((k, after)) = rest.split_once("=\"") {
+        let Some(end) = after.find('"') else { break };
+        out.insert(k.trim_start_matches(','), &after[..end]);
+        rest = &after[end + 1..];
+    }
+    out
+}
+
+/// Scrapes the apiserver's `/metrics` with the admin client certificate.
+async fn apiserver_requests(setup: &Setup) -> Res<Requests> {
+    let port = std::fs::read_to_string(setup.e2e_dir.join("state/apiserver.port"))
+        .map_err(|e| format!("reading the apiserver port: {e}"))?;
+    let pki = setup.e2e_dir.join("pki");
+    let out = Command::new("curl")
+        .arg("-sf")
+        .arg("--max-time")
+        .arg("30")
+        .arg("--cacert")
+        .arg(pki.join("ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("admin.crt"))
+        .arg("--key")
+        .arg(pki.join("admin.key"))
+        .arg(format!("https://127.0.0.1:{}/metrics", port.trim()))
+        .output()
+        .await
+        .map_err(|e| format!("curl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "scraping apiserver /metrics failed: {}",
+            out.status
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut m = Requests::new();
+    for line in text.lines() {
+        let (rest, code) = if let Some(r) = line.strip_prefix("apiserver_request_total{") {
+            (r, None)
+        } else if let Some(r) = line.strip_prefix("apiserver_request_duration_seconds_sum{") {
+            (r, Some("sum"))
+        } else if let Some(r) = line.strip_prefix("apiserver_request_duration_seconds_count{") {
+            (r, Some("count"))
+        } else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let l = parse_labels(labels);
+        let get = |k: &str| l.get(k).copied().unwrap_or("").to_owned();
+        let v: f64 = value.trim().parse().unwrap_or(0.0);
+        *m.entry((
+            get("verb"),
+            get("group"),
+            get("resource"),
+            get("subresource"),
+            code.map_or_else(|| get("code"), str::to_owned),
+        ))
+        .or_default() += v;
+    }
+    Ok(m)
+}
+
+const WRITE_VERBS: [&str; 6] = [
+    "POST",
+    "PUT",
+    "PATCH",
+    "APPLY",
+    "DELETE",
+    "DELETECOLLECTION",
+];
+
+/// The operator's writes in a window: every write verb on pods (not
+/// pods/status, which is simkubelet's), agentruns/status, approvals (and
+/// their status), events; agentruns themselves only for DELETE (TTL), since
+/// the driver POSTs them. Keyed "verb resource[/sub]".
+fn operator_writes(before: &Requests, after: &Requests) -> (BTreeMap<String, f64>, f64) {
+    let mut by = BTreeMap::new();
+    let mut conflicts = 0.0;
+    for (k, v) in after {
+        let d = v - before.get(k).copied().unwrap_or(0.0);
+        if d <= 0.0 {
+            continue;
+        }
+        let (verb, _group, resource, sub, code) = k;
+        if !WRITE_VERBS.contains(&verb.as_str()) || code == "sum" || code == "count" {
+            continue;
+        }
+        let ours = match (resource.as_str(), sub.as_str()) {
+            ("pods", "") => true,
+            ("agentruns", "status") => true,
+            ("agentruns", "") => verb == "DELETE",
+            ("approvals", _) => true,
+            ("events", "") => true,
+            _ => false,
+        };
+        if !ours {
+            continue;
+        }
+        if code == "409" {
+            conflicts += d;
+        }
+        let name = if sub.is_empty() {
+            format!("{verb} {resource}")
+        } else {
+            format!("{verb} {resource}/{sub}")
+        };
+        *by.entry(name).or_default() += d;
+    }
+    (by, conflicts)
+}
+
+/// Mean server-side latency (ms) of the operator's write kinds in a window,
+/// from `apiserver_request_duration_seconds` (all callers of that kind).
+fn server_latency(before: &Requests, after: &Requests) -> BTreeMap<String, f64> {
+    let delta = |k: &(String, String, String, String, String)| {
+        after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0)
+    };
+    let mut out = BTreeMap::new();
+    for k in after.keys().filter(|k| k.4 == "count") {
+        let (verb, group, resource, sub, _) = k;
+        let interesting = matches!(
+            (verb.as_str(), resource.as_str(), sub.as_str()),
+            ("APPLY", "agentruns", "status")
+                | ("POST", "pods", "")
+                | ("PATCH", "pods", "")
+                | ("PATCH", "pods", "status")
+                | ("POST", "events", "")
+        );
+        let n = delta(k);
+        if !interesting || n <= 0.0 {
+            continue;
+        }
+        let sum_key = (
+            verb.clone(),
+            group.clone(),
+            resource.clone(),
+            sub.clone(),
+            "sum".into(),
+        );
+        let name = if sub.is_empty() {
+            format!("{verb} {resource}")
+        } else {
+            format!("{verb} {resource}/{sub}")
+        };
+        out.insert(name, delta(&sum_key) / n * 1000.0);
+    }
+    out
+}
+
+/// One metric value (sum over label sets) from the operator's `/metrics`.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+// ---------------------------------------------------------------------------
+// Observation: the driver's own watches
+
+#[derive(Clone, Debug, Default)]
+struct PodSeen {
+    run: String,
+    step: String,
+    attempt: String,
+    first_seen: Option<Instant>,
+    succeeded_seen: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Seen {
+    pods: HashMap<String, PodSeen>,
+    /// Run name → when it was first seen terminal, and its phase.
+    finished: HashMap<String, (Instant, RunPhase)>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Seen> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Watches the namespace's step Pods and runs, recording when this driver
+/// first saw each Pod, saw it Succeeded, and saw each run finish.
+fn observe(client: &Client, ns: &str) -> (Shared, tokio::task::JoinHandle<()>) {
+    let seen: Shared = Arc::default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), ns);
+    let s1 = seen.clone();
+    let pod_task = async move {
+        let stream = watcher(pods, watcher::Config::default().labels(labels::RUN))
+            .default_backoff()
+            .applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            let Ok(pod) = ev else { continue };
+            let now = Instant::now();
+            let succeeded =
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
+            let mut g = lock(&s1);
+            let e = g.pods.entry(pod.name_any()).or_insert_with(|| {
+                let l = pod.labels();
+                let get = |k: &str| l.get(k).cloned().unwrap_or_default();
+                PodSeen {
+                    run: get(labels::RUN),
+                    step: get(labels::STEP),
+                    attempt: get(labels::ATTEMPT),
+                    first_seen: Some(now),
+                    succeeded_seen: None,
+                }
+            });
+            if succeeded && e.succeeded_seen.is_none() {
+                e.succeeded_seen = Some(now);
+            }
+        }
+    };
+    let s2 = seen.clone();
+    let run_task = async move {
+        let stream = watcher(runs, watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            let Ok(run) = ev else { continue };
+            let phase = run.status.as_ref().and_then(|s| s.phase);
+            if let Some(p) = phase.filter(|p| p.is_terminal()) {
+                lock(&s2)
+                    .finished
+                    .entry(run.name_any())
+                    .or_insert((Instant::now(), p));
+            }
+        }
+    };
+    let task = tokio::spawn(async move {
+        tokio::join!(pod_task, run_task);
+    });
+    (seen, task)
+}
+
+/// Polls `cond` on the observations every 20 ms until it holds or `deadline` passes.
+async fn wait_seen(
+    seen: &Shared,
+    what: &str,
+    deadline: Duration,
+    cond: impl Fn(&Seen) -> Option<String>,
+) -> Res<Instant> {
+    let start = Instant::now();
+    loop {
+        let progress = cond(&lock(seen));
+        match progress {
+            None => return Ok(Instant::now()),
+            Some(p) if start.elapsed() > deadline => {
+                return Err(format!(
+                    "aborted: {what} not reached within {deadline:?} ({p})"
+                ));
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Runs
+
+fn step_name(i: usize) -> String {
+    format!("s{i:03}")
+}
+
+/// `steps` Idempotent steps; with `result_bytes > 0` each step reports a
+/// string result of that many bytes (simkubelet's `SIM_STEP`), else `{}`.
+fn run_spec(steps: usize, result_bytes: usize) -> Value {
+    let mut container = json!({"image": "registry.example/agent-step:1"});
+    if result_bytes > 0 {
+        let sim = json!({"result": "z".repeat(result_bytes)}).to_string();
+        container["env"] = json!([{"name": "SIM_STEP", "value": sim}]);
+    }
+    let steps: Vec<Value> = (0..steps)
+        .map(|i| {
+            json!({
+                "name": step_name(i),
+                "effect": "Idempotent",
+                "container": container,
+            })
+        })
+        .collect();
+    json!({"steps": steps})
+}
+
+fn run_name(i: usize) -> String {
+    format!("r{i:05}")
+}
+
+/// Creates `n` runs of `steps` steps; returns when all creates are acknowledged.
+async fn create_runs(
+    setup: &Setup,
+    ns: &str,
+    n: usize,
+    steps: usize,
+    result_bytes: usize,
+) -> Res<()> {
+    let api: Api<AgentRun> = Api::namespaced(setup.client.clone(), ns);
+    let spec = run_spec(steps, result_bytes);
+    futures::stream::iter((0..n).map(|i| {
+        let api = api.clone();
+        let spec = spec.clone();
+        async move {
+            let run: AgentRun = serde_json::from_value(json!({
+                "apiVersion": "agentrun.dev/v1alpha1",
+                "kind": "AgentRun",
+                "metadata": {"name": run_name(i)},
+                "spec": spec,
+            }))
+            .map_err(|e| e.to_string())?;
+            api.create(&PostParams::default(), &run)
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("creating run {}: {e}", run_name(i)))
+        }
+    }))
+    .buffer_unordered(setup.args.create_parallelism.max(1))
+    .try_collect::<Vec<()>>()
+    .await?;
+    Ok(())
+}
+
+/// A fresh namespace and a directory for its logs and ledger.
+async fn namespace(setup: &Setup, name: &str) -> Res<(TestNamespace, PathBuf)> {
+    let ns = TestNamespace::create(&setup.client, name).await;
+    let dir = setup.out_dir.join(ns.name());
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    // The serviceaccount and root-CA controllers write into a new namespace;
+    // let them finish before a measured window opens.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok((ns, dir))
+}
+
+/// Releases leftover finalizers, deletes the namespace and waits until it is
+/// gone, so the next batch starts on an idle etcd.
+async fn teardown(setup: &Setup, ns: TestNamespace) -> Res<()> {
+    let name = ns.name().to_owned();
+    let pods: Api<Pod> = Api::namespaced(setup.client.clone(), &name);
+    if let Ok(list) = pods.list(&ListParams::default().labels(labels::RUN)).await {
+        let held: Vec<String> = list
+            .into_iter()
+            .filter(|p| !p.finalizers().is_empty())
+            .map(|p| p.name_any())
+            .collect();
+        futures::stream::iter(held.into_iter().map(|p| {
+            let pods = pods.clone();
+            async move {
+                let _ = pods
+                    .patch(
+                        &p,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }))
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+    }
+    ns.cleanup(&setup.client).await;
+    let nss: Api<Namespace> = Api::all(setup.client.clone());
+    let start = Instant::now();
+    while nss.get_opt(&name).await.ok().flatten().is_some() {
+        if start.elapsed() > Duration::from_secs(600) {
+            eprintln!("warning: namespace {name} still terminating after 600 s; going on");
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// One measured batch
+
+#[derive(Clone, Debug, Default)]
+struct Batch {
+    runs: usize,
+    steps: usize,
+    repeat: usize,
+    wall_s: f64,
+    steps_per_s: f64,
+    writes_per_step: f64,
+    writes: BTreeMap<String, f64>,
+    /// Mean apiserver latency (ms) per write kind.
+    server_ms: BTreeMap<String, f64>,
+    conflicts_409: f64,
+    handoff_p50_ms: f64,
+    handoff_p99_ms: f64,
+    handoff_max_ms: f64,
+    handoffs: usize,
+    /// CPU ms per step: operator, simkubelet, kube-apiserver, etcd.
+    cpu_ms_per_step: BTreeMap<&'static str, f64>,
+    rss_idle_kib: u64,
+    rss_end_kib: u64,
+    hwm_kib: u64,
+    reconciles: f64,
+    reconcile_mean_ms: f64,
+    status_writes: f64,
+    failed_runs: usize,
+}
+
+impl Batch {
+    fn line(&self) -> String {
+        let writes: Vec<String> = self
+            .writes
+            .iter()
+            .map(|(k, v)| format!("{k}={:.2}", v / (self.runs * self.steps) as f64))
+            .collect();
+        format!(
+            "batch runs={} steps={} repeat={}: {:.1} s, {:.1} steps/s, {:.2} writes/step [{}] (409s {}), \
+             hand-off p50 {:.1} ms p99 {:.1} ms max {:.1} ms (n={}), RSS idle {} KiB end {} KiB peak {} KiB, \
+             reconciles {} (mean {:.2} ms), status writes {}, failed runs {}; apiserver mean ms [{}]; CPU ms/step [{}]",
+            self.runs,
+            self.steps,
+            self.repeat,
+            self.wall_s,
+            self.steps_per_s,
+            self.writes_per_step,
+            writes.join(" "),
+            self.conflicts_409,
+            self.handoff_p50_ms,
+            self.handoff_p99_ms,
+            self.handoff_max_ms,
+            self.handoffs,
+            self.rss_idle_kib,
+            self.rss_end_kib,
+            self.hwm_kib,
+            self.reconciles,
+            self.reconcile_mean_ms,
+            self.status_writes,
+            self.failed_runs,
+            self.server_ms
+                .iter()
+                .map(|(k, v)| format!("{k}={v:.1}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            self.cpu_ms_per_step
+                .iter()
+                .map(|(k, v)| format!("{k}={v:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        )
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+/// Hand-offs: for each run and step i ≥ 1, (first sight of step i's Pod) −
+/// (sight of step i−1's Pod Succeeded), in ms.
+fn handoffs(seen: &Seen, steps: usize) -> Vec<f64> {
+    let mut by_run: HashMap<&str, HashMap<&str, &PodSeen>> = HashMap::new();
+    for p in seen.pods.values() {
+        // The first attempt of each step (a retry would have attempt > 1).
+        let slot = by_run
+            .entry(p.run.as_str())
+            .or_default()
+            .entry(p.step.as_str())
+            .or_insert(p);
+        if p.first_seen < slot.first_seen {
+            *slot = p;
+        }
+    }
+    let mut out = Vec::new();
+    for steps_of in by_run.values() {
+        for i in 1..steps {
+            let (Some(prev), Some(next)) = (
+                steps_of.get(step_name(i - 1).as_str()),
+                steps_of.get(step_name(i).as_str()),
+            ) else {
+                continue;
+            };
+            if let (Some(done), Some(created)) = (prev.succeeded_seen, next.first_seen) {
+                out.push(created.saturating_duration_since(done).as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<Batch> {
+    let deadline = Duration::from_secs(setup.args.deadline_secs);
+    let (ns, dir) = namespace(setup, &format!("bench-{n}x{steps}-r{repeat}")).await?;
+    let nsname = ns.name().to_owned();
+    eprintln!("[bench] batch {n} runs x {steps} steps, repeat {repeat}: namespace {nsname}");
+    let kubelet = start_simkubelet(setup, &nsname, &dir)?;
+    let op = start_operator(setup, &nsname, &dir)?;
+    wait_ready(&op, Duration::from_secs(60)).await?;
+    let (seen, watch_task) = observe(&setup.client, &nsname);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (rss_idle, _) = rss_kib(op.proc.pid);
+
+    let before = apiserver_requests(setup).await?;
+    let mut pids = plane_pids(setup);
+    pids.push(("operator", op.proc.pid));
+    pids.push(("simkubelet", kubelet.pid));
+    let cpu_before: Vec<f64> = pids.iter().map(|(_, p)| cpu_ms(*p)).collect();
+    let t0 = Instant::now();
+    create_runs(setup, &nsname, n, steps, 0).await?;
+    let created = t0.elapsed();
+    let result = wait_seen(&seen, "every run finished", deadline, |s| {
+        (s.finished.len() < n).then(|| format!("{}/{n} runs finished", s.finished.len()))
+    })
+    .await;
+    let (rss_end, hwm) = rss_kib(op.proc.pid);
+    let cpu: BTreeMap<&'static str, f64> = pids
+        .iter()
+        .zip(cpu_before)
+        .map(|((name, p), before)| (*name, (cpu_ms(*p) - before) / (n * steps) as f64))
+        .collect();
+    // Let in-flight writes of the last runs (finalizer releases) land.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = apiserver_requests(setup).await?;
+    let op_metrics = http_get(op.metrics, "/metrics")
+        .await
+        .map(|r| r.1)
+        .unwrap_or_default();
+    watch_task.abort();
+    op.proc.kill().await;
+    kubelet.kill().await;
+    let finished_at = match result {
+        Ok(_) => lock(&seen)
+            .finished
+            .values()
+            .map(|(t, _)| *t)
+            .max()
+            .unwrap_or(t0),
+        Err(e) => {
+            teardown(setup, ns).await?;
+            return Err(format!(
+                "batch {n}x{steps} repeat {repeat}: {e} (logs in {})",
+                dir.display()
+            ));
+        }
+    };
+    // The watch task is stopped: take what it saw.
+    let g = std::mem::take(&mut *lock(&seen));
+    let wall = finished_at.duration_since(t0).as_secs_f64();
+    let total_steps = (n * steps) as f64;
+    let (writes, conflicts) = operator_writes(&before, &after);
+    let h = handoffs(&g, steps);
+    let reconciles = metric(&op_metrics, "agentrun_reconcile_duration_seconds_count");
+    let rsum = metric(&op_metrics, "agentrun_reconcile_duration_seconds_sum");
+    let batch = Batch {
+        runs: n,
+        steps,
+        repeat,
+        wall_s: wall,
+        steps_per_s: total_steps / wall,
+        writes_per_step: writes.values().sum::<f64>() / total_steps,
+        writes,
+        server_ms: server_latency(&before, &after),
+        conflicts_409: conflicts,
+        handoff_p50_ms: percentile(&h, 50.0),
+        handoff_p99_ms: percentile(&h, 99.0),
+        handoff_max_ms: h.last().copied().unwrap_or(f64::NAN),
+        handoffs: h.len(),
+        cpu_ms_per_step: cpu,
+        rss_idle_kib: rss_idle,
+        rss_end_kib: rss_end,
+        hwm_kib: hwm,
+        reconciles,
+        reconcile_mean_ms: if reconciles > 0.0 {
+            rsum / reconciles * 1000.0
+        } else {
+            0.0
+        },
+        status_writes: metric(
+            &op_metrics,
+            "agentrun_checkpoint_write_duration_seconds_count",
+        ),
+        failed_runs: g
+            .finished
+            .values()
+            .filter(|(_, p)| *p != RunPhase::Succeeded)
+            .count(),
+    };
+    eprintln!(
+        "[bench]   created {n} runs in {:.1} s; operator metrics: {}",
+        created.as_secs_f64(),
+        [
+            "agentrun_steps_started_total",
+            "agentrun_status_conflicts_total",
+            "agentrun_duplicate_creates_suppressed_total",
+            "agentrun_reconcile_errors_total",
+        ]
+        .iter()
+        .map(|m| format!("{m}={}", metric(&op_metrics, m)))
+        .collect::<Vec<_>>()
+        .join(" ")
+    );
+    std::fs::write(dir.join("operator-metrics.txt"), &op_metrics).map_err(|e| e.to_string())?;
+    teardown(setup, ns).await?;
+    Ok(batch)
+}
+
+// ---------------------------------------------------------------------------
+// Resume
+
+#[derive(Clone, Debug, Default)]
+struct Resume {
+    runs: usize,
+    repeat: usize,
+    ready_s: f64,
+    all_next_s: f64,
+    next_p50_s: f64,
+    finished_s: f64,
+    duplicate_pods: usize,
+    duplicate_executions: usize,
+    suppressed_creates: f64,
+    rss_idle_kib: u64,
+    hwm_kib: u64,
+}
+
+impl Resume {
+    fn line(&self) -> String {
+        format!(
+            "resume runs={} repeat={}: operator ready {:.2} s after restart; every run has its next Pod after {:.2} s (p50 {:.2} s); \
+             all finished after {:.1} s; duplicate Pods {}, steps executed more than once {}, creates suppressed {}; RSS idle {} KiB, peak after restart {} KiB",
+            self.runs,
+            self.repeat,
+            self.ready_s,
+            self.all_next_s,
+            self.next_p50_s,
+            self.finished_s,
+            self.duplicate_pods,
+            self.duplicate_executions,
+            self.suppressed_creates,
+            self.rss_idle_kib,
+            self.hwm_kib
+        )
+    }
+}
+
+/// `n` runs of 3 steps wait on their first step's Pod; the operator is
+/// SIGKILLed; the Pods succeed while it is down; it restarts. Measures the
+/// time from the restart until every run's second step has its Pod, and
+/// counts duplicate Pods and executions over the runs' whole lives.
+async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume> {
+    let deadline = Duration::from_secs(setup.args.deadline_secs);
+    let steps = 3;
+    let (ns, dir) = namespace(setup, &format!("bench-resume-{n}-r{repeat}")).await?;
+    let nsname = ns.name().to_owned();
+    eprintln!("[bench] resume {n} runs, repeat {repeat}: namespace {nsname}");
+    let op = start_operator(setup, &nsname, &dir)?;
+    wait_ready(&op, Duration::from_secs(60)).await?;
+    let (seen, watch_task) = observe(&setup.client, &nsname);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (rss_idle, _) = rss_kib(op.proc.pid);
+    create_runs(setup, &nsname, n, steps, 0).await?;
+    let first = step_name(0);
+    let second = step_name(1);
+    let has = |s: &Seen, step: &str| s.pods.values().filter(|p| p.step == step).count();
+    let r = wait_seen(&seen, "every run has its first Pod", deadline, |s| {
+        let k = has(s, &first);
+        (k < n).then(|| format!("{k}/{n}"))
+    })
+    .await;
+    if let Err(e) = r {
+        op.proc.kill().await;
+        teardown(setup, ns).await?;
+        return Err(e);
+    }
+    // Settle so the kill lands with no write in flight, then SIGKILL.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    op.proc.kill().await;
+    let kubelet = start_simkubelet(setup, &nsname, &dir)?;
+    let r = wait_seen(
+        &seen,
+        "every first Pod succeeded (operator down)",
+        deadline,
+        |s| {
+            let k = s
+                .pods
+                .values()
+                .filter(|p| p.step == first && p.succeeded_seen.is_some())
+                .count();
+            (k < n).then(|| format!("{k}/{n}"))
+        },
+    )
+    .await;
+    if let Err(e) = r {
+        kubelet.kill().await;
+        teardown(setup, ns).await?;
+        return Err(e);
+    }
+    let restart = Instant::now();
+    let op = start_operator(setup, &nsname, &dir)?;
+    let ready = wait_ready(&op, Duration::from_secs(120)).await?;
+    let all_next = wait_seen(
+        &seen,
+        "every run has its next Pod after the restart",
+        deadline,
+        |s| {
+            let k = has(s, &second);
+            (k < n).then(|| format!("{k}/{n}"))
+        },
+    )
+    .await;
+    let finished = match all_next {
+        Ok(t) if !setup.args.resume_finish => Ok(t),
+        Ok(_) => {
+            wait_seen(&seen, "every run finished", deadline, |s| {
+                (s.finished.len() < n).then(|| format!("{}/{n}", s.finished.len()))
+            })
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    let (_, hwm) = rss_kib(op.proc.pid);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let op_metrics = http_get(op.metrics, "/metrics")
+        .await
+        .map(|r| r.1)
+        .unwrap_or_default();
+    watch_task.abort();
+    op.proc.kill().await;
+    kubelet.kill().await;
+    if let Err(e) = finished {
+        teardown(setup, ns).await?;
+        return Err(format!(
+            "resume {n} repeat {repeat}: {e} (logs in {})",
+            dir.display()
+        ));
+    }
+    // The watch task is stopped: take what it saw.
+    let g = std::mem::take(&mut *lock(&seen));
+    let mut next: Vec<f64> = g
+        .pods
+        .values()
+        .filter(|p| p.step == second)
+        .filter_map(|p| p.first_seen)
+        .map(|t| t.saturating_duration_since(restart).as_secs_f64())
+        .collect();
+    next.sort_by(f64::total_cmp);
+    // Pods per (run, step): more than one, or an attempt other than 1, is a duplicate.
+    let mut per_step: HashMap<(&str, &str), usize> = HashMap::new();
+    for p in g.pods.values() {
+        *per_step.entry((&p.run, &p.step)).or_default() += 1;
+    }
+    let duplicate_pods = per_step.values().map(|k| k - 1).sum::<usize>()
+        + g.pods.values().filter(|p| p.attempt != "1").count();
+    let ledger = Ledger::read(dir.join("ledger.jsonl")).map_err(|e| format!("ledger: {e}"))?;
+    let duplicate_executions = ledger
+        .executions_by_key()
+        .values()
+        .filter(|k| **k > 1)
+        .count();
+    let finished_last = g
+        .finished
+        .values()
+        .map(|(t, _)| *t)
+        .max()
+        .unwrap_or(restart);
+    let res = Resume {
+        runs: n,
+        repeat,
+        ready_s: ready.as_secs_f64(),
+        all_next_s: next.last().copied().unwrap_or(f64::NAN),
+        next_p50_s: percentile(&next, 50.0),
+        finished_s: finished_last
+            .saturating_duration_since(restart)
+            .as_secs_f64(),
+        duplicate_pods,
+        duplicate_executions,
+        suppressed_creates: metric(&op_metrics, "agentrun_duplicate_creates_suppressed_total"),
+        rss_idle_kib: rss_idle,
+        hwm_kib: hwm,
+    };
+    teardown(setup, ns).await?;
+    Ok(res)
+}
+
+// ---------------------------------------------------------------------------
+// Status size
+
+#[derive(Clone, Debug, Default)]
+struct StatusSize {
+    steps: usize,
+    repeat: usize,
+    status_bytes: usize,
+    object_bytes: usize,
+    wall_s: f64,
+    handoff_p50_ms: f64,
+    handoff_p99_ms: f64,
+    first_handoffs_ms: f64,
+    last_handoffs_ms: f64,
+}
+
+impl StatusSize {
+    fn line(&self) -> String {
+        format!(
+            "status steps={} repeat={}: status {} bytes ({:.1} KiB), object {} bytes; {:.1} s, \
+             hand-off p50 {:.1} ms p99 {:.1} ms (median of the first 50: {:.1} ms, of the last 50: {:.1} ms)",
+            self.steps,
+            self.repeat,
+            self.status_bytes,
+            self.status_bytes as f64 / 1024.0,
+            self.object_bytes,
+            self.wall_s,
+            self.handoff_p50_ms,
+            self.handoff_p99_ms,
+            self.first_handoffs_ms,
+            self.last_handoffs_ms
+        )
+    }
+}
+
+async fn status_size(setup: &Setup, steps: usize, repeat: usize) -> Res<StatusSize> {
+    let deadline = Duration::from_secs(setup.args.deadline_secs);
+    let (ns, dir) = namespace(setup, &format!("bench-status-{steps}-r{repeat}")).await?;
+    let nsname = ns.name().to_owned();
+    eprintln!("[bench] status size of a {steps}-step run, repeat {repeat}: namespace {nsname}");
+    let kubelet = start_simkubelet(setup, &nsname, &dir)?;
+    let op = start_operator(setup, &nsname, &dir)?;
+    wait_ready(&op, Duration::from_secs(60)).await?;
+    let (seen, watch_task) = observe(&setup.client, &nsname);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    create_runs(setup, &nsname, 1, steps, setup.args.status_result_bytes).await?;
+    let r = wait_seen(&seen, "the run finished", deadline, |s| {
+        s.finished.is_empty().then(|| {
+            format!(
+                "{} Pods succeeded",
+                s.pods
+                    .values()
+                    .filter(|p| p.succeeded_seen.is_some())
+                    .count()
+            )
+        })
+    })
+    .await;
+    watch_task.abort();
+    op.proc.kill().await;
+    kubelet.kill().await;
+    let end = match r {
+        Ok(t) => t,
+        Err(e) => {
+            teardown(setup, ns).await?;
+            return Err(format!("status size: {e} (logs in {})", dir.display()));
+        }
+    };
+    let api: Api<AgentRun> = Api::namespaced(setup.client.clone(), &nsname);
+    let run = api.get(&run_name(0)).await.map_err(|e| e.to_string())?;
+    let status_bytes = serde_json::to_vec(&run.status)
+        .map_err(|e| e.to_string())?
+        .len();
+    let object_bytes = serde_json::to_vec(&run).map_err(|e| e.to_string())?.len();
+    // The watch task is stopped: take what it saw.
+    let g = std::mem::take(&mut *lock(&seen));
+    let h = handoffs(&g, steps);
+    // Hand-offs in step order, to see whether they grow with the status.
+    let ordered = {
+        let by_step: HashMap<&str, &PodSeen> =
+            g.pods.values().map(|p| (p.step.as_str(), p)).collect();
+        let mut v = Vec::new();
+        for i in 1..steps {
+            if let (Some(a), Some(b)) = (
+                by_step.get(step_name(i - 1).as_str()),
+                by_step.get(step_name(i).as_str()),
+            ) && let (Some(done), Some(created)) = (a.succeeded_seen, b.first_seen)
+            {
+                v.push(created.saturating_duration_since(done).as_secs_f64() * 1000.0);
+            }
+        }
+        v
+    };
+    let med = |s: &[f64]| {
+        let mut s = s.to_vec();
+        s.sort_by(f64::total_cmp);
+        percentile(&s, 50.0)
+    };
+    let k = ordered.len().min(50);
+    let res = StatusSize {
+        steps,
+        repeat,
+        status_bytes,
+        object_bytes,
+        wall_s: end.duration_since(t0).as_secs_f64(),
+        handoff_p50_ms: percentile(&h, 50.0),
+        handoff_p99_ms: percentile(&h, 99.0),
+        first_handoffs_ms: med(&ordered[..k]),
+        last_handoffs_ms: med(&ordered[ordered.len() - k..]),
+    };
+    teardown(setup, ns).await?;
+    Ok(res)
+}
+
+// ---------------------------------------------------------------------------
+// Summary
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| !x.is_nan());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// "median (min–max)" of one figure over the repeats.
+fn spread(v: Vec<f64>, digits: usize) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let m = median(v.clone());
+    if v.len() > 1 {
+        format!("{m:.digits$} ({lo:.digits$}–{hi:.digits$})")
+    } else {
+        format!("{m:.digits$}")
+    }
+}
+
+fn summary(
+    setup: &Setup,
+    batches: &BTreeMap<usize, Vec<Batch>>,
+    resumes: &[Resume],
+    sizes: &[StatusSize],
+) -> String {
+    let mut t = String::new();
+    t.push_str(&format!(
+        "{}\n\nMedians of {} repeats (min–max in brackets); {} steps per run, simkubelet steps of 0 ms.\n\n",
+        machine_line(setup),
+        setup.args.repeats,
+        setup.args.steps
+    ));
+    t.push_str("| runs | operator writes / step | hand-off p50 (ms) | hand-off p99 (ms) | steps / s | wall (s) | status 409s / step | reconciles / step | RSS idle (MiB) | RSS peak VmHWM (MiB) | failed runs |\n");
+    t.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    let mib = |k: u64| k as f64 / 1024.0;
+    for (n, bs) in batches {
+        let per = |f: &dyn Fn(&Batch) -> f64| bs.iter().map(f).collect::<Vec<f64>>();
+        let steps = |b: &Batch| (b.runs * b.steps) as f64;
+        t.push_str(&format!(
+            "| {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            spread(per(&|b| b.writes_per_step), 2),
+            spread(per(&|b| b.handoff_p50_ms), 1),
+            spread(per(&|b| b.handoff_p99_ms), 1),
+            spread(per(&|b| b.steps_per_s), 1),
+            spread(per(&|b| b.wall_s), 1),
+            spread(per(&|b| b.conflicts_409 / steps(b)), 2),
+            spread(per(&|b| b.reconciles / steps(b)), 2),
+            spread(per(&|b| mib(b.rss_idle_kib)), 1),
+            spread(per(&|b| mib(b.hwm_kib)), 1),
+            bs.iter().map(|b| b.failed_runs).sum::<usize>(),
+        ));
+    }
+    // Write breakdown per step, medians.
+    let mut kinds: Vec<String> = batches
+        .values()
+        .flatten()
+        .flat_map(|b| b.writes.keys().cloned())
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    if !kinds.is_empty() {
+        t.push_str("\nOperator writes per step by (verb, resource), from `apiserver_request_total` deltas (all response codes):\n\n");
+        t.push_str(&format!("| runs | {} |\n", kinds.join(" | ")));
+        t.push_str(&format!("|---:|{}\n", "---:|".repeat(kinds.len())));
+        for (n, bs) in batches {
+            let cells: Vec<String> = kinds
+                .iter()
+                .map(|k| {
+                    let v = bs
+                        .iter()
+                        .map(|b| {
+                            b.writes.get(k).copied().unwrap_or(0.0) / (b.runs * b.steps) as f64
+                        })
+                        .collect();
+                    format!("{:.2}", median(v))
+                })
+                .collect();
+            t.push_str(&format!("| {n} | {} |\n", cells.join(" | ")));
+        }
+    }
+    let mut kinds: Vec<String> = batches
+        .values()
+        .flatten()
+        .flat_map(|b| b.server_ms.keys().cloned())
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    if !kinds.is_empty() {
+        t.push_str("\nMean apiserver latency (ms) per request kind, from `apiserver_request_duration_seconds` deltas (PATCH pods/status is simkubelet's):\n\n");
+        t.push_str(&format!("| runs | {} |\n", kinds.join(" | ")));
+        t.push_str(&format!("|---:|{}\n", "---:|".repeat(kinds.len())));
+        for (n, bs) in batches {
+            let cells: Vec<String> = kinds
+                .iter()
+                .map(|k| {
+                    let v = bs
+                        .iter()
+                        .filter_map(|b| b.server_ms.get(k).copied())
+                        .collect();
+                    format!("{:.1}", median(v))
+                })
+                .collect();
+            t.push_str(&format!("| {n} | {} |\n", cells.join(" | ")));
+        }
+    }
+    t.push_str("\nCPU time per step (ms; user + system from /proc/<pid>/stat over the measured window):\n\n");
+    t.push_str(
+        "| runs | operator | simkubelet | kube-apiserver | etcd |\n|---:|---:|---:|---:|---:|\n",
+    );
+    for (n, bs) in batches {
+        let cell = |k: &str| {
+            let v = bs
+                .iter()
+                .filter_map(|b| b.cpu_ms_per_step.get(k).copied())
+                .collect();
+            format!("{:.2}", median(v))
+        };
+        t.push_str(&format!(
+            "| {n} | {} | {} | {} | {} |\n",
+            cell("operator"),
+            cell("simkubelet"),
+            cell("kube-apiserver"),
+            cell("etcd")
+        ));
+    }
+    // RSS growth per run, from the largest batch against its idle RSS.
+    if let Some((n, bs)) = batches.iter().next_back()
+        && *n > 1
+    {
+        let growth: Vec<f64> = bs
+            .iter()
+            .map(|b| (b.hwm_kib as f64 - b.rss_idle_kib as f64) / *n as f64)
+            .collect();
+        t.push_str(&format!(
+            "\nOperator RSS growth per run at {n} runs ((VmHWM − idle VmRSS) / runs): {} KiB\n",
+            spread(growth, 1)
+        ));
+    }
+    if !resumes.is_empty() {
+        let per = |f: &dyn Fn(&Resume) -> f64| resumes.iter().map(f).collect::<Vec<f64>>();
+        t.push_str(&format!(
+            "\nResume, {} runs in flight, operator SIGKILLed and restarted: ready (caches listed) after {} s; \
+             every run has its next Pod after {} s (p50 {} s); all runs finished after {} s; \
+             duplicate Pods {} (total over repeats), steps executed more than once {}; creates suppressed {}; \
+             operator RSS idle {} MiB, peak after the restart (VmHWM, {} runs and their Pods in cache) {} MiB, i.e. {} KiB per run\n",
+            resumes[0].runs,
+            spread(per(&|r| r.ready_s), 2),
+            spread(per(&|r| r.all_next_s), 2),
+            spread(per(&|r| r.next_p50_s), 2),
+            if setup.args.resume_finish {
+                spread(per(&|r| r.finished_s), 1)
+            } else {
+                "(not awaited: --resume-finish)".into()
+            },
+            resumes.iter().map(|r| r.duplicate_pods).sum::<usize>(),
+            resumes.iter().map(|r| r.duplicate_executions).sum::<usize>(),
+            spread(per(&|r| r.suppressed_creates), 0),
+            spread(per(&|r| mib(r.rss_idle_kib)), 1),
+            resumes[0].runs,
+            spread(per(&|r| mib(r.hwm_kib)), 1),
+            spread(
+                per(&|r| (r.hwm_kib as f64 - r.rss_idle_kib as f64) / r.runs as f64),
+                1
+            ),
+        ));
+    }
+    for s in sizes {
+        t.push_str(&format!("\n{}\n", s.line()));
+    }
+    t
+}
