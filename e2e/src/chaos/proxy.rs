@@ -313,7 +313,12 @@ fn is_write(method: &Method) -> bool {
 
 /// Events are best effort for the operator; faulting them proves nothing.
 fn is_event(path: &str) -> bool {
-    path.starts_with("/apis/events.k8s.io/") || path.contains("/events")
+    let segments: Vec<&str> = path.split('/').collect();
+    path.starts_with("/apis/events.k8s.io/")
+        || matches!(
+            segments.as_slice(),
+            ["", "api", "v1", "namespaces", _, "events", ..]
+        )
 }
 
 fn status_response(code: StatusCode, reason: &str, message: &str) -> Response<ProxyBody> {
@@ -542,7 +547,8 @@ mod tests {
         assert!(is_write(&Method::PATCH) && is_write(&Method::DELETE));
         assert!(!is_write(&Method::GET));
         assert!(is_event("/apis/events.k8s.io/v1/namespaces/ns/events"));
-        assert!(!is_event("/api/v1/namespaces/ns/pods/p"));
+        assert!(is_event("/api/v1/namespaces/ns/events/e"));
+        assert!(!is_event("/api/v1/namespaces/ns/pods/events"));
     }
 
     #[test]
