@@ -1248,3 +1248,96 @@ async fn operator_runs_a_gated_run_under_the_charts_rbac() {
     release.uninstall().await;
     s.finish().await;
 }
+
+/// The other half of least privilege: the chart grants nothing the operator
+/// can do without. With one verb taken out of the chart's Role, the operator
+/// running as the chart's ServiceAccount can no longer drive a run: it is
+/// refused (403) and the run does not finish.
+#[tokio::test]
+async fn one_verb_fewer_and_the_operator_cannot_drive_a_run() {
+    use agentrun_e2e::support::processes::{log_dir, start_operator};
+    use agentrun_e2e::support::scenario::{Scenario, phase, sim_step};
+    use agentrun_operator::api::RunPhase;
+    use serde_json::json;
+    use std::time::Duration;
+
+    // (apiGroup, resource, verb): each is on the operator's path for every run.
+    let removed: &[(&str, &str, &str)] = &[
+        ("", "pods", "create"),
+        ("agentrun.dev", "agentruns/status", "patch"),
+    ];
+    for (i, (group, resource, verb)) in removed.iter().enumerate() {
+        let mut s = Scenario::start_without_operator(&format!("one-verb-fewer-{i}")).await;
+        let ns = s.namespace().to_owned();
+        let mut release = Release {
+            name: "agentrun-operator".into(),
+            namespace: ns.clone(),
+            installed: false,
+        };
+        release
+            .install(&["--set", &format!("watchNamespace={ns}")])
+            .await;
+
+        // Take the one verb out of the chart's Role.
+        let roles: Api<Role> = s.env().api();
+        let mut role = roles
+            .get(&release.name)
+            .await
+            .expect("the chart's Role in the watched namespace");
+        let mut found = false;
+        for rule in role.rules.iter_mut().flatten() {
+            let groups = rule.api_groups.clone().unwrap_or_default();
+            let resources = rule.resources.clone().unwrap_or_default();
+            if groups.iter().any(|g| g == group) && resources.iter().any(|r| r == resource) {
+                let before = rule.verbs.len();
+                rule.verbs.retain(|v| v != verb);
+                found |= rule.verbs.len() < before;
+            }
+        }
+        assert!(found, "the chart grants {verb} on {group}/{resource}");
+        if let Some(rules) = role.rules.as_mut() {
+            rules.retain(|r| !r.verbs.is_empty());
+        }
+        roles
+            .replace(&release.name, &PostParams::default(), &role)
+            .await
+            .expect("replacing the Role");
+
+        let admin = std::fs::read_to_string(kubeconfig()).expect("reading the e2e kubeconfig");
+        let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("kubeconfig YAML");
+        for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
+            user["user"]["as"] = release.service_account().into();
+        }
+        let impersonating = log_dir(&ns).join("operator-one-verb-fewer.kubeconfig");
+        std::fs::write(&impersonating, serde_yaml::to_string(&config).unwrap())
+            .expect("writing the impersonating kubeconfig");
+        let mut cfg = s.operator_config.clone();
+        cfg.kubeconfig = impersonating;
+        s.operator_config = cfg.clone();
+        s.operator = Some(start_operator(&cfg));
+
+        s.create_run(
+            "starved",
+            json!({"steps": [sim_step("only", "None", json!({"runMs": 50}))]}),
+        )
+        .await;
+        // Long enough for a healthy operator to finish it many times over.
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let run = s.runs().get("starved").await.expect("the run exists");
+        assert_ne!(
+            phase(&run),
+            Some(RunPhase::Succeeded),
+            "without {verb} on {group}/{resource} the run must not finish"
+        );
+        let log =
+            std::fs::read_to_string(s.operator.as_ref().expect("operator running").log_path())
+                .unwrap_or_default();
+        assert!(
+            log.contains("forbidden") || log.contains("Forbidden"),
+            "the operator's log shows the refusal of {verb} on {group}/{resource}"
+        );
+        s.kill_operator().await;
+        release.uninstall().await;
+        s.finish().await;
+    }
+}
