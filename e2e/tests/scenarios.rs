@@ -154,6 +154,37 @@ async fn four_step_run_succeeds_with_one_execution_per_key() {
     assert_one_success_per_key(&s, &run);
     assert_finalizers_released(&s).await;
 
+    // Events tell the story of the run (published in the background).
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = s.env().api();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .expect("listing events");
+        let count = |reason: &str| {
+            list.items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("refund"))
+                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+                .sum::<i32>()
+        };
+        let (started, succeeded, finished) = (
+            count("StepStarted"),
+            count("StepSucceeded"),
+            count("RunSucceeded"),
+        );
+        if started == 4 && succeeded == 4 && finished == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "events: StepStarted {started}, StepSucceeded {succeeded}, RunSucceeded {finished}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
     // What a person sees.
     let table = kubectl_ok(["get", "ar", "refund", "-n", s.namespace()]).await;
     let header: Vec<&str> = table

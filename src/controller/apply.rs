@@ -97,7 +97,13 @@ pub(super) async fn apply(
             source,
         })
     };
-    for action in decision.actions {
+    // Pod creations go first: they are the next step's hand-off, and nothing
+    // else in a decision is a precondition for them (the status write is).
+    let (creates, rest): (Vec<Action>, Vec<Action>) = decision
+        .actions
+        .into_iter()
+        .partition(|a| matches!(a, Action::CreatePod(_)));
+    for action in creates.into_iter().chain(rest) {
         match action {
             Action::CreatePod(pod) => {
                 let pod_name = pod.name_any();
@@ -230,10 +236,8 @@ pub(super) async fn apply(
                     action,
                     secondary: None,
                 };
-                // Events are best effort: a lost event never blocks a run.
-                if let Err(err) = ctx.recorder.publish(&event, &run.object_ref(&())).await {
-                    debug!(error = %err, "publishing event failed");
-                }
+                // Events are best effort and never delay the run.
+                ctx.events.publish(event, run.object_ref(&()));
             }
         }
     }

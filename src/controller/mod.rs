@@ -14,6 +14,7 @@
 
 mod apply;
 mod error;
+mod events;
 mod failpoints;
 mod index;
 mod orphans;
@@ -57,7 +58,8 @@ pub struct Context {
     pod_index: index::PodIndex,
     /// Approvals, managedFields kept (the decider is read from them).
     pub approvals: Store<Approval>,
-    pub recorder: Recorder,
+    /// Publishes the engine's Events in the background.
+    events: events::EventSink,
     pub metrics: Arc<Metrics>,
     /// Which caches finished their initial list (bits `SYNCED_*`).
     synced: tokio::sync::watch::Receiver<u8>,
@@ -121,6 +123,9 @@ pub async fn run(
     let (runs_store, runs_writer) = reflector::store();
     let run_stream = watcher(runs, watcher::Config::default())
         .default_backoff()
+        // The reconcile never reads a run's managedFields, which are as large
+        // as its status: keep them out of the cache.
+        .modify(|run: &mut AgentRun| run.managed_fields_mut().clear())
         .reflect(runs_writer)
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_RUNS))
         .touched_objects();
@@ -154,7 +159,7 @@ pub async fn run(
         .touched_objects();
 
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        events: events::EventSink::spawn(Recorder::new(client.clone(), reporter)),
         client: client.clone(),
         pods: pods.clone(),
         pod_index,

@@ -66,7 +66,9 @@ pub struct Observed<'a> {
 pub struct Decision {
     /// The complete desired status; written iff it differs from the input.
     pub status: AgentRunStatus,
-    /// Applied in order, only after the status write (if any) succeeded.
+    /// Applied only after the status write (if any) succeeded: Pod creations
+    /// first, then the rest in order; Events are published in the background.
+    /// No action in one decision depends on another's having been applied.
     pub actions: Vec<Action>,
     /// The time until the next deadline (backoff, approval expiry, timeout,
     /// active deadline, TTL). `Some(ZERO)` when the status changed and the run
