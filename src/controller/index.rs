@@ -44,12 +44,12 @@ impl PodIndex {
                 }
             }
             watcher::Event::Delete(pod) => {
-                if let Some((k, name)) = key(pod) {
-                    if let Some(names) = inner.live.get_mut(&k) {
-                        names.remove(&name);
-                        if names.is_empty() {
-                            inner.live.remove(&k);
-                        }
+                if let Some((k, name)) = key(pod)
+                    && let Some(names) = inner.live.get_mut(&k)
+                {
+                    names.remove(&name);
+                    if names.is_empty() {
+                        inner.live.remove(&k);
                     }
                 }
             }
