@@ -839,3 +839,51 @@ async fn http_get(url: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// An instance restarted with the same identity (a Pod that restarts in place)
+/// takes its Lease back at once instead of waiting for it to expire.
+#[tokio::test]
+async fn restarted_leader_with_the_same_identity_takes_its_lease_back_at_once() {
+    let mut s = Scenario::start_without_operator("lease-same-identity").await;
+    let mut cfg = s.operator_config.clone();
+    cfg.leader_elect = true;
+    cfg.identity = "operator-same".into();
+    s.operator_config = cfg;
+    s.start_operator(None);
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = s.env().api();
+    let renewed = || async {
+        leases
+            .get_opt("agentrun-operator")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec)
+            .filter(|spec| spec.holder_identity.as_deref() == Some("operator-same"))
+            .and_then(|spec| spec.renew_time.or(spec.acquire_time))
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while renewed().await.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the operator never took the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // SIGKILL: the Lease is not released and stays valid for its 6 s duration.
+    s.kill_operator().await;
+    s.start_operator(None);
+    let restarted = tokio::time::Instant::now();
+    s.create_run(
+        "after-restart",
+        json!({"steps": [sim_step("only", "None", json!({"runMs": 10}))]}),
+    )
+    .await;
+    let run = s.wait_finished("after-restart", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded));
+    let took = restarted.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the restarted leader acted after {took:?}: it waited for its own Lease to expire"
+    );
+    s.finish().await;
+}
