@@ -244,66 +244,35 @@ pub(super) async fn apply(
     Ok(decision.requeue_after.map(|d| d.unsigned_abs()))
 }
 
-/// Removes `agentrun.dev/result` from a Pod with a merge patch guarded by the
-/// resourceVersion we read, so a concurrent change to the finalizers is never lost.
+/// Removes `agentrun.dev/result` from a Pod, and only it: a strategic-merge
+/// `$deleteFromPrimitiveList` deletes the one entry on the server, so a
+/// finalizer someone else adds meanwhile is kept and no resourceVersion
+/// precondition (and no 409 after a status update of the Pod) is needed.
 pub(super) async fn release_finalizer(
     pods: &Api<Pod>,
     world: &World,
     pod_name: &str,
 ) -> Result<(), kube::Error> {
-    let cached = world
-        .pods
-        .iter()
-        .find(|p| p.name_any() == pod_name)
-        .cloned();
-    let mut pod = match cached {
-        Some(p) => p,
-        None => match pods.get(pod_name).await {
-            Ok(p) => p,
-            Err(err) if is_status(&err, 404) => return Ok(()),
-            Err(err) => return Err(err),
-        },
-    };
-    for _ in 0..3 {
-        if !pod
-            .finalizers()
-            .iter()
-            .any(|f| f == labels::RESULT_FINALIZER)
-        {
-            return Ok(());
-        }
-        let remaining: Vec<&String> = pod
-            .finalizers()
-            .iter()
-            .filter(|f| *f != labels::RESULT_FINALIZER)
-            .collect();
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": pod.resource_version(),
-                "finalizers": remaining,
-            }
-        });
-        match pods
-            .patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                debug!(pod = pod_name, "released result finalizer");
-                return Ok(());
-            }
-            Err(err) if is_status(&err, 404) => return Ok(()),
-            // The Pod changed since we read it (e.g. the cache was stale): re-read.
-            Err(err) if is_status(&err, 409) => {
-                pod = match pods.get(pod_name).await {
-                    Ok(p) => p,
-                    Err(err) if is_status(&err, 404) => return Ok(()),
-                    Err(err) => return Err(err),
-                };
-            }
-            Err(err) => return Err(err),
-        }
+    let cached = world.pods.iter().find(|p| p.name_any() == pod_name);
+    if cached.is_some_and(|p| !p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER)) {
+        return Ok(());
     }
-    Ok(())
+    let patch = json!({
+        "metadata": {
+            "$deleteFromPrimitiveList/finalizers": [labels::RESULT_FINALIZER],
+        }
+    });
+    match pods
+        .patch(pod_name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => {
+            debug!(pod = pod_name, "released result finalizer");
+            Ok(())
+        }
+        Err(err) if is_status(&err, 404) => Ok(()),
+        Err(err) => Err(err),
+    }
 }
 
 /// Step outcomes are counted from the engine's Events, which it emits exactly
