@@ -60,6 +60,8 @@ struct Machine<'a> {
     name: &'a str,
     uid: &'a str,
     now: Timestamp,
+    /// `now` before truncation, for deadlines that must never come early.
+    exact_now: Timestamp,
     /// The input status: what the API server has acknowledged.
     committed: AgentRunStatus,
     /// The status being decided.
@@ -89,9 +91,10 @@ impl<'a> Machine<'a> {
             name: run.metadata.name.as_deref().unwrap_or(""),
             uid,
             // Status timestamps (metav1.Time) keep whole seconds. Deciding on the
-            // same resolution keeps every stored deadline exact: a backoff of 1s
-            // recorded now is due 1s later, not up to 1s early after a re-read.
+            // same resolution keeps stamps and comparisons consistent with what
+            // is read back; backoff deadlines round up (see `backoff_until`).
             now: whole_seconds(obs.now),
+            exact_now: obs.now,
             status: input.clone(),
             committed: input,
             actions: Vec::new(),
@@ -204,6 +207,21 @@ impl<'a> Machine<'a> {
             reason,
             message,
         });
+    }
+
+    /// When a backoff of `d` that starts now ends, rounded up to the whole
+    /// second that status can hold: the retry never comes before `d` has
+    /// passed, and at most a second after.
+    fn backoff_until(&self, d: SignedDuration) -> Timestamp {
+        let exact = self.exact_now.checked_add(d).unwrap_or(Timestamp::MAX);
+        let whole = whole_seconds(exact);
+        if whole < exact {
+            whole
+                .checked_add(SignedDuration::from_secs(1))
+                .unwrap_or(Timestamp::MAX)
+        } else {
+            whole
+        }
     }
 
     fn at(&self, d: SignedDuration) -> Timestamp {
@@ -656,6 +674,10 @@ impl<'a> Machine<'a> {
         self.add_tokens(i, tokens);
         let (limit, backoff) = self.retry_limit(plan, &self.status.steps[i]);
         let now = self.now;
+        let until = self.backoff_until(plan::backoff(
+            backoff.as_ref(),
+            self.status.steps[i].failures + 1,
+        ));
         let cp = &mut self.status.steps[i];
         cp.failures += 1;
         cp.pod_uid = None;
@@ -683,7 +705,7 @@ impl<'a> Machine<'a> {
             }
         } else {
             let delay = plan::backoff(backoff.as_ref(), cp.failures);
-            let at = now.checked_add(delay).unwrap_or(Timestamp::MAX);
+            let at = until;
             cp.phase = StepPhase::Pending;
             cp.next_attempt_at = Some(Time(at));
             let message = format!(
@@ -1619,6 +1641,7 @@ impl<'a> Machine<'a> {
             )
         };
         let now = self.now;
+        let until = self.backoff_until(plan::backoff(backoff.as_ref(), cp.failures + 1));
         let failed = |why: String, m: &mut Self| {
             let c = &mut m.status.compensations[k];
             c.failures += 1;
@@ -1631,9 +1654,7 @@ impl<'a> Machine<'a> {
                 let message = format!("compensation of step {}: {why}", c.name);
                 m.event(EventType::Warning, reason::COMPENSATION_FAILED, message);
             } else {
-                let at = now
-                    .checked_add(plan::backoff(backoff.as_ref(), c.failures))
-                    .unwrap_or(Timestamp::MAX);
+                let at = until;
                 c.phase = StepPhase::Pending;
                 c.next_attempt_at = Some(Time(at));
                 c.message = Some(format!("{why}; retry {} of {limit}", c.failures));

@@ -1164,3 +1164,25 @@ fn durations_in_status_messages_use_the_manifest_form() {
         SignedDuration::from_secs(90)
     );
 }
+
+#[test]
+fn a_backoff_is_never_shortened_by_the_whole_second_status_clock() {
+    // Status keeps whole seconds; a failure seen at 0.7 s with a 1 s backoff
+    // must not be retried before 1.7 s (so not at the 1 s boundary).
+    let mut w = World::new(AgentRun::test().with_steps([step("a").with_retry(2, "1s", "1m")]));
+    w.settle();
+    w.now = t(0) + SignedDuration::from_millis(700);
+    w.update_pod("run-a-r1-a1", |p| p.exited(1, &ok_message(json!(null), 0)));
+    w.step();
+    let a = cp(&w, "a", 1);
+    assert_eq!(a.phase, StepPhase::Pending);
+    assert_eq!(
+        a.next_attempt_at.as_ref().map(|t| t.0),
+        Some(t(2)),
+        "0.7 s + 1 s, rounded up to the next whole second"
+    );
+    w.now = t(1) + SignedDuration::from_millis(900);
+    assert!(creates(&w.step()).is_empty(), "not due at 1.9 s");
+    w.now = t(2);
+    assert_eq!(creates(&w.step()), ["run-a-r1-a2"], "due at 2 s");
+}
