@@ -887,3 +887,37 @@ async fn restarted_leader_with_the_same_identity_takes_its_lease_back_at_once() 
     );
     s.finish().await;
 }
+
+/// `kubectl delete ar --cascade=foreground` keeps the run until its Pods are
+/// gone, while each Pod waits on the result finalizer: the operator must still
+/// act on a run that is being deleted, or both wait forever.
+#[tokio::test]
+async fn foreground_deletion_of_a_running_run_completes() {
+    let s = Scenario::start("foreground-delete").await;
+    s.create_run(
+        "doomed",
+        json!({"steps": [sim_step("slow", "Idempotent", json!({"runMs": 60000}))]}),
+    )
+    .await;
+    s.wait_run("doomed", "running", RUN_TIMEOUT, |r| {
+        status(r)
+            .steps
+            .iter()
+            .any(|c| c.phase == StepPhase::Running && c.pod_uid.is_some())
+    })
+    .await;
+    s.runs()
+        .delete("doomed", &DeleteParams::foreground())
+        .await
+        .expect("foreground deletion accepted");
+    agentrun_e2e::wait_for_deleted(&s.runs(), "doomed", Duration::from_secs(30)).await;
+    let pods = s
+        .pods()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(pods, 0, "the run's Pods went with it");
+    s.finish().await;
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use tracing::{debug, instrument};
 
 use super::Context;
@@ -89,11 +89,6 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
     let mut current: Arc<AgentRun> = run;
     let mut conflicts = 0;
     loop {
-        if current.meta().deletion_timestamp.is_some() {
-            // Owned Pods and Approvals go with the run; orphaned Pods give up
-            // their finalizer in `orphans`.
-            return Ok(Action::await_change());
-        }
         let world = observe(&current, ctx)?;
         let decision = engine::decide(&Observed {
             run: &current,
