@@ -46,6 +46,13 @@ struct RunArgs {
     #[arg(long, env = "AGENTRUN_WATCH_NAMESPACE")]
     namespace: Option<String>,
 
+    /// Publish an Event for every step start and success. With `false`, Events
+    /// are kept for what calls for attention (retries, disruptions, approvals,
+    /// re-plans, the run's end) and a step costs two API writes fewer; status
+    /// and the step Pods still record every start and success.
+    #[arg(long, env = "AGENTRUN_STEP_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    step_events: bool,
+
     /// Take a coordination.k8s.io Lease before acting, so only one replica acts.
     #[arg(long, env = "AGENTRUN_LEADER_ELECT", default_value_t = false)]
     leader_elect: bool,
@@ -167,6 +174,7 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let scope = Scope {
         namespace: args.namespace.clone(),
+        step_events: args.step_events,
     };
     let reporter = Reporter {
         controller: "agentrun-operator".into(),

@@ -520,6 +520,7 @@ fn chart_deployment_is_restricted_probed_and_leader_elected() {
             "--log-format=json",
             "--metrics-addr=0.0.0.0:8080",
             "--health-addr=0.0.0.0:8081",
+            "--step-events=true",
             "--leader-elect",
             "--lease-name=agentrun-operator",
         ]

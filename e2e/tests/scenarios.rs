@@ -155,26 +155,12 @@ async fn four_step_run_succeeds_with_one_execution_per_key() {
     assert_finalizers_released(&s).await;
 
     // Events tell the story of the run (published in the background).
-    let events: kube::Api<k8s_openapi::api::events::v1::Event> = s.env().api();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let list = events
-            .list(&ListParams::default())
-            .await
-            .expect("listing events");
-        let count = |reason: &str| {
-            list.items
-                .iter()
-                .filter(|e| e.reason.as_deref() == Some(reason))
-                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("refund"))
-                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-                .sum::<i32>()
-        };
-        let (started, succeeded, finished) = (
-            count("StepStarted"),
-            count("StepSucceeded"),
-            count("RunSucceeded"),
-        );
+        let count = event_counts(&s, "refund").await;
+        let n = |reason: &str| count.get(reason).copied().unwrap_or(0);
+        let (started, succeeded, finished) =
+            (n("StepStarted"), n("StepSucceeded"), n("RunSucceeded"));
         if started == 4 && succeeded == 4 && finished == 1 {
             break;
         }
@@ -305,16 +291,8 @@ async fn evicted_step_resumes_with_same_key() {
             "value": json!({"attempts": [{"runMs": 30000}, {"runMs": 50, "result": {"pages": 12}}]}).to_string()}]}},
     ]});
     s.create_run("crawl", spec).await;
-    let running = s
-        .wait_run("crawl", "running", RUN_TIMEOUT, |r| {
-            status(r)
-                .steps
-                .iter()
-                .any(|c| c.phase == StepPhase::Running && c.pod_uid.is_some())
-        })
-        .await;
+    let (running, pod) = s.wait_step_running("crawl", "crawl", RUN_TIMEOUT).await;
     let first = step(&running, "crawl").clone();
-    let pod = first.pod.clone().expect("pod recorded");
     s.pods()
         .evict(&pod, &EvictParams::default())
         .await
@@ -899,13 +877,7 @@ async fn foreground_deletion_of_a_running_run_completes() {
         json!({"steps": [sim_step("slow", "Idempotent", json!({"runMs": 60000}))]}),
     )
     .await;
-    s.wait_run("doomed", "running", RUN_TIMEOUT, |r| {
-        status(r)
-            .steps
-            .iter()
-            .any(|c| c.phase == StepPhase::Running && c.pod_uid.is_some())
-    })
-    .await;
+    s.wait_step_running("doomed", "slow", RUN_TIMEOUT).await;
     s.runs()
         .delete("doomed", &DeleteParams::foreground())
         .await
@@ -919,5 +891,75 @@ async fn foreground_deletion_of_a_running_run_completes() {
         .items
         .len();
     assert_eq!(pods, 0, "the run's Pods went with it");
+    s.finish().await;
+}
+
+/// Events on run `run` by reason, counting the repeats of a series.
+async fn event_counts(s: &Scenario, run: &str) -> BTreeMap<String, i32> {
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = s.env().api();
+    let list = events
+        .list(&ListParams::default())
+        .await
+        .expect("listing events");
+    let mut counts = BTreeMap::new();
+    for e in list
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(run))
+    {
+        *counts
+            .entry(e.reason.clone().unwrap_or_default())
+            .or_insert(0) += e.series.as_ref().map_or(1, |s| s.count);
+    }
+    counts
+}
+
+/// `--step-events=false` leaves out the two Events every step emits, and
+/// keeps the ones that call for attention.
+#[tokio::test]
+async fn without_step_events_only_what_calls_for_attention_is_published() {
+    let mut s = Scenario::start_without_operator("quiet-events").await;
+    s.operator_config
+        .extra_env
+        .push(("AGENTRUN_STEP_EVENTS".into(), "false".into()));
+    s.start_operator(None);
+    s.create_run("quiet", json!({"steps": [
+        {"name": "flaky", "effect": "Idempotent", "retry": {"limit": 1, "backoff": {"initial": "1s"}},
+         "container": {"image": "registry.example/flaky:1", "env": [{"name": "SIM_STEP",
+            "value": json!({"attempts": [{"runMs": 50, "exitCode": 2}, {"runMs": 50}]}).to_string()}]}},
+        sim_step("report", "None", json!({"runMs": 50})),
+    ]}))
+    .await;
+    let run = s.wait_finished("quiet", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let counts = loop {
+        let counts = event_counts(&s, "quiet").await;
+        if counts.contains_key("RunSucceeded") && counts.contains_key("StepRetrying") {
+            // Events are published in the order they were decided; give any
+            // straggler from earlier decisions a moment before counting.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            break event_counts(&s, "quiet").await;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no RunSucceeded and StepRetrying Events yet: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(counts.get("StepRetrying"), Some(&1), "{counts:?}");
+    assert_eq!(counts.get("RunSucceeded"), Some(&1), "{counts:?}");
+    assert!(
+        !counts.contains_key("StepStarted") && !counts.contains_key("StepSucceeded"),
+        "{counts:?}"
+    );
+    // Status still records every start and success.
+    for c in &status(&run).steps {
+        assert!(
+            c.started_at.is_some() && c.finished_at.is_some(),
+            "{}",
+            c.name
+        );
+    }
     s.finish().await;
 }

@@ -440,9 +440,11 @@ pub struct StepCheckpoint {
     /// The Pod of the current or last attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
-    /// The UID of the running attempt's Pod once it has been seen; a Pod seen
-    /// once and then gone (or replaced) was lost, not merely not yet cached.
-    /// Cleared when the attempt ends.
+    /// The UID of a NonIdempotent step's running Pod once it has been seen; a
+    /// Pod seen once and then gone (or replaced) was lost, not merely not yet
+    /// cached, and may have acted. Not recorded for other steps, whose Pod is
+    /// simply created again under the same name and key. Cleared when the
+    /// attempt ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
     /// What the step is doing or how it ended.

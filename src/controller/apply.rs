@@ -35,19 +35,28 @@ fn is_status(err: &kube::Error, code: u16) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == code)
 }
 
-/// Applies `decision` for `run`; returns when to look at the run again.
+/// What applying a decision did.
+pub(super) struct Applied {
+    /// When to look at the run again.
+    pub requeue: Option<Duration>,
+    /// The run as the status write left it, when there was one.
+    pub written: Option<AgentRun>,
+}
+
+/// Applies `decision` for `run`.
 pub(super) async fn apply(
     runs: &Api<AgentRun>,
     run: &AgentRun,
     world: &World,
     decision: Decision,
     ctx: &Context,
-) -> Result<Option<Duration>, Outcome> {
+) -> Result<Applied, Outcome> {
     let name = run.name_any();
     let ns = run.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let run_ref = format!("{ns}/{name}");
 
     let current_status = run.status.clone().unwrap_or_default();
+    let mut written_run = None;
     if decision.status != current_status {
         // Server-side apply of the whole owned status, guarded by the
         // resourceVersion we decided on: a stale or deposed operator gets 409.
@@ -69,8 +78,9 @@ pub(super) async fn apply(
             .checkpoint_write_duration
             .observe(started.elapsed().as_secs_f64());
         match written {
-            Ok(_) => {
+            Ok(written) => {
                 debug!("status committed");
+                written_run = Some(written);
                 failpoints::hit("after-status-write");
                 if commits_an_outcome(&current_status, &decision.status) {
                     failpoints::hit("after-checkpoint");
@@ -112,8 +122,9 @@ pub(super) async fn apply(
                     ..Default::default()
                 };
                 match pods.create(&pp, &pod).await {
-                    Ok(_) => {
+                    Ok(created) => {
                         info!(pod = %pod_name, "created step pod");
+                        ctx.expectations.created(created);
                         ctx.metrics.steps_started.inc();
                         failpoints::hit("after-create-pod");
                     }
@@ -132,6 +143,7 @@ pub(super) async fn apply(
                             .into());
                         }
                         debug!(pod = %pod_name, "step pod already exists");
+                        ctx.expectations.created(existing);
                         ctx.metrics.duplicate_creates_suppressed.inc();
                     }
                     Err(err) => return Err(fail(format!("creating pod {pod_name}"), err)),
@@ -149,9 +161,13 @@ pub(super) async fn apply(
                 }
             }
             Action::ReleaseFinalizer { pod: pod_name } => {
-                release_finalizer(&pods, world, &pod_name)
+                let cached = world.pods.iter().find(|p| p.name_any() == pod_name);
+                if let Some(released) = release_finalizer(&pods, cached, &pod_name)
                     .await
-                    .map_err(|e| fail(format!("releasing finalizer of pod {pod_name}"), e))?;
+                    .map_err(|e| fail(format!("releasing finalizer of pod {pod_name}"), e))?
+                {
+                    ctx.expectations.released(released);
+                }
             }
             Action::CreateApproval(approval) => {
                 let approval_name = approval.name_any();
@@ -222,6 +238,10 @@ pub(super) async fn apply(
                 message,
             } => {
                 count_event(ctx, reason);
+                if !ctx.step_events && ROUTINE_STEP_EVENTS.contains(&reason) {
+                    // `--step-events=false`: status and the Pods record these.
+                    continue;
+                }
                 // The recorder folds events with the same (type, reason, action)
                 // into one series showing the first note; the note is the action
                 // here, so only true repeats are folded.
@@ -241,21 +261,31 @@ pub(super) async fn apply(
             }
         }
     }
-    Ok(decision.requeue_after.map(|d| d.unsigned_abs()))
+    Ok(Applied {
+        requeue: decision.requeue_after.map(|d| d.unsigned_abs()),
+        written: written_run,
+    })
 }
+
+/// The Events every step emits on its way through; `--step-events=false`
+/// leaves them out and keeps the ones that call for attention.
+const ROUTINE_STEP_EVENTS: [&str; 2] = [
+    crate::engine::reasons::reason::STEP_STARTED,
+    crate::engine::reasons::reason::STEP_SUCCEEDED,
+];
 
 /// Removes `agentrun.dev/result` from a Pod, and only it: a strategic-merge
 /// `$deleteFromPrimitiveList` deletes the one entry on the server, so a
 /// finalizer someone else adds meanwhile is kept and no resourceVersion
 /// precondition (and no 409 after a status update of the Pod) is needed.
+/// Returns the patched Pod when a patch was sent.
 pub(super) async fn release_finalizer(
     pods: &Api<Pod>,
-    world: &World,
+    cached: Option<&Pod>,
     pod_name: &str,
-) -> Result<(), kube::Error> {
-    let cached = world.pods.iter().find(|p| p.name_any() == pod_name);
+) -> Result<Option<Pod>, kube::Error> {
     if cached.is_some_and(|p| !p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER)) {
-        return Ok(());
+        return Ok(None);
     }
     let patch = json!({
         "metadata": {
@@ -266,11 +296,11 @@ pub(super) async fn release_finalizer(
         .patch(pod_name, &PatchParams::default(), &Patch::Strategic(&patch))
         .await
     {
-        Ok(_) => {
+        Ok(pod) => {
             debug!(pod = pod_name, "released result finalizer");
-            Ok(())
+            Ok(Some(pod))
         }
-        Err(err) if is_status(&err, 404) => Ok(()),
+        Err(err) if is_status(&err, 404) => Ok(None),
         Err(err) => Err(err),
     }
 }

@@ -15,6 +15,7 @@
 mod apply;
 mod error;
 mod events;
+mod expectations;
 mod failpoints;
 mod index;
 mod orphans;
@@ -42,11 +43,23 @@ const SYNCED_PODS: u8 = 2;
 const SYNCED_APPROVALS: u8 = 4;
 const SYNCED_ALL: u8 = SYNCED_RUNS | SYNCED_PODS | SYNCED_APPROVALS;
 
-/// Where the operator looks for runs.
-#[derive(Clone, Debug, Default)]
+/// Where the operator looks for runs, and what it tells people.
+#[derive(Clone, Debug)]
 pub struct Scope {
     /// Watch only this namespace; `None` watches all namespaces.
     pub namespace: Option<String>,
+    /// Publish an Event for every step start and success, not only for
+    /// retries, disruptions, approvals, re-plans and the run's end.
+    pub step_events: bool,
+}
+
+impl Default for Scope {
+    fn default() -> Self {
+        Scope {
+            namespace: None,
+            step_events: true,
+        }
+    }
 }
 
 /// What every reconcile shares.
@@ -60,6 +73,10 @@ pub struct Context {
     pub approvals: Store<Approval>,
     /// Publishes the engine's Events in the background.
     events: events::EventSink,
+    /// Publish `StepStarted` and `StepSucceeded` (`--step-events`).
+    step_events: bool,
+    /// Pod writes this process just made that the cache may not show yet.
+    expectations: Arc<expectations::Expectations>,
     pub metrics: Arc<Metrics>,
     /// Which caches finished their initial list (bits `SYNCED_*`).
     synced: tokio::sync::watch::Receiver<u8>,
@@ -133,6 +150,7 @@ pub async fn run(
     let (pods, pods_writer) = reflector::store();
     let pod_index = index::PodIndex::default();
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel();
+    let expectations = Arc::new(expectations::Expectations::default());
     let pod_stream = watcher(pods_api, watcher::Config::default().labels(labels::RUN))
         .default_backoff()
         .modify(|pod: &mut Pod| {
@@ -141,7 +159,11 @@ pub async fn run(
         .reflect(pods_writer)
         .inspect_ok({
             let pod_index = pod_index.clone();
-            move |event| pod_index.apply(event)
+            let expectations = expectations.clone();
+            move |event| {
+                pod_index.apply(event);
+                expectations.observe(event);
+            }
         })
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_PODS))
         .touched_objects()
@@ -160,6 +182,8 @@ pub async fn run(
 
     let ctx = Arc::new(Context {
         events: events::EventSink::spawn(Recorder::new(client.clone(), reporter)),
+        step_events: scope.step_events,
+        expectations,
         client: client.clone(),
         pods: pods.clone(),
         pod_index,

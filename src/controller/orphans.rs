@@ -11,7 +11,6 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{info, warn};
 
 use super::apply::release_finalizer;
-use super::reconcile::World;
 use crate::api::AgentRun;
 use crate::labels;
 
@@ -66,12 +65,9 @@ pub(super) async fn release_orphans(
             continue;
         }
         let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let world = World {
-            pods: vec![(*pod).clone()],
-            approvals: vec![],
-        };
-        match release_finalizer(&pod_api, &world, &pod.name_any()).await {
-            Ok(()) => info!(pod = %pod_ref, "released finalizer of a pod whose run is gone"),
+        match release_finalizer(&pod_api, Some(&*pod), &pod.name_any()).await {
+            Ok(Some(_)) => info!(pod = %pod_ref, "released finalizer of a pod whose run is gone"),
+            Ok(None) => {}
             Err(err) => warn!(pod = %pod_ref, error = %err, "releasing finalizer of orphaned pod"),
         }
     }

@@ -1,5 +1,6 @@
 //! One reconcile of one AgentRun: observe → decide → apply → requeue.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,9 @@ use crate::metrics::CategoryLabel;
 /// How many times one reconcile re-reads and re-decides after a 409 on the
 /// status write before handing the run back to the queue.
 const MAX_CONFLICTS: u32 = 5;
+/// How many follow-up decisions one reconcile makes on the object its own
+/// status write returned, when a decision asks to be looked at again at once.
+const MAX_FOLLOW_UPS: u32 = 3;
 
 /// What the cluster shows for one run, gathered from the caches.
 pub(super) struct World {
@@ -48,13 +52,22 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
             refs.iter().any(|r| r.uid == uid)
         };
-    let pods = ctx
+    let mut pods: BTreeMap<String, Pod> = ctx
         .pod_index
         .pods_of(ns, name)
         .into_iter()
         .filter_map(|pod| ctx.pods.get(&ObjectRef::new(&pod).within(ns)))
+        .map(|p| (p.name_any(), (*p).clone()))
+        .collect();
+    // Pods this process created or released moments ago stand in for cached
+    // copies the watch has not updated yet, so the engine does not ask for the
+    // same write again.
+    for pod in ctx.expectations.pods_of(ns, name) {
+        pods.insert(pod.name_any(), pod);
+    }
+    let pods = pods
+        .into_values()
         .filter(|p| owned_by_run(p.owner_references()))
-        .map(|p| (*p).clone())
         .collect();
     let approvals = ctx
         .approvals
@@ -88,6 +101,7 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
 
     let mut current: Arc<AgentRun> = run;
     let mut conflicts = 0;
+    let mut follow_ups = 0;
     loop {
         let world = observe(&current, ctx)?;
         let decision = engine::decide(&Observed {
@@ -97,9 +111,21 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
             now: jiff::Timestamp::now(),
         });
         match apply::apply(&runs, &current, &world, decision, ctx).await {
-            Ok(requeue) => {
+            Ok(applied) => {
                 ctx.record_success(&obj_ref);
-                return Ok(match requeue {
+                // A decision that wrote status and asks to be looked at again
+                // at once (the Pod of the step it launched, the finalizer of
+                // the step it committed) goes on from the object the write
+                // returned: the cache may not have that write yet, and a
+                // decision on the older copy would only meet a 409.
+                if let (Some(written), Some(Duration::ZERO)) = (applied.written, applied.requeue)
+                    && follow_ups < MAX_FOLLOW_UPS
+                {
+                    follow_ups += 1;
+                    current = Arc::new(written);
+                    continue;
+                }
+                return Ok(match applied.requeue {
                     Some(after) => Action::requeue(after),
                     None => Action::await_change(),
                 });

@@ -6,9 +6,13 @@
 //! 3. release finalizers of Pods whose outcome the input status holds (D5);
 //! 4. observe the running attempt: record its outcome (D3, D6, D7, D9);
 //! 5. run limits: cancel, active deadline, token budget;
-//! 6. if nothing was recorded in this decision: start what comes next —
-//!    planner, approval gate, re-plan on stale input (D8), compactor (D11),
-//!    the next attempt (D1, D2) — or wind down through compensation;
+//! 6. unless this decision recorded a failure, a disruption, a re-plan or a
+//!    planner's plan: start what comes next — planner, approval gate, re-plan
+//!    on stale input (D8), compactor (D11), the next attempt (D1, D2) — or
+//!    wind down through compensation. A step's success and the launch of the
+//!    step after it share one status write; the controller applies actions
+//!    only once that write is acknowledged, so the next Pod never exists
+//!    before the checkpoint it depends on is saved (D4);
 //! 7. derive phase, progress and conditions from the result.
 
 use std::collections::HashMap;
@@ -68,8 +72,11 @@ struct Machine<'a> {
     status: AgentRunStatus,
     actions: Vec<Action>,
     deadlines: Vec<Timestamp>,
-    /// An outcome was recorded by this decision: nothing that depends on it
-    /// may start before it is committed (D4).
+    /// This decision recorded something that changes what comes next (a
+    /// failure, a disruption, a re-plan, a planner's plan): the next decision
+    /// starts from it once it is committed. A step's success is not among
+    /// them: what follows it is decided in the same write (D4 holds because
+    /// actions are applied only after that write).
     recorded: bool,
     /// Our Pods (controlled by this run's UID) by name.
     pods: HashMap<&'a str, &'a Pod>,
@@ -450,20 +457,32 @@ impl<'a> Machine<'a> {
         let pod = self.pods.get(pod_name.as_str()).copied();
         match observe::observe(pod, cp.pod_uid.as_deref()) {
             Observation::NotSeen => {
-                // Intent is in status; the create may not have happened or the
-                // cache may lag. Create-if-absent makes repeating it safe.
+                // Intent is in status; the create may not have happened (a
+                // crash between the write and the create) or the cache may
+                // lag. Create-if-absent makes repeating it safe, but a create
+                // made now starts the step now: it must still be allowed to.
+                if self.run.spec.suspend {
+                    return;
+                }
+                if cp.role == StepRole::Step
+                    && cp.plan_revision == plan.revision
+                    && let Some(at) = plan.steps.iter().position(|s| s.name == cp.name)
+                    && self.replan_if_stale(plan, at)
+                {
+                    return; // D8: never started on inputs that went stale meanwhile
+                }
                 if let Some(pod) = self.pod_for_step(plan, &cp) {
                     self.actions.push(Action::CreatePod(Box::new(pod)));
                 }
             }
             Observation::Live { uid } => {
-                if cp.pod_uid.is_none() && uid.is_some() {
+                if cp.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, &cp) {
                     self.status.steps[i].pod_uid = uid;
                 }
                 self.check_timeout(plan, i);
             }
             Observation::Terminating { uid } => {
-                if cp.pod_uid.is_none() && uid.is_some() {
+                if cp.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, &cp) {
                     self.status.steps[i].pod_uid = uid;
                 }
             }
@@ -492,6 +511,21 @@ impl<'a> Machine<'a> {
                 self.on_disruption(plan, i, "its Pod vanished", true, TokenUsage::default());
             }
         }
+    }
+
+    /// Whether a Pod of this attempt that vanished unseen must be told apart
+    /// from one never created, which costs a status write to record its UID.
+    /// Only a NonIdempotent step's answer differs (a Reconcile approval
+    /// instead of running again with the same key, D6). For every other step
+    /// a vanished Pod is created again under the same name and key, which is
+    /// what a disruption leads to anyway. The result finalizer keeps every
+    /// deleted or evicted Pod visible until its outcome is committed, so only
+    /// a Pod whose finalizer someone stripped can vanish at all.
+    fn may_have_acted_matters(&self, plan: &Plan<'_>, cp: &StepCheckpoint) -> bool {
+        cp.role == StepRole::Step
+            && self
+                .step_spec(plan, &cp.name)
+                .is_none_or(|s| s.effect == Effect::NonIdempotent)
     }
 
     fn check_timeout(&mut self, plan: &Plan<'_>, i: usize) {
@@ -587,7 +621,6 @@ impl<'a> Machine<'a> {
         cp.fresh_until = fresh_for.map(|d| Time(self.now.checked_add(d).unwrap_or(Timestamp::MAX)));
         let name = cp.name.clone();
         let attempt = cp.attempt;
-        self.recorded = true;
         match role {
             StepRole::Step => self.event(
                 EventType::Normal,
@@ -603,7 +636,11 @@ impl<'a> Machine<'a> {
                 );
             }
             StepRole::Planner => match plan::parse_planner_plan(report.plan.as_ref()) {
-                Ok(steps) => self.adopt_plan(&name, steps),
+                Ok(steps) => {
+                    // The new plan is resolved and started by the next decision.
+                    self.recorded = true;
+                    self.adopt_plan(&name, steps);
+                }
                 Err(e) => {
                     let cp = &mut self.status.steps[i];
                     cp.phase = StepPhase::Failed;

@@ -213,8 +213,9 @@ impl Sim {
                     );
                 }
                 if pod_role == PodRole::Step {
-                    // The plan may be recorded with the first launch; the
-                    // checkpoints a launch depends on must already be committed.
+                    // Actions are applied only once the decided status is
+                    // acknowledged, so the checkpoints a launch depends on must
+                    // be committed in it (D4): recorded earlier, or in that write.
                     let plan = decided.plan.clone().expect("a plan with any step Pod");
                     let i = plan
                         .step_names
@@ -222,7 +223,7 @@ impl Sim {
                         .position(|n| *n == step)
                         .expect("step in the committed plan");
                     for earlier in &plan.step_names[..i] {
-                        let ok = committed.steps.iter().any(|c| {
+                        let ok = decided.steps.iter().any(|c| {
                             c.role == StepRole::Step
                                 && &c.name == earlier
                                 && c.plan_revision <= rev

@@ -252,58 +252,93 @@ fn an_unchanged_world_gives_back_the_same_status() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn a_step_outcome_is_committed_before_the_next_step_starts() {
+fn a_step_outcome_and_the_next_launch_share_one_write() {
     let mut w = World::new(two_steps());
     w.settle();
     w.update_pod("run-a-r1-a1", |p| {
         p.succeeded(&ok_message(json!({"rows": 3}), 7))
     });
-    let record = w.step();
-    let a = cp(&w, "a", 1);
+    let hand_off = w.decide();
+    let a = hand_off
+        .status
+        .steps
+        .iter()
+        .find(|c| c.name == "a")
+        .cloned()
+        .unwrap();
     assert_eq!(
         (a.phase, a.checkpoint),
         (StepPhase::Succeeded, CheckpointState::Committed)
     );
     assert_eq!(a.result, Some(json!({"rows": 3})));
     assert_eq!(a.effect, Some(EffectOutcome::Applied));
-    assert_eq!(w.status().tokens_used, 7);
-    assert!(
-        creates(&record).is_empty(),
-        "D4: step b does not start in the decision that records a"
+    assert_eq!(hand_off.status.tokens_used, 7);
+    // D4: b's Pod is an action of the decision whose status holds a's outcome;
+    // actions are applied only once that status is acknowledged.
+    assert_eq!(creates(&hand_off), ["run-b-r1-a1"]);
+    let b = hand_off
+        .status
+        .steps
+        .iter()
+        .find(|c| c.name == "b")
+        .unwrap();
+    assert_eq!(
+        (b.phase, b.pod.as_deref()),
+        (StepPhase::Running, Some("run-b-r1-a1")),
+        "b's launch is recorded in the same write as a's outcome"
     );
     assert!(
-        releases(&record).is_empty(),
+        releases(&hand_off).is_empty(),
         "D5: the finalizer stays until the outcome is committed"
     );
+    assert_eq!(
+        hand_off.requeue_after,
+        secs(0),
+        "the next decision releases a's finalizer"
+    );
+    w.commit(&hand_off);
     let next = w.step();
-    assert_eq!(creates(&next), ["run-b-r1-a1"]);
+    assert!(creates(&next).is_empty(), "b is not launched twice");
     assert_eq!(releases(&next), ["run-a-r1-a1"]);
+    assert_eq!(next.status, w.status(), "no further write");
     assert_eq!(cp(&w, "a", 1), a, "D3: the checkpoint does not change");
 }
 
 #[test]
 fn a_failed_status_write_starts_nothing_and_reports_no_success() {
-    let mut w = World::new(AgentRun::test().with_steps([step("a")]));
+    let mut w = World::new(two_steps());
     w.settle();
     w.update_pod("run-a-r1-a1", |p| p.succeeded(""));
     // The write of this decision fails (409): nothing is applied, the world is unchanged.
     let lost = w.decide();
-    assert_eq!(
-        lost.status.phase,
-        Some(RunPhase::Running),
-        "not Succeeded in the same decision as the outcome"
-    );
+    assert_eq!(creates(&lost), ["run-b-r1-a1"]);
+    assert!(!w.pods.contains_key("run-b-r1-a1"), "D4: b does not start");
+    assert_eq!(w.status().phase, Some(RunPhase::Running));
     let again = w.step();
     assert_eq!(
         again.status.steps, lost.status.steps,
         "the same outcome is recorded again"
     );
+    w.update_pod("run-b-r1-a1", |p| p.succeeded(""));
+    let last = w.decide();
+    assert_eq!(
+        last.status.phase,
+        Some(RunPhase::Succeeded),
+        "the last outcome and Succeeded are one write"
+    );
+    assert_eq!(
+        w.status().phase,
+        Some(RunPhase::Running),
+        "D4: not Succeeded until that write is acknowledged"
+    );
     w.settle();
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
-    assert!(
-        w.pods["run-a-r1-a1"].metadata.finalizers.is_none(),
-        "released after the commit"
-    );
+    for pod in ["run-a-r1-a1", "run-b-r1-a1"] {
+        assert!(
+            w.pods[pod].metadata.finalizers.is_none(),
+            "{pod} released after the commit"
+        );
+    }
 }
 
 #[test]
@@ -403,18 +438,12 @@ fn disruptions_do_not_consume_retries() {
                 w.update_pod("run-a-r1-a1", |p| p.exited(143, "").deleting(now))
             },
         },
-        Case {
-            name: "pod vanished after it was seen",
-            disrupt: |w| {
-                w.pods.remove("run-a-r1-a1");
-            },
-        },
     ];
     for c in cases {
         let mut w = World::new(AgentRun::test().with_steps([step("a")]));
         w.settle();
         w.update_pod("run-a-r1-a1", |p| p.running());
-        w.settle(); // the Pod's UID is now recorded
+        w.settle();
         (c.disrupt)(&mut w);
         w.settle();
         let a = cp(&w, "a", 1);
@@ -505,6 +534,44 @@ fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
             c.name
         );
     }
+}
+
+#[test]
+fn a_vanished_pod_reruns_with_the_same_key_or_asks_a_person() {
+    // An Idempotent step's Pod costs no write while it runs: if it vanishes
+    // (finalizer stripped, then deleted) it is created again, same name, same key.
+    let mut w = World::new(AgentRun::test().with_steps([step("a")]));
+    w.settle();
+    let launched = w.status();
+    w.update_pod("run-a-r1-a1", |p| p.running());
+    let seen = w.step();
+    assert_eq!(seen.status, launched, "no write just because the Pod runs");
+    w.pods.remove("run-a-r1-a1");
+    let again = w.step();
+    assert_eq!(creates(&again), ["run-a-r1-a1"]);
+    assert_eq!(cp(&w, "a", 1).attempt, 1);
+
+    // A NonIdempotent step's Pod UID is recorded once seen, so its vanishing
+    // is told apart from a create that never happened (D6).
+    let mut w =
+        World::new(AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent)]));
+    w.settle();
+    w.update_pod("run-a-r1-a1", |p| p.running());
+    w.settle();
+    assert!(cp(&w, "a", 1).pod_uid.is_some());
+    w.pods.remove("run-a-r1-a1");
+    w.settle();
+    let a = cp(&w, "a", 1);
+    assert_eq!(
+        (a.phase, a.disruptions, a.effect),
+        (
+            StepPhase::WaitingForApproval,
+            1,
+            Some(EffectOutcome::Unknown)
+        )
+    );
+    assert!(w.approvals.contains_key("run-a-r1-reconcile-a1"));
+    assert_eq!(w.created.len(), 1, "not run again without a person");
 }
 
 #[test]
@@ -741,6 +808,35 @@ fn a_stale_input_replans_from_the_stale_step_with_new_keys() {
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
     assert_eq!(w.status().progress.as_deref(), Some("3/3"));
     assert_eq!(condition_of(&w, condition::STALE).0, "False");
+}
+
+#[test]
+fn a_launch_recorded_before_a_crash_is_not_created_on_inputs_stale_since() {
+    let mut w =
+        World::new(AgentRun::test().with_steps([step("quote").with_fresh_for("3s"), step("buy")]));
+    w.settle();
+    w.update_pod("run-quote-r1-a1", |p| {
+        p.succeeded(&ok_message(json!(10), 0))
+    });
+    // quote's outcome and buy's launch are written together; the operator
+    // dies before it creates buy's Pod, and comes back after quote went stale.
+    let hand_off = w.decide();
+    assert_eq!(creates(&hand_off), ["run-buy-r1-a1"]);
+    w.run.status = Some(hand_off.status);
+    w.advance(4);
+    let d = w.step();
+    assert!(
+        creates(&d).is_empty(),
+        "D8: buy does not start on a stale quote"
+    );
+    assert!(events(&d).contains(&reason::REPLANNED));
+    assert_eq!(cp(&w, "buy", 1).phase, StepPhase::Superseded);
+    w.settle();
+    assert!(w.pods.contains_key("run-quote-r2-a1"), "quote runs again");
+    assert!(
+        !w.pods.contains_key("run-buy-r1-a1"),
+        "buy never ran on the old quote"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -89,6 +89,9 @@ struct Args {
     /// RUST_LOG for the operator.
     #[arg(long, default_value = "info")]
     operator_log: String,
+    /// The operator's `--step-events` (an Event per step start and success).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    step_events: bool,
 }
 
 /// Where things are.
@@ -270,6 +273,7 @@ fn start_operator(setup: &Setup, ns: &str, dir: &Path) -> Res<Operator> {
         .arg(metrics.to_string())
         .arg("--health-addr")
         .arg(health.to_string())
+        .arg(format!("--step-events={}", setup.args.step_events))
         .env("KUBECONFIG", &setup.kubeconfig)
         .env("RUST_LOG", &setup.args.operator_log)
         .env_remove("AGENTRUN_FAILPOINT")

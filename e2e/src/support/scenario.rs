@@ -147,6 +147,39 @@ impl Scenario {
         }
     }
 
+    /// Waits until step `step`'s current attempt is recorded and its Pod is
+    /// running; returns the run as it was then and the Pod's name.
+    pub async fn wait_step_running(
+        &self,
+        run: &str,
+        step: &str,
+        timeout: Duration,
+    ) -> (AgentRun, String) {
+        let recorded = self
+            .wait_run(run, &format!("running step {step}"), timeout, |r| {
+                status(r).steps.iter().any(|c| {
+                    c.name == step
+                        && c.phase == agentrun_operator::api::StepPhase::Running
+                        && c.pod.is_some()
+                })
+            })
+            .await;
+        let pod = status(&recorded)
+            .steps
+            .iter()
+            .rev()
+            .find(|c| c.name == step && c.pod.is_some())
+            .and_then(|c| c.pod.clone())
+            .expect("the attempt's Pod is recorded");
+        let is_running = |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                == Some("Running")
+        };
+        super::wait::wait_for(&self.pods(), &pod, is_running, timeout).await;
+        (recorded, pod)
+    }
+
     /// Waits for a terminal phase and returns the run.
     pub async fn wait_finished(&self, name: &str, timeout: Duration) -> AgentRun {
         self.wait_run(name, "finished", timeout, |r| {

@@ -1,0 +1,178 @@
+//! What this process just did to step Pods and its Pod cache may not show yet
+//! (the Job controller's "expectations").
+//!
+//! A reconcile that runs right after its own Pod create or finalizer release
+//! decides on a cache the watch has not caught up with: the new Pod looks
+//! missing and the released one still holds the finalizer, so the engine asks
+//! for the same write again. The write would be harmless (create-if-absent,
+//! an idempotent release), but it is an API call on every step. An entry here
+//! stands for the cache until the watch delivers the change or the entry
+//! expires. Nothing here is durable or needs to be: after a restart the
+//! caches are listed fresh and a repeated write is still safe.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::runtime::watcher;
+
+use crate::labels;
+
+/// How long an unconfirmed write stands for the cache. Long enough for a
+/// watch under load; short enough that a Pod which vanished before the cache
+/// ever saw it is created again without much delay.
+const TTL: Duration = Duration::from_secs(30);
+
+type Key = (String, String);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Write {
+    /// Created by this process; not yet in the cache.
+    Created,
+    /// Its result finalizer released by this process; the cache still shows it.
+    Released,
+}
+
+struct Entry {
+    write: Write,
+    /// The Pod as the API server returned it after the write.
+    pod: Pod,
+    at: Instant,
+}
+
+/// Recent Pod writes by (namespace, Pod name).
+#[derive(Default)]
+pub struct Expectations(Mutex<HashMap<Key, Entry>>);
+
+impl Expectations {
+    /// Records a Pod this process created, as the API server returned it.
+    pub fn created(&self, pod: Pod) {
+        self.record(Write::Created, pod);
+    }
+
+    /// Records a Pod whose result finalizer this process released, as the
+    /// API server returned it.
+    pub fn released(&self, pod: Pod) {
+        self.record(Write::Released, pod);
+    }
+
+    /// The Pods of `run` in `namespace` that this process wrote and the
+    /// cache does not show yet: each is newer than any cached copy, because
+    /// the first watch event after the write settles its entry.
+    pub fn pods_of(&self, namespace: &str, run: &str) -> Vec<Pod> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .filter(|((ns, _), e)| {
+                ns == namespace
+                    && e.at.elapsed() < TTL
+                    && e.pod.labels().get(labels::RUN).map(String::as_str) == Some(run)
+            })
+            .map(|(_, e)| e.pod.clone())
+            .collect()
+    }
+
+    /// Settles entries from one watch event of the Pod cache.
+    pub fn observe(&self, event: &watcher::Event<Pod>) {
+        let settle = |pod: &Pod, deleted: bool| {
+            let Some(ns) = pod.namespace() else { return };
+            let key = (ns, pod.name_any());
+            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(entry) = map.get(&key) else { return };
+            let settled = deleted
+                || entry.pod.uid() != pod.uid()
+                || match entry.write {
+                    Write::Created => true,
+                    Write::Released => !pod
+                        .finalizers()
+                        .iter()
+                        .any(|f| f == labels::RESULT_FINALIZER),
+                };
+            if settled {
+                map.remove(&key);
+            }
+        };
+        match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => settle(pod, false),
+            watcher::Event::Delete(pod) => settle(pod, true),
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+
+    fn record(&self, write: Write, pod: Pod) {
+        let Some(ns) = pod.namespace() else { return };
+        let now = Instant::now();
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, e| now.duration_since(e.at) < TTL);
+        map.insert(
+            (ns, pod.name_any()),
+            Entry {
+                write,
+                pod,
+                at: now,
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+
+    fn pod(name: &str, uid: &str, finalizer: bool) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(uid.into()),
+                labels: Some([(labels::RUN.to_owned(), "r1".to_owned())].into()),
+                finalizers: finalizer.then(|| vec![labels::RESULT_FINALIZER.to_owned()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn names(e: &Expectations, ns: &str, run: &str) -> Vec<String> {
+        let mut v: Vec<String> = e.pods_of(ns, run).iter().map(|p| p.name_any()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_created_pod_stands_for_the_cache_until_the_watch_shows_it() {
+        let e = Expectations::default();
+        e.created(pod("p1", "u1", true));
+        assert_eq!(names(&e, "ns", "r1"), ["p1"]);
+        assert!(names(&e, "other", "r1").is_empty(), "per namespace");
+        assert!(names(&e, "ns", "r2").is_empty(), "per run");
+        e.observe(&watcher::Event::Apply(pod("p1", "u1", true)));
+        assert!(names(&e, "ns", "r1").is_empty());
+    }
+
+    #[test]
+    fn a_release_stands_until_the_finalizer_is_gone_or_the_pod_is() {
+        let e = Expectations::default();
+        e.released(pod("p1", "u1", false));
+        e.released(pod("p2", "u2", false));
+        e.observe(&watcher::Event::Apply(pod("p1", "u1", true)));
+        assert_eq!(
+            names(&e, "ns", "r1"),
+            ["p1", "p2"],
+            "an event from before the release does not settle it"
+        );
+        e.observe(&watcher::Event::Apply(pod("p1", "u1", false)));
+        e.observe(&watcher::Event::Delete(pod("p2", "u2", true)));
+        assert!(names(&e, "ns", "r1").is_empty());
+    }
+
+    #[test]
+    fn a_pod_of_the_same_name_with_another_uid_settles_the_entry() {
+        let e = Expectations::default();
+        e.released(pod("p1", "u1", false));
+        e.observe(&watcher::Event::Apply(pod("p1", "u2", true)));
+        assert!(names(&e, "ns", "r1").is_empty());
+    }
+}
