@@ -124,7 +124,7 @@ pub(super) async fn apply(
                 match pods.create(&pp, &pod).await {
                     Ok(created) => {
                         info!(pod = %pod_name, "created step pod");
-                        ctx.expectations.created(created);
+                        ctx.expectations.created(created, &ctx.pods);
                         ctx.metrics.steps_started.inc();
                         failpoints::hit("after-create-pod");
                     }
@@ -143,7 +143,7 @@ pub(super) async fn apply(
                             .into());
                         }
                         debug!(pod = %pod_name, "step pod already exists");
-                        ctx.expectations.created(existing);
+                        ctx.expectations.created(existing, &ctx.pods);
                         ctx.metrics.duplicate_creates_suppressed.inc();
                     }
                     Err(err) => return Err(fail(format!("creating pod {pod_name}"), err)),
@@ -166,7 +166,7 @@ pub(super) async fn apply(
                     .await
                     .map_err(|e| fail(format!("releasing finalizer of pod {pod_name}"), e))?
                 {
-                    ctx.expectations.released(released);
+                    ctx.expectations.released(released, &ctx.pods);
                 }
             }
             Action::CreateApproval(approval) => {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use crate::labels;
@@ -47,15 +48,17 @@ struct Entry {
 pub struct Expectations(Mutex<HashMap<Key, Entry>>);
 
 impl Expectations {
-    /// Records a Pod this process created, as the API server returned it.
-    pub fn created(&self, pod: Pod) {
-        self.record(Write::Created, pod);
+    /// Records a Pod this process created, as the API server returned it,
+    /// unless `cache` (the Pod cache, read under the same lock the watch
+    /// settles entries with) already shows it.
+    pub fn created(&self, pod: Pod, cache: &Store<Pod>) {
+        self.record(Write::Created, pod, cache);
     }
 
     /// Records a Pod whose result finalizer this process released, as the
-    /// API server returned it.
-    pub fn released(&self, pod: Pod) {
-        self.record(Write::Released, pod);
+    /// API server returned it, unless `cache` already shows the release.
+    pub fn released(&self, pod: Pod, cache: &Store<Pod>) {
+        self.record(Write::Released, pod, cache);
     }
 
     /// The Pods of `run` in `namespace` that this process wrote and the
@@ -72,6 +75,10 @@ impl Expectations {
             .map(|(_, e)| e.pod.clone())
             .collect()
     }
+
+    /// How long an entry stands at most: a reconcile that decided on one
+    /// looks again by then, in case no watch event comes to settle it.
+    pub const TTL: Duration = TTL;
 
     /// Settles entries from one watch event of the Pod cache.
     pub fn observe(&self, event: &watcher::Event<Pod>) {
@@ -100,11 +107,27 @@ impl Expectations {
         }
     }
 
-    fn record(&self, write: Write, pod: Pod) {
+    fn record(&self, write: Write, pod: Pod, cache: &Store<Pod>) {
         let Some(ns) = pod.namespace() else { return };
         let now = Instant::now();
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         map.retain(|_, e| now.duration_since(e.at) < TTL);
+        // The watch may have delivered the change before the API server's
+        // answer came back; it then settled nothing, and an entry made now
+        // would hide newer cached copies until it expires. The cache is
+        // written before the watch event reaches `observe`, which waits for
+        // this lock, so checking it here leaves no gap.
+        let cached = cache.get(&ObjectRef::from_obj(&pod));
+        let shown = match write {
+            Write::Created => cached.is_some_and(|c| c.uid() == pod.uid()),
+            Write::Released => cached.is_none_or(|c| {
+                c.uid() != pod.uid()
+                    || !c.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER)
+            }),
+        };
+        if shown {
+            return;
+        }
         map.insert(
             (ns, pod.name_any()),
             Entry {
@@ -120,6 +143,7 @@ impl Expectations {
 mod tests {
     use super::*;
     use kube::api::ObjectMeta;
+    use kube::runtime::reflector::{self, store::Writer};
 
     fn pod(name: &str, uid: &str, finalizer: bool) -> Pod {
         Pod {
@@ -141,38 +165,77 @@ mod tests {
         v
     }
 
+    /// The Pod cache and the watch: the cache is written, then `observe` runs.
+    struct Watch(Writer<Pod>);
+
+    impl Watch {
+        fn deliver(&mut self, e: &Expectations, event: watcher::Event<Pod>) {
+            self.0.apply_watcher_event(&event);
+            e.observe(&event);
+        }
+    }
+
+    fn cache() -> (Store<Pod>, Watch) {
+        let (store, writer) = reflector::store();
+        (store, Watch(writer))
+    }
+
     #[test]
     fn a_created_pod_stands_for_the_cache_until_the_watch_shows_it() {
         let e = Expectations::default();
-        e.created(pod("p1", "u1", true));
+        let (store, mut watch) = cache();
+        e.created(pod("p1", "u1", true), &store);
         assert_eq!(names(&e, "ns", "r1"), ["p1"]);
         assert!(names(&e, "other", "r1").is_empty(), "per namespace");
         assert!(names(&e, "ns", "r2").is_empty(), "per run");
-        e.observe(&watcher::Event::Apply(pod("p1", "u1", true)));
+        watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
         assert!(names(&e, "ns", "r1").is_empty());
+    }
+
+    #[test]
+    fn a_write_the_watch_delivered_before_its_answer_is_not_recorded() {
+        let e = Expectations::default();
+        let (store, mut watch) = cache();
+        // The Pod was created, ran and succeeded before the create's answer came back.
+        watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
+        e.created(pod("p1", "u1", true), &store);
+        assert!(
+            names(&e, "ns", "r1").is_empty(),
+            "it would hide the newer copy"
+        );
+        watch.deliver(&e, watcher::Event::Apply(pod("p2", "u2", false)));
+        e.released(pod("p2", "u2", false), &store);
+        e.released(pod("p3", "u3", false), &store);
+        assert!(names(&e, "ns", "r1").is_empty(), "released, or gone");
     }
 
     #[test]
     fn a_release_stands_until_the_finalizer_is_gone_or_the_pod_is() {
         let e = Expectations::default();
-        e.released(pod("p1", "u1", false));
-        e.released(pod("p2", "u2", false));
-        e.observe(&watcher::Event::Apply(pod("p1", "u1", true)));
+        let (store, mut watch) = cache();
+        watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
+        watch.deliver(&e, watcher::Event::Apply(pod("p2", "u2", true)));
+        e.released(pod("p1", "u1", false), &store);
+        e.released(pod("p2", "u2", false), &store);
+        assert_eq!(names(&e, "ns", "r1"), ["p1", "p2"]);
+        watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
         assert_eq!(
             names(&e, "ns", "r1"),
             ["p1", "p2"],
             "an event from before the release does not settle it"
         );
-        e.observe(&watcher::Event::Apply(pod("p1", "u1", false)));
-        e.observe(&watcher::Event::Delete(pod("p2", "u2", true)));
+        watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", false)));
+        watch.deliver(&e, watcher::Event::Delete(pod("p2", "u2", true)));
         assert!(names(&e, "ns", "r1").is_empty());
     }
 
     #[test]
     fn a_pod_of_the_same_name_with_another_uid_settles_the_entry() {
         let e = Expectations::default();
-        e.released(pod("p1", "u1", false));
-        e.observe(&watcher::Event::Apply(pod("p1", "u2", true)));
+        let (store, mut watch) = cache();
+        watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
+        e.released(pod("p1", "u1", false), &store);
+        watch.deliver(&e, watcher::Event::Apply(pod("p1", "u2", true)));
         assert!(names(&e, "ns", "r1").is_empty());
     }
 }

@@ -82,7 +82,18 @@ pub struct Context {
     synced: tokio::sync::watch::Receiver<u8>,
     /// Consecutive failures per run, for the per-object backoff.
     failures: Mutex<HashMap<ObjectRef<AgentRun>, u32>>,
+    /// The runs as the watch last showed them.
+    runs: Store<AgentRun>,
+    /// Reconciles doing work at once, granted first come, first served.
+    slots: tokio::sync::Semaphore,
 }
+
+/// Reconciles that do work at once. kube-runtime's own limit, once reached,
+/// serves the runs waiting for a slot in hash order rather than arrival
+/// order, so under sustained load some runs waited minutes while others went
+/// round many times. Its limit is therefore lifted and this one, a fair
+/// (first-in, first-out) semaphore, taken at the start of each reconcile.
+const CONCURRENT_RECONCILES: usize = 16;
 
 impl Context {
     /// Waits until the Pod and Approval caches hold the cluster's state. Before
@@ -191,10 +202,13 @@ pub async fn run(
         metrics: metrics.clone(),
         synced: synced_rx.clone(),
         failures: Mutex::new(HashMap::new()),
+        runs: runs_store.clone(),
+        slots: tokio::sync::Semaphore::new(CONCURRENT_RECONCILES),
     });
 
+    // No limit here: `slots` is the limit (see CONCURRENT_RECONCILES).
     let controller = Controller::for_stream(run_stream, runs_store.clone())
-        .with_config(controller::Config::default().concurrency(16))
+        .with_config(controller::Config::default().concurrency(0))
         .owns_stream(pod_stream)
         .watches_stream(approval_stream, |approval: Approval| {
             // The Approval names its run; the owner reference says the same.

@@ -28,6 +28,9 @@ const MAX_FOLLOW_UPS: u32 = 3;
 pub(super) struct World {
     pub pods: Vec<Pod>,
     pub approvals: Vec<Approval>,
+    /// Some Pods are this process's own recent writes standing in for the
+    /// cache (see `expectations`).
+    pub stand_ins: bool,
 }
 
 /// Gathers the run's step Pods (by label, then by owner UID so a same-named
@@ -62,7 +65,9 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
     // Pods this process created or released moments ago stand in for cached
     // copies the watch has not updated yet, so the engine does not ask for the
     // same write again.
-    for pod in ctx.expectations.pods_of(ns, name) {
+    let expected = ctx.expectations.pods_of(ns, name);
+    let stand_ins = !expected.is_empty();
+    for pod in expected {
         pods.insert(pod.name_any(), pod);
     }
     let pods = pods
@@ -80,11 +85,26 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         })
         .map(|a| (*a).clone())
         .collect();
-    Ok(World { pods, approvals })
+    Ok(World {
+        pods,
+        approvals,
+        stand_ins,
+    })
 }
 
 #[instrument(skip(run, ctx), fields(run = %run.name_any(), namespace = run.namespace().unwrap_or_default()))]
 pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.caches_synced().await;
+    // Wait for a slot in arrival order, then decide on the run as the watch
+    // shows it now: the copy this reconcile was started with may be older.
+    let _slot = ctx
+        .slots
+        .acquire()
+        .await
+        .expect("the semaphore is never closed");
+    let Some(run) = ctx.runs.get(&ObjectRef::from_obj(run.as_ref())) else {
+        return Ok(Action::await_change()); // deleted meanwhile
+    };
     let started = std::time::Instant::now();
     let result = reconcile_inner(run, &ctx).await;
     ctx.metrics
@@ -94,7 +114,6 @@ pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<A
 }
 
 async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Action> {
-    ctx.caches_synced().await;
     let obj_ref = ObjectRef::from_obj(run.as_ref());
     let ns = run.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let runs: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
@@ -125,7 +144,15 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
                     current = Arc::new(written);
                     continue;
                 }
-                return Ok(match applied.requeue {
+                // A decision made on stand-ins looks again once they have
+                // expired, in case no watch event comes to settle them.
+                let requeue = if world.stand_ins {
+                    let cap = super::expectations::Expectations::TTL;
+                    Some(applied.requeue.map_or(cap, |after| after.min(cap)))
+                } else {
+                    applied.requeue
+                };
+                return Ok(match requeue {
                     Some(after) => Action::requeue(after),
                     None => Action::await_change(),
                 });

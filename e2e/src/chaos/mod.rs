@@ -102,6 +102,13 @@ impl ChaosConfig {
             duration_limit: Duration::from_secs(120),
             settle: Duration::from_secs(60),
             kill_every: (Duration::from_secs(4), Duration::from_secs(9)),
+            // A step costs few writes; a fifth of them failing keeps the
+            // short run above its fault minimum.
+            proxy: ProxyConfig {
+                seed,
+                write_fault_rate: 0.2,
+                ..ProxyConfig::default()
+            },
             ..ChaosConfig::long(seed)
         }
     }
