@@ -1151,7 +1151,7 @@ async fn helm_install_watching_one_namespace_grants_nothing_elsewhere() {
 /// deletes it after its TTL, and never hits a 403 on the way.
 #[tokio::test]
 async fn operator_runs_a_gated_run_under_the_charts_rbac() {
-    use agentrun_e2e::support::processes::{log_dir, start_operator};
+    use agentrun_e2e::support::processes::{impersonating_kubeconfig, log_dir, start_operator};
     use agentrun_e2e::support::scenario::{Scenario, phase, sim_step};
     use agentrun_e2e::wait_for_deleted;
     use agentrun_operator::api::RunPhase;
@@ -1174,16 +1174,11 @@ async fn operator_runs_a_gated_run_under_the_charts_rbac() {
         .await;
 
     // A kubeconfig that acts as the chart's ServiceAccount.
-    let admin = std::fs::read_to_string(kubeconfig()).expect("reading the e2e kubeconfig");
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("kubeconfig YAML");
-    for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
-        user["user"]["as"] = release.service_account().into();
-    }
-    let impersonating = log_dir(&ns).join("operator-as-serviceaccount.kubeconfig");
-    std::fs::write(&impersonating, serde_yaml::to_string(&config).unwrap())
-        .expect("writing the impersonating kubeconfig");
     let mut cfg = s.operator_config.clone();
-    cfg.kubeconfig = impersonating;
+    cfg.kubeconfig = impersonating_kubeconfig(
+        &release.service_account(),
+        log_dir(&ns).join("operator-as-serviceaccount.kubeconfig"),
+    );
     cfg.leader_elect = true;
     s.operator_config = cfg.clone();
     s.operator = Some(start_operator(&cfg));
@@ -1256,7 +1251,7 @@ async fn operator_runs_a_gated_run_under_the_charts_rbac() {
 /// refused (403) and the run does not finish.
 #[tokio::test]
 async fn one_verb_fewer_and_the_operator_cannot_drive_a_run() {
-    use agentrun_e2e::support::processes::{log_dir, start_operator};
+    use agentrun_e2e::support::processes::{impersonating_kubeconfig, log_dir, start_operator};
     use agentrun_e2e::support::scenario::{Scenario, phase, sim_step};
     use agentrun_operator::api::RunPhase;
     use serde_json::json;
@@ -1304,16 +1299,11 @@ async fn one_verb_fewer_and_the_operator_cannot_drive_a_run() {
             .await
             .expect("replacing the Role");
 
-        let admin = std::fs::read_to_string(kubeconfig()).expect("reading the e2e kubeconfig");
-        let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("kubeconfig YAML");
-        for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
-            user["user"]["as"] = release.service_account().into();
-        }
-        let impersonating = log_dir(&ns).join("operator-one-verb-fewer.kubeconfig");
-        std::fs::write(&impersonating, serde_yaml::to_string(&config).unwrap())
-            .expect("writing the impersonating kubeconfig");
         let mut cfg = s.operator_config.clone();
-        cfg.kubeconfig = impersonating;
+        cfg.kubeconfig = impersonating_kubeconfig(
+            &release.service_account(),
+            log_dir(&ns).join("operator-one-verb-fewer.kubeconfig"),
+        );
         s.operator_config = cfg.clone();
         s.operator = Some(start_operator(&cfg));
 

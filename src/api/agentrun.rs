@@ -585,7 +585,9 @@ pub struct CompensationCheckpoint {
     pub idempotency_key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
-    /// The UID of the running attempt's Pod once seen (see `StepCheckpoint.podUid`).
+    /// Not recorded: compensations are repeatable, so a Pod that vanished
+    /// unseen is simply created again. Kept for status written before.
+    /// (`StepCheckpoint.podUid` explains the field.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
     pub phase: StepPhase,

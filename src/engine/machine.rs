@@ -545,7 +545,14 @@ impl<'a> Machine<'a> {
         let (Some(timeout), Some(started)) = (timeout, cp.started_at.as_ref()) else {
             return;
         };
-        let deadline = started.0.checked_add(timeout).unwrap_or(Timestamp::MAX);
+        // `startedAt` holds whole seconds; the launch happened within the
+        // second after it. Counting from the end of that second means an
+        // attempt is stopped at most a second after its timeout, never before.
+        let deadline = started
+            .0
+            .checked_add(SignedDuration::from_secs(1))
+            .and_then(|t| t.checked_add(timeout))
+            .unwrap_or(Timestamp::MAX);
         if deadline > self.now {
             self.deadlines.push(deadline);
             return;
@@ -707,56 +714,72 @@ impl<'a> Machine<'a> {
     }
 
     /// A failed attempt (exit code, timeout, bad result) consumes the retry budget.
+    /// Where a failed attempt leaves its step or compensation, `failures`
+    /// counting this one: retried after its backoff (never early, see
+    /// `backoff_until`) or, past `limit`, failed for good.
+    fn after_failure(
+        &self,
+        why: &str,
+        failures: i32,
+        limit: i32,
+        backoff: Option<&crate::api::Backoff>,
+    ) -> AfterFailure {
+        if failures > limit {
+            return AfterFailure::Exhausted(format!("{why}; no retries left (limit {limit})"));
+        }
+        let delay = plan::backoff(backoff, failures);
+        AfterFailure::Retry {
+            at: Time(self.backoff_until(delay)),
+            message: format!(
+                "{why}; retry {failures} of {limit} after {}",
+                timeout_text(delay)
+            ),
+        }
+    }
+
     fn on_failure(&mut self, plan: &Plan<'_>, i: usize, why: String, tokens: TokenUsage) {
         self.add_tokens(i, tokens);
         let (limit, backoff) = self.retry_limit(plan, &self.status.steps[i]);
+        let failures = self.status.steps[i].failures + 1;
+        let next = self.after_failure(&why, failures, limit, backoff.as_ref());
         let now = self.now;
-        let until = self.backoff_until(plan::backoff(
-            backoff.as_ref(),
-            self.status.steps[i].failures + 1,
-        ));
         let cp = &mut self.status.steps[i];
-        cp.failures += 1;
+        cp.failures = failures;
         cp.pod_uid = None;
         self.recorded = true;
-        if cp.failures > limit {
-            cp.phase = StepPhase::Failed;
-            cp.checkpoint = CheckpointState::Committed;
-            cp.finished_at = Some(Time(now));
-            cp.next_attempt_at = None;
-            if cp.role == StepRole::Step {
-                cp.effect = Some(EffectOutcome::NotApplied);
+        match next {
+            AfterFailure::Exhausted(message) => {
+                cp.phase = StepPhase::Failed;
+                cp.checkpoint = CheckpointState::Committed;
+                cp.finished_at = Some(Time(now));
+                cp.next_attempt_at = None;
+                if cp.role == StepRole::Step {
+                    cp.effect = Some(EffectOutcome::NotApplied);
+                }
+                cp.message = Some(message.clone());
+                let (role, name) = (cp.role, cp.name.clone());
+                if role == StepRole::Compactor {
+                    // Without a summary the oldest results are simply left out.
+                    self.event(
+                        EventType::Warning,
+                        reason::STEP_FAILED,
+                        format!("compactor before {name}: {message}"),
+                    );
+                } else {
+                    self.fail_run(reason::STEP_FAILED, format!("step {name}: {message}"));
+                }
             }
-            let message = format!("{why}; no retries left (limit {limit})");
-            cp.message = Some(message.clone());
-            let (role, name) = (cp.role, cp.name.clone());
-            if role == StepRole::Compactor {
-                // Without a summary the oldest results are simply left out.
+            AfterFailure::Retry { at, message } => {
+                cp.phase = StepPhase::Pending;
+                cp.next_attempt_at = Some(at);
+                cp.message = Some(message.clone());
+                let name = cp.name.clone();
                 self.event(
                     EventType::Warning,
-                    reason::STEP_FAILED,
-                    format!("compactor before {name}: {message}"),
+                    reason::STEP_RETRYING,
+                    format!("step {name}: {message}"),
                 );
-            } else {
-                self.fail_run(reason::STEP_FAILED, format!("step {name}: {message}"));
             }
-        } else {
-            let delay = plan::backoff(backoff.as_ref(), cp.failures);
-            let at = until;
-            cp.phase = StepPhase::Pending;
-            cp.next_attempt_at = Some(Time(at));
-            let message = format!(
-                "{why}; retry {} of {limit} after {}",
-                cp.failures,
-                timeout_text(delay)
-            );
-            cp.message = Some(message.clone());
-            let name = cp.name.clone();
-            self.event(
-                EventType::Warning,
-                reason::STEP_RETRYING,
-                format!("step {name}: {message}"),
-            );
         }
     }
 
@@ -1678,23 +1701,26 @@ impl<'a> Machine<'a> {
             )
         };
         let now = self.now;
-        let until = self.backoff_until(plan::backoff(backoff.as_ref(), cp.failures + 1));
         let failed = |why: String, m: &mut Self| {
+            let failures = m.status.compensations[k].failures + 1;
+            let next = m.after_failure(&why, failures, limit, backoff.as_ref());
             let c = &mut m.status.compensations[k];
-            c.failures += 1;
+            c.failures = failures;
             c.pod_uid = None;
             m.recorded = true;
-            if c.failures > limit {
-                c.phase = StepPhase::Failed;
-                c.finished_at = Some(Time(now));
-                c.message = Some(format!("{why}; no retries left (limit {limit})"));
-                let message = format!("compensation of step {}: {why}", c.name);
-                m.event(EventType::Warning, reason::COMPENSATION_FAILED, message);
-            } else {
-                let at = until;
-                c.phase = StepPhase::Pending;
-                c.next_attempt_at = Some(Time(at));
-                c.message = Some(format!("{why}; retry {} of {limit}", c.failures));
+            match next {
+                AfterFailure::Exhausted(message) => {
+                    c.phase = StepPhase::Failed;
+                    c.finished_at = Some(Time(now));
+                    c.message = Some(message);
+                    let message = format!("compensation of step {}: {why}", c.name);
+                    m.event(EventType::Warning, reason::COMPENSATION_FAILED, message);
+                }
+                AfterFailure::Retry { at, message } => {
+                    c.phase = StepPhase::Pending;
+                    c.next_attempt_at = Some(at);
+                    c.message = Some(message);
+                }
             }
         };
         match observe::observe(pod, cp.pod_uid.as_deref()) {
@@ -1705,11 +1731,9 @@ impl<'a> Machine<'a> {
                     )));
                 }
             }
-            Observation::Live { uid } | Observation::Terminating { uid } => {
-                if cp.pod_uid.is_none() && uid.is_some() {
-                    self.status.compensations[k].pod_uid = uid;
-                }
-            }
+            // Compensations are repeatable: one whose Pod vanished unseen is
+            // simply created again, so its UID is not worth a write.
+            Observation::Live { .. } | Observation::Terminating { .. } => {}
             Observation::Succeeded { message } => match result::parse(message.as_deref()) {
                 Ok(_) => {
                     let c = &mut self.status.compensations[k];
@@ -1944,6 +1968,14 @@ impl<'a> Machine<'a> {
 }
 
 /// `t` truncated to whole seconds, the resolution of `metav1.Time`.
+/// Where a failed attempt leaves its step or compensation.
+enum AfterFailure {
+    /// No retries left; the message says why.
+    Exhausted(String),
+    /// Retried at `at`.
+    Retry { at: Time, message: String },
+}
+
 fn whole_seconds(t: Timestamp) -> Timestamp {
     Timestamp::from_second(t.as_second()).unwrap_or(t)
 }

@@ -593,8 +593,14 @@ fn a_timed_out_attempt_is_stopped_counted_and_not_overlapped() {
     w.settle();
     w.update_pod("run-a-r1-a1", |p| p.running());
     let d = w.settle();
-    assert_eq!(d.requeue_after, secs(30), "requeue exactly at the timeout");
+    assert_eq!(
+        d.requeue_after,
+        secs(31),
+        "at the timeout counted from the end of the whole second startedAt names"
+    );
     w.advance(30);
+    assert!(deletes(&w.step()).is_empty(), "never before the timeout");
+    w.advance(1);
     let d = w.step();
     assert_eq!(deletes(&d), ["run-a-r1-a1"]);
     assert!(events(&d).contains(&reason::STEP_TIMED_OUT));

@@ -47,6 +47,23 @@ pub fn free_port() -> u16 {
 }
 
 /// Where a scenario's process logs go.
+/// Writes a copy of the e2e kubeconfig whose users act as `user`
+/// (impersonation, e.g. `system:serviceaccount:NS:NAME`) to `path`, and
+/// returns `path`: an operator started with it has exactly that user's rights.
+pub fn impersonating_kubeconfig(user: &str, path: PathBuf) -> PathBuf {
+    let admin = std::fs::read_to_string(kubeconfig()).expect("reading the e2e kubeconfig");
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("kubeconfig YAML");
+    for entry in config["users"].as_sequence_mut().expect("kubeconfig users") {
+        entry["user"]["as"] = user.into();
+    }
+    std::fs::write(
+        &path,
+        serde_yaml::to_string(&config).expect("kubeconfig YAML"),
+    )
+    .expect("writing the impersonating kubeconfig");
+    path
+}
+
 pub fn log_dir(namespace: &str) -> PathBuf {
     let base = std::env::var_os("AGENTRUN_E2E_DIR")
         .map(PathBuf::from)
