@@ -106,7 +106,10 @@ pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<A
         return Ok(Action::await_change()); // deleted meanwhile
     };
     let started = std::time::Instant::now();
-    let result = reconcile_inner(run, &ctx).await;
+    // Boxed: a reconcile waiting for its slot then stays a few hundred bytes
+    // instead of the size of the whole decide-and-apply state machine, which
+    // matters with a thousand runs in line.
+    let result = Box::pin(reconcile_inner(run, &ctx)).await;
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
