@@ -244,19 +244,10 @@ async fn operator_down_while_a_pod_succeeds_records_the_result_on_restart() {
         sim_step("after", "None", json!({"runMs": 50})),
     ]});
     s.create_run("slow-run", spec).await;
-    s.wait_run("slow-run", "running its first step", RUN_TIMEOUT, |r| {
-        status(r)
-            .steps
-            .iter()
-            .any(|c| c.name == "slow" && c.phase == StepPhase::Running)
-    })
-    .await;
+    // Its Pod must exist: the launch is recorded in status before the Pod is created.
+    let (_, pod) = s.wait_step_running("slow-run", "slow", RUN_TIMEOUT).await;
     // The Pod succeeds while no operator is there to record it.
     s.kill_operator().await;
-    let pod = step(&s.runs().get("slow-run").await.unwrap(), "slow")
-        .pod
-        .clone()
-        .unwrap();
     agentrun_e2e::wait_for(
         &s.pods(),
         &pod,
