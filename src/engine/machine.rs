@@ -713,7 +713,6 @@ impl<'a> Machine<'a> {
         )
     }
 
-    /// A failed attempt (exit code, timeout, bad result) consumes the retry budget.
     /// Where a failed attempt leaves its step or compensation, `failures`
     /// counting this one: retried after its backoff (never early, see
     /// `backoff_until`) or, past `limit`, failed for good.
@@ -737,6 +736,7 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// A failed attempt (exit code, timeout, bad result) consumes the retry budget.
     fn on_failure(&mut self, plan: &Plan<'_>, i: usize, why: String, tokens: TokenUsage) {
         self.add_tokens(i, tokens);
         let (limit, backoff) = self.retry_limit(plan, &self.status.steps[i]);
