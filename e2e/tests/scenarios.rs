@@ -71,11 +71,7 @@ fn assert_one_success_per_key(s: &Scenario, run: &AgentRun) {
 async fn assert_finalizers_released(s: &Scenario) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let pods = s
-            .pods()
-            .list(&ListParams::default())
-            .await
-            .expect("listing pods");
+        let pods = s.list_pods().await;
         let held: Vec<String> = pods
             .iter()
             .filter(|p| p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
@@ -663,13 +659,7 @@ async fn finished_run_is_deleted_after_its_ttl_with_its_pods_and_approvals() {
     // The garbage collector removes what the run owned.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let pods = s
-            .pods()
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len();
+        let pods = s.list_pods().await.len();
         let approvals = s
             .approvals()
             .list(&ListParams::default())
@@ -748,13 +738,7 @@ async fn two_operators_one_acts_and_the_standby_takes_over_without_duplicates() 
         executions.values().all(|n| *n == 1),
         "no step ran twice: {executions:?}"
     );
-    let pods = s
-        .pods()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .len();
+    let pods = s.list_pods().await.len();
     assert_eq!(pods, 6, "no duplicate pods");
     b.kill().await;
     s.finish().await;
@@ -874,13 +858,7 @@ async fn foreground_deletion_of_a_running_run_completes() {
         .await
         .expect("foreground deletion accepted");
     agentrun_e2e::wait_for_deleted(&s.runs(), "doomed", Duration::from_secs(30)).await;
-    let pods = s
-        .pods()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .len();
+    let pods = s.list_pods().await.len();
     assert_eq!(pods, 0, "the run's Pods went with it");
     s.finish().await;
 }

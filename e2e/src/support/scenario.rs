@@ -72,6 +72,15 @@ impl Scenario {
         self.env().api()
     }
 
+    /// Every Pod in the scenario's namespace, as the API server has them now.
+    pub async fn list_pods(&self) -> Vec<Pod> {
+        self.pods()
+            .list(&kube::api::ListParams::default())
+            .await
+            .expect("listing pods")
+            .items
+    }
+
     pub fn approvals(&self) -> Api<Approval> {
         self.env().api()
     }
