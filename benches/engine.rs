@@ -71,6 +71,7 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
             run: &run,
             pods: &pods,
             approvals: &[],
+            refused: &[],
             now,
         });
         run.status = Some(d.status);
@@ -111,6 +112,7 @@ fn bench(c: &mut Criterion) {
         run: &run,
         pods: &pods,
         approvals: &[],
+        refused: &[],
         now,
     };
     let d = decide(&observed);

@@ -485,6 +485,11 @@ pub struct StepCheckpoint {
     /// The Approval this step waits on, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<String>,
+    /// For a step behind an approval gate: the digest of the step as the
+    /// approval asked about it. Only a step with this digest is released by
+    /// the approval (D14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_digest: Option<String>,
     /// A person-readable account of the last thing that happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

@@ -36,14 +36,16 @@ use super::{Effect, OnTimeout};
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    validation = Rule::new("!has(self.spec.decision) || has(oldSelf.spec.decision) || !has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Pending'").message(kube::core::Message::Expression("'spec.decision: approval ' + self.metadata.name + ' is ' + oldSelf.status.phase + (has(oldSelf.status.message) ? ' (' + oldSelf.status.message + ')' : '') + ' and can no longer be decided'".into())),
 )]
 #[x_kube(
     validation = Rule::new("!has(self.decision) || (self.kind == 'Approve' ? self.decision in ['Approved', 'Rejected'] : self.decision in ['Retry', 'MarkSucceeded', 'MarkFailed'])").message("spec.decision: an Approve approval takes Approved or Rejected; a Reconcile approval takes Retry, MarkSucceeded or MarkFailed").field_path(".decision").reason(Reason::FieldValueInvalid),
     validation = Rule::new("!has(oldSelf.decision) || (has(self.decision) && self.decision == oldSelf.decision)").message("spec.decision: a decision is final once made and cannot be changed or removed").field_path(".decision").reason(Reason::FieldValueForbidden),
     validation = Rule::new("!has(oldSelf.comment) || !has(oldSelf.decision) || (has(self.comment) && self.comment == oldSelf.comment)").message("spec.comment: the comment of a made decision cannot be changed").field_path(".comment").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.expiresAt) == has(oldSelf.expiresAt) && (!has(self.expiresAt) || self.expiresAt == oldSelf.expiresAt)").message("spec.expiresAt is immutable: the deadline was set when the approval was requested").field_path(".expiresAt").reason(Reason::FieldValueForbidden),
-    validation = Rule::new("has(self.context) == has(oldSelf.context) && (!has(self.context) || self.context == oldSelf.context)").message("spec.context is immutable").field_path(".context").reason(Reason::FieldValueForbidden)
+    validation = Rule::new("has(self.context) == has(oldSelf.context) && (!has(self.context) || self.context == oldSelf.context)").message("spec.context is immutable").field_path(".context").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.stepDigest) == has(oldSelf.stepDigest) && (!has(self.stepDigest) || self.stepDigest == oldSelf.stepDigest)").message("spec.stepDigest is immutable: the approval is bound to the step as it was when asked").field_path(".stepDigest").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalSpec {
@@ -84,6 +86,14 @@ pub struct ApprovalSpec {
     /// When the request expires; then `onTimeout` applies. Unset: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Time>,
+    /// The sha256 of the step this approval is about, as it was when asked:
+    /// its container (image, command, args, env), effect, compensation and
+    /// the run's Pod defaults. An approval releases only a step with this
+    /// digest (D14); a step changed after the request needs a new decision.
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub step_digest: Option<String>,
     /// The decision taken at expiry (for `Approve` approvals). Immutable.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.onTimeout is immutable"))]
@@ -152,7 +162,7 @@ pub struct ApprovalStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<Time>,
     /// The field manager that wrote `spec.decision` (e.g. `kubectl-patch`), or
-    /// `agentrun-operator` for an expiry.
+    /// `agentrun-operator` for an expiry or a supersession.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -169,4 +179,8 @@ pub enum ApprovalPhase {
     Expired,
     /// A Reconcile approval whose decision was applied.
     Resolved,
+    /// The run no longer waits on this approval: its step changed (a new
+    /// approval was asked), the plan was revised, or the run ended. A
+    /// decision made on it is not applied; the API server refuses new ones.
+    Superseded,
 }

@@ -15,13 +15,16 @@ use super::error::Error;
 use super::reconcile::World;
 use super::{Context, failpoints};
 use crate::api::{AgentRun, AgentRunStatus, Approval, CheckpointState};
-use crate::engine::{Action, Decision, EventType};
+use crate::engine::{Action, Decision, EventType, Refusal, RefusalCause};
 use crate::labels;
 
 /// Why applying a decision stopped.
 pub(super) enum Outcome {
     /// The status write hit a stale resourceVersion: re-read and re-decide.
     Conflict,
+    /// The decision would create Pods without a status write, and a quorum
+    /// read shows the run has moved on since: decide again on this copy.
+    Stale(Box<AgentRun>),
     Failed(Error),
 }
 
@@ -41,6 +44,8 @@ pub(super) struct Applied {
     pub requeue: Option<Duration>,
     /// The run as the status write left it, when there was one.
     pub written: Option<AgentRun>,
+    /// Creations the API server refused; the engine decides what they mean.
+    pub refused: Vec<Refusal>,
 }
 
 /// Applies `decision` for `run`.
@@ -97,8 +102,29 @@ pub(super) async fn apply(
         }
     }
 
+    let creates_pods = decision
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::CreatePod(_)));
+    if creates_pods && written_run.is_none() {
+        // The fence for a Pod whose attempt this decision did not record
+        // (one missing from the cache): its intent was committed earlier, and
+        // a paused or deposed operator, or a cache behind the run, may be
+        // deciding on a status that has moved on (the attempt closed). A quorum
+        // read proves the decision was made on the run as it stands.
+        let fresh = runs.get(&name).await.map_err(|source| Error::Reread {
+            run: run_ref.clone(),
+            source,
+        })?;
+        if fresh.resource_version() != run.resource_version() {
+            debug!("the run moved on since the decision; deciding again before creating pods");
+            return Err(Outcome::Stale(Box::new(fresh)));
+        }
+    }
+
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let approvals: Api<Approval> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut refused = Vec::new();
     let run_uid = run.uid().unwrap_or_default();
     let fail = |action: String, source: kube::Error| {
         Outcome::Failed(Error::Apply {
@@ -135,16 +161,24 @@ pub(super) async fn apply(
                             .await
                             .map_err(|e| fail(format!("reading existing pod {pod_name}"), e))?;
                         if !existing.owner_references().iter().any(|r| r.uid == run_uid) {
-                            return Err(Error::ForeignObject {
-                                run: run_ref.clone(),
-                                kind: "Pod",
+                            refused.push(Refusal {
+                                message: held_by(existing.owner_references()),
                                 name: pod_name,
-                            }
-                            .into());
+                                cause: RefusalCause::NameTaken,
+                            });
+                            continue;
                         }
                         debug!(pod = %pod_name, "step pod already exists");
                         ctx.expectations.created(existing, &ctx.pods);
                         ctx.metrics.duplicate_creates_suppressed.inc();
+                    }
+                    Err(kube::Error::Api(status)) => {
+                        info!(pod = %pod_name, code = status.code, message = %status.message, "the API server refused a step pod");
+                        refused.push(Refusal {
+                            name: pod_name,
+                            cause: refusal_cause(&status),
+                            message: status.message,
+                        });
                     }
                     Err(err) => return Err(fail(format!("creating pod {pod_name}"), err)),
                 }
@@ -182,15 +216,20 @@ pub(super) async fn apply(
                             fail(format!("reading existing approval {approval_name}"), e)
                         })?;
                         if existing.spec.run_uid != run_uid {
-                            return Err(Error::ForeignObject {
-                                run: run_ref.clone(),
-                                kind: "Approval",
+                            refused.push(Refusal {
+                                message: held_by(existing.owner_references()),
                                 name: approval_name,
-                            }
-                            .into());
+                                cause: RefusalCause::NameTaken,
+                            });
+                            continue;
                         }
                         ctx.metrics.duplicate_creates_suppressed.inc();
                     }
+                    Err(kube::Error::Api(status)) => refused.push(Refusal {
+                        name: approval_name,
+                        cause: refusal_cause(&status),
+                        message: status.message,
+                    }),
                     Err(err) => {
                         return Err(fail(format!("creating approval {approval_name}"), err));
                     }
@@ -198,11 +237,15 @@ pub(super) async fn apply(
             }
             Action::SetApprovalStatus {
                 name: approval_name,
+                resource_version,
                 status,
             } => {
+                // Guarded by the resourceVersion the engine decided on: an
+                // expiry never overwrites a decision it did not see (D10).
                 let patch = json!({
                     "apiVersion": "agentrun.dev/v1alpha1",
                     "kind": "Approval",
+                    "metadata": {"name": approval_name, "resourceVersion": resource_version},
                     "status": status,
                 });
                 let params = PatchParams::apply(labels::FIELD_MANAGER).force();
@@ -211,7 +254,8 @@ pub(super) async fn apply(
                     .await
                 {
                     Ok(_) => {}
-                    Err(err) if is_status(&err, 404) => {}
+                    // Gone, or changed since: the next decision sees why.
+                    Err(err) if is_status(&err, 404) || is_status(&err, 409) => {}
                     Err(err) => {
                         return Err(fail(format!("updating approval {approval_name}"), err));
                     }
@@ -264,7 +308,35 @@ pub(super) async fn apply(
     Ok(Applied {
         requeue: decision.requeue_after.map(|d| d.unsigned_abs()),
         written: written_run,
+        refused,
     })
+}
+
+/// What a refused creation means for the run. Admission plugins answer 403
+/// for objects that can never pass (Pod Security, a missing PriorityClass)
+/// but also for an exhausted quota, which frees up, and RBAC answers 403 when
+/// the operator itself lacks a verb, which is no fault of the step.
+fn refusal_cause(status: &kube::core::Status) -> RefusalCause {
+    let message = status.message.as_str();
+    match status.code {
+        403 if message.contains("exceeded quota") || message.contains("cannot create resource") => {
+            RefusalCause::Transient
+        }
+        400 | 403 | 422 => RefusalCause::Rejected,
+        _ => RefusalCause::Transient,
+    }
+}
+
+/// Who holds a name the run needs, for the message on the run.
+fn held_by(owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]) -> String {
+    match owners
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .or(owners.first())
+    {
+        Some(o) => format!("it is owned by {} {} (uid {})", o.kind, o.name, o.uid),
+        None => "it has no owner".into(),
+    }
 }
 
 /// The Events every step emits on its way through; `--step-events=false`

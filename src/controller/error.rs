@@ -36,13 +36,11 @@ pub enum Error {
         source: kube::Error,
     },
 
-    /// An object with a name the operator derives exists but belongs to someone else.
-    #[error("{kind} {name} exists but is not owned by run {run}; refusing to adopt it")]
-    ForeignObject {
-        run: String,
-        kind: &'static str,
-        name: String,
-    },
+    /// The API server refused to create an object the run needs (or a
+    /// foreign object holds its name); the run shows it (`Stalled`) and the
+    /// creation is tried again with backoff.
+    #[error("{run}: the API server refused to create {names}")]
+    CreateRefused { run: String, names: String },
 
     /// The object has no name or namespace (never true for a stored object).
     #[error("object is missing {0}")]
@@ -66,10 +64,11 @@ impl Error {
     pub fn category(&self) -> Category {
         match self {
             Error::StatusConflict { .. } => Category::Conflict,
-            Error::ForeignObject { .. } | Error::MissingMetadata(_) => Category::Permanent,
-            Error::Reread { .. } | Error::WriteStatus { .. } | Error::Apply { .. } => {
-                Category::Transient
-            }
+            Error::MissingMetadata(_) => Category::Permanent,
+            Error::Reread { .. }
+            | Error::WriteStatus { .. }
+            | Error::Apply { .. }
+            | Error::CreateRefused { .. } => Category::Transient,
         }
     }
 
@@ -80,7 +79,7 @@ impl Error {
             Error::Reread { .. } => "reread",
             Error::WriteStatus { .. } => "write_status",
             Error::Apply { .. } => "apply",
-            Error::ForeignObject { .. } => "foreign_object",
+            Error::CreateRefused { .. } => "create_refused",
             Error::MissingMetadata(_) => "missing_metadata",
         }
     }

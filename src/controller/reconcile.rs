@@ -124,27 +124,59 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
     let mut current: Arc<AgentRun> = run;
     let mut conflicts = 0;
     let mut follow_ups = 0;
+    // Creations refused while applying the previous decision, told to the
+    // next one; each reconcile reports refusals to the engine once.
+    let mut refused: Vec<engine::Refusal> = Vec::new();
+    let mut refusals_told = false;
     loop {
         let world = observe(&current, ctx)?;
         let decision = engine::decide(&Observed {
             run: &current,
             pods: &world.pods,
             approvals: &world.approvals,
+            refused: &refused,
             now: jiff::Timestamp::now(),
         });
         match apply::apply(&runs, &current, &world, decision, ctx).await {
             Ok(applied) => {
                 ctx.record_success(&obj_ref);
+                if let Some(written) = &applied.written {
+                    current = Arc::new(written.clone());
+                }
+                if !applied.refused.is_empty() {
+                    if !refusals_told {
+                        // The engine records what the refusal means (a failed
+                        // attempt, a stalled run) before anything else happens.
+                        refusals_told = true;
+                        refused = applied.refused;
+                        continue;
+                    }
+                    refused.extend(applied.refused);
+                }
+                if refused
+                    .iter()
+                    .any(|r| r.cause != engine::RefusalCause::Rejected)
+                {
+                    // Tried again with backoff; the run already says why.
+                    return Err(Error::CreateRefused {
+                        run: obj_ref.to_string(),
+                        names: refused
+                            .iter()
+                            .map(|r| r.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    });
+                }
                 // A decision that wrote status and asks to be looked at again
                 // at once (the Pod of the step it launched, the finalizer of
                 // the step it committed) goes on from the object the write
                 // returned: the cache may not have that write yet, and a
                 // decision on the older copy would only meet a 409.
-                if let (Some(written), Some(Duration::ZERO)) = (applied.written, applied.requeue)
+                if applied.written.is_some()
+                    && applied.requeue == Some(Duration::ZERO)
                     && follow_ups < MAX_FOLLOW_UPS
                 {
                     follow_ups += 1;
-                    current = Arc::new(written);
                     continue;
                 }
                 // A decision made on stand-ins looks again once they have
@@ -159,6 +191,18 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
                     Some(after) => Action::requeue(after),
                     None => Action::await_change(),
                 });
+            }
+            Err(apply::Outcome::Stale(fresh)) => {
+                // Pods were about to be created from a status that has moved
+                // on (the fence in `apply`): decide again on the run as it is.
+                conflicts += 1;
+                if conflicts >= MAX_CONFLICTS {
+                    return Err(Error::StatusConflict {
+                        run: obj_ref.to_string(),
+                        attempts: conflicts,
+                    });
+                }
+                current = Arc::from(fresh);
             }
             Err(apply::Outcome::Conflict) => {
                 ctx.metrics.status_conflicts.inc();

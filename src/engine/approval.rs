@@ -9,9 +9,11 @@
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
+use sha2::{Digest, Sha256};
+
 use crate::api::{
     Approval, ApprovalContext, ApprovalKind, ApprovalPhase, ApprovalSpec, ApprovalStatus, Decision,
-    OnTimeout,
+    OnTimeout, PodDefaults, StepPhase, StepSpec,
 };
 use crate::labels;
 
@@ -26,44 +28,92 @@ pub enum Answer {
         by: Option<String>,
         comment: Option<String>,
     },
-    /// Expired without a decision; `onTimeout` applies.
+    /// The deadline passed without a decision made in time, but the Approval
+    /// does not say so yet. The expiry takes effect once written to the
+    /// Approval's status under its resourceVersion: a decision that lands
+    /// first makes that write fail, and the API server refuses a decision
+    /// once the write succeeded. The order is the API server's (D10).
+    Expiring {
+        /// A decision the API server took after the deadline.
+        late: Option<(Decision, Timestamp)>,
+    },
+    /// Expired (written); `onTimeout` applies.
     Expired {
         on_timeout: OnTimeout,
     },
+    /// The run no longer waits on it.
+    Superseded,
 }
 
 pub fn answer(a: &Approval, now: Timestamp) -> Answer {
-    let status_phase = a.status.as_ref().map(|s| s.phase);
-    // What was recorded first wins: an expiry already written stays an expiry.
-    if status_phase == Some(ApprovalPhase::Expired) {
-        return Answer::Expired {
-            on_timeout: a.spec.on_timeout,
-        };
+    // What was recorded first wins: a written expiry stays an expiry.
+    match a.status.as_ref().map(|s| s.phase) {
+        Some(ApprovalPhase::Expired) => {
+            return Answer::Expired {
+                on_timeout: a.spec.on_timeout,
+            };
+        }
+        Some(ApprovalPhase::Superseded) => return Answer::Superseded,
+        _ => {}
     }
+    let deadline = match a.spec.kind {
+        ApprovalKind::Approve => a.spec.expires_at.as_ref().map(|t| t.0),
+        ApprovalKind::Reconcile => None,
+    };
     if let Some(decision) = a.spec.decision {
-        return Answer::Decided {
-            decision,
-            by: decided_by(a),
-            comment: a.spec.comment.clone(),
+        // The API server's clock says when the decision was stored.
+        return match (deadline, decided_at(a)) {
+            (Some(deadline), Some(at)) if at > deadline => Answer::Expiring {
+                late: Some((decision, at)),
+            },
+            _ => Answer::Decided {
+                decision,
+                by: decided_by(a),
+                comment: a.spec.comment.clone(),
+            },
         };
     }
-    match a.spec.expires_at.as_ref().map(|t| t.0) {
-        Some(at) if at <= now && a.spec.kind == ApprovalKind::Approve => Answer::Expired {
-            on_timeout: a.spec.on_timeout,
-        },
+    match deadline {
+        Some(at) if at <= now => Answer::Expiring { late: None },
         expires_at => Answer::Pending { expires_at },
     }
 }
 
-/// The status the Approval should show, if it differs from what it shows.
-pub fn desired_status(a: &Approval, now: Timestamp) -> Option<ApprovalStatus> {
+/// The status an Approval should show, if it differs from what it shows.
+/// `step`: the phase of the checkpoint that refers to it, if any — waiting
+/// on it, or past it once its answer was acted on. One the run does not wait
+/// on is superseded, saying `why`.
+pub fn desired_status(
+    a: &Approval,
+    now: Timestamp,
+    step: Option<StepPhase>,
+    why: &str,
+) -> Option<ApprovalStatus> {
     let current = a.status.clone().unwrap_or_default();
     if current.phase != ApprovalPhase::Pending {
         return None; // final once written
     }
+    let waiting = step == Some(StepPhase::WaitingForApproval);
+    let operator = Some(labels::FIELD_MANAGER.to_owned());
+    let superseded = || {
+        let unapplied = a
+            .spec
+            .decision
+            .map(|d| format!("; decision {d:?} was not applied"))
+            .unwrap_or_default();
+        Some(ApprovalStatus {
+            phase: ApprovalPhase::Superseded,
+            decided_at: Some(Time(now)),
+            decided_by: operator.clone(),
+            message: Some(format!("superseded: {why}{unapplied}")),
+        })
+    };
     let (phase, by, message) = match answer(a, now) {
-        Answer::Pending { .. } => return None,
-        Answer::Decided { decision, by, .. } => {
+        Answer::Superseded | Answer::Expired { .. } => return None,
+        Answer::Pending { .. } if waiting => return None,
+        Answer::Pending { .. } => return superseded(),
+        // Acted on: the checkpoint went past its wait.
+        Answer::Decided { decision, by, .. } if step.is_some() && !waiting => {
             let phase = match decision {
                 Decision::Approved => ApprovalPhase::Approved,
                 Decision::Rejected => ApprovalPhase::Rejected,
@@ -73,11 +123,19 @@ pub fn desired_status(a: &Approval, now: Timestamp) -> Option<ApprovalStatus> {
             };
             (phase, by, format!("decision {decision:?} applied"))
         }
-        Answer::Expired { on_timeout } => (
-            ApprovalPhase::Expired,
-            Some(labels::FIELD_MANAGER.to_owned()),
-            format!("expired without a decision; onTimeout {on_timeout:?} applied"),
-        ),
+        Answer::Decided { .. } if waiting => return None, // acted on next
+        Answer::Decided { .. } => return superseded(),
+        Answer::Expiring { late } if waiting => {
+            let on_timeout = a.spec.on_timeout;
+            let message = match late {
+                None => format!("expired without a decision; onTimeout {on_timeout:?} applies"),
+                Some((d, at)) => format!(
+                    "expired: decision {d:?} was made at {at}, after the deadline; onTimeout {on_timeout:?} applies"
+                ),
+            };
+            (ApprovalPhase::Expired, operator, message)
+        }
+        Answer::Expiring { .. } => return superseded(),
     };
     Some(ApprovalStatus {
         phase,
@@ -87,13 +145,43 @@ pub fn desired_status(a: &Approval, now: Timestamp) -> Option<ApprovalStatus> {
     })
 }
 
+/// The managedFields entry that owns `spec.decision`.
+fn decision_entry(
+    a: &Approval,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> {
+    a.metadata.managed_fields.iter().flatten().find(|m| {
+        m.fields_v1
+            .as_ref()
+            .and_then(|f| f.0.get("f:spec")?.get("f:decision"))
+            .is_some()
+    })
+}
+
 /// The field manager that wrote `spec.decision`, from managedFields.
 fn decided_by(a: &Approval) -> Option<String> {
-    a.metadata.managed_fields.iter().flatten().find_map(|m| {
-        let fields = &m.fields_v1.as_ref()?.0;
-        fields.get("f:spec")?.get("f:decision")?;
-        m.manager.clone()
-    })
+    decision_entry(a)?.manager.clone()
+}
+
+/// When the API server stored the decision: the time of the managedFields
+/// entry that owns it. A later write by the same manager moves that time
+/// later, never earlier, so a decision is never taken for earlier than it was.
+fn decided_at(a: &Approval) -> Option<Timestamp> {
+    decision_entry(a)?.time.as_ref().map(|t| t.0)
+}
+
+/// The sha256 of what a step runs (D14): its container, effect and
+/// compensation, and the run's Pod defaults (the ServiceAccount, among
+/// others). An approval carries the digest of the step it was asked about.
+pub fn step_digest(step: &StepSpec, defaults: Option<&PodDefaults>) -> String {
+    let bound = serde_json::json!({
+        "container": step.container,
+        "effect": step.effect,
+        "compensate": step.compensate,
+        "podTemplate": defaults,
+    });
+    let bytes = serde_json::to_vec(&bound).unwrap_or_default();
+    let digest = Sha256::digest(&bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Everything needed to build an Approval object.
@@ -110,6 +198,7 @@ pub struct Request<'a> {
     pub context: ApprovalContext,
     pub expires_at: Option<Timestamp>,
     pub on_timeout: OnTimeout,
+    pub step_digest: Option<String>,
 }
 
 pub fn build(r: Request) -> Approval {
@@ -137,6 +226,7 @@ pub fn build(r: Request) -> Approval {
             context: Some(r.context),
             expires_at: r.expires_at.map(Time),
             on_timeout: r.on_timeout,
+            step_digest: r.step_digest,
             decision: None,
             comment: None,
         },

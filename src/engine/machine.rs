@@ -31,7 +31,7 @@ use super::plan::{self, CheckpointIndex, Plan};
 use super::pods::{self, PodRequest};
 use super::reasons::{condition, reason};
 use super::result;
-use super::{Action, Decision, EventType, Observed};
+use super::{Action, Decision, EventType, Observed, Refusal, RefusalCause};
 use crate::api::{
     AgentRun, AgentRunStatus, ApprovalContext, ApprovalKind, CheckpointState,
     CompensationCheckpoint, DEFAULT_CONTEXT_BYTES, Decision as Answered, Effect, EffectOutcome,
@@ -80,6 +80,10 @@ struct Machine<'a> {
     recorded: bool,
     /// Our Pods (controlled by this run's UID) by name.
     pods: HashMap<&'a str, &'a Pod>,
+    /// Creations the API server refused in this reconcile.
+    refused: &'a [Refusal],
+    /// A refusal this decision met: the run is stalled (D16).
+    stalled: Option<(&'static str, String)>,
 }
 
 impl<'a> Machine<'a> {
@@ -108,6 +112,8 @@ impl<'a> Machine<'a> {
             deadlines: Vec::new(),
             recorded: false,
             pods,
+            refused: obs.refused,
+            stalled: None,
         }
     }
 
@@ -167,11 +173,11 @@ impl<'a> Machine<'a> {
                 };
                 self.wind_down(&empty);
                 self.derive(&empty);
+                self.sync_approvals();
                 return;
             }
         };
         self.release_accounted_pods();
-        self.sync_approvals();
         self.observe_running(&plan);
         self.enforce_limits();
         if self.failing() {
@@ -185,6 +191,8 @@ impl<'a> Machine<'a> {
             Ok(p) => self.derive(&p),
             Err(_) => self.derive(&plan),
         }
+        // Last: which Approvals the run waits on is known only now.
+        self.sync_approvals();
     }
 
     fn finish(self) -> Decision {
@@ -214,6 +222,45 @@ impl<'a> Machine<'a> {
             reason,
             message,
         });
+    }
+
+    /// Emits the creation of `pod`, unless the API server refused it in this
+    /// reconcile: then the refusal is returned and the run shows it (D16).
+    fn create_pod(&mut self, what: &str, pod: Pod) -> Option<&'a Refusal> {
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        match self.refused.iter().find(|r| r.name == name) {
+            None => {
+                self.actions.push(Action::CreatePod(Box::new(pod)));
+                None
+            }
+            Some(r) => {
+                self.stall(what, "Pod", r);
+                Some(r)
+            }
+        }
+    }
+
+    /// Records that a creation the run needs was refused: a `Stalled`
+    /// condition and a Warning Event, both with the API server's message.
+    fn stall(&mut self, what: &str, kind: &str, r: &Refusal) {
+        let (why, text) = match r.cause {
+            RefusalCause::NameTaken => (
+                reason::NAME_TAKEN,
+                format!(
+                    "{what}: {kind} {} exists but does not belong to this run; delete or rename it: {}",
+                    r.name, r.message
+                ),
+            ),
+            RefusalCause::Rejected | RefusalCause::Transient => (
+                reason::FAILED_CREATE,
+                format!(
+                    "{what}: the API server refused {kind} {}: {}",
+                    r.name, r.message
+                ),
+            ),
+        };
+        self.event(EventType::Warning, reason::FAILED_CREATE, text.clone());
+        self.stalled = Some((why, text));
     }
 
     /// When a backoff of `d` that starts now ends, rounded up to the whole
@@ -360,6 +407,7 @@ impl<'a> Machine<'a> {
         // Once terminal no outcome can change the run, so every Pod may go;
         // all attempts were accounted for before the run became terminal.
         self.release_all_pods();
+        self.sync_approvals();
         if let (Some(ttl), Some(done)) = (
             self.run.spec.ttl_seconds_after_finished,
             &self.status.completed_at,
@@ -380,14 +428,46 @@ impl<'a> Machine<'a> {
     // Approvals (D10)
     // -----------------------------------------------------------------------
 
+    /// The status each of the run's Approvals should show (D10): decided or
+    /// expired while its step waits on it or once its decision was acted on;
+    /// superseded when the run no longer waits on it — a changed step, a
+    /// re-plan, a cancelled or finished run — so a late decision is refused by
+    /// the API server instead of being answered into a void.
     fn sync_approvals(&mut self) {
+        let terminal = self.status.phase.is_some_and(RunPhase::is_terminal);
         for a in self.approvals.iter().filter(|a| a.spec.run_uid == self.uid) {
-            if let (Some(name), Some(status)) = (
-                a.metadata.name.clone(),
-                approval::desired_status(a, self.now),
-            ) {
-                self.actions
-                    .push(Action::SetApprovalStatus { name, status });
+            let Some(name) = a.metadata.name.clone() else {
+                continue;
+            };
+            let referenced = self
+                .status
+                .steps
+                .iter()
+                .find(|c| c.approval.as_deref() == Some(&name) && c.phase != StepPhase::Superseded)
+                .map(|c| c.phase);
+            let why = if terminal {
+                "the run has finished".to_owned()
+            } else if let Some(other) = self.status.steps.iter().find(|c| {
+                c.name == a.spec.step
+                    && c.plan_revision == a.spec.plan_revision
+                    && c.approval.as_deref().is_some_and(|n| n != name)
+            }) {
+                format!(
+                    "the step changed after this request; the run waits on Approval {} instead",
+                    other.approval.clone().unwrap_or_default()
+                )
+            } else if referenced.is_some() {
+                "the run no longer waits on it".to_owned()
+            } else {
+                let rev = self.status.plan.as_ref().map_or(1, |p| p.revision);
+                format!("the run no longer waits on it (plan revision {rev} is in force)")
+            };
+            if let Some(status) = approval::desired_status(a, self.now, referenced, &why) {
+                self.actions.push(Action::SetApprovalStatus {
+                    name,
+                    resource_version: a.metadata.resource_version.clone(),
+                    status,
+                });
             }
         }
     }
@@ -467,12 +547,38 @@ impl<'a> Machine<'a> {
                 if cp.role == StepRole::Step
                     && cp.plan_revision == plan.revision
                     && let Some(at) = plan.steps.iter().position(|s| s.name == cp.name)
-                    && self.replan_if_stale(plan, at)
                 {
-                    return; // D8: never started on inputs that went stale meanwhile
+                    if self.replan_if_stale(plan, at) {
+                        return; // D8: never started on inputs that went stale meanwhile
+                    }
+                    let digest =
+                        approval::step_digest(plan.steps[at], self.run.spec.pod_template.as_ref());
+                    if cp.step_digest.as_ref().is_some_and(|d| *d != digest) {
+                        // D14: approved, then changed before its Pod existed.
+                        self.recorded = true;
+                        return self.ask_approval(
+                            plan,
+                            at,
+                            Some(i),
+                            Some(format!(
+                                "step {} changed after it was approved and before its Pod was created",
+                                cp.name
+                            )),
+                        );
+                    }
                 }
                 if let Some(pod) = self.pod_for_step(plan, &cp) {
-                    self.actions.push(Action::CreatePod(Box::new(pod)));
+                    let what = format!("step {}", cp.name);
+                    if let Some(r) = self.create_pod(&what, pod)
+                        && r.cause == RefusalCause::Rejected
+                    {
+                        // The same Pod would be refused again: a failed attempt.
+                        let why = format!(
+                            "attempt {}: the API server refused its Pod {}: {}",
+                            cp.attempt, r.name, r.message
+                        );
+                        self.on_failure(plan, i, why, TokenUsage::default());
+                    }
                 }
             }
             Observation::Live { uid } => {
@@ -801,13 +907,15 @@ impl<'a> Machine<'a> {
             _ => Effect::None,
         };
         let run = self.name.to_owned();
+        let uid = self.uid.to_owned();
         let cp = &mut self.status.steps[i];
         cp.disruptions += 1;
         cp.pod_uid = None;
         cp.next_attempt_at = None;
         self.recorded = true;
         if effect == Effect::NonIdempotent && started {
-            let approval = names::reconcile_name(&run, &cp.name, cp.plan_revision, cp.attempt);
+            let approval =
+                names::reconcile_name(&run, &uid, &cp.name, cp.plan_revision, cp.attempt);
             let message = format!(
                 "attempt {} was disrupted ({why}) after it started; the step is NonIdempotent and may have acted: waiting for Approval {approval}",
                 cp.attempt
@@ -1055,30 +1163,60 @@ impl<'a> Machine<'a> {
         if self.compaction_blocks(plan, i) {
             return;
         }
-        // Open the gate: record the wait, then ask (intent first, then effect).
-        let key = self.key(PodRole::Step, &step.name, plan.revision);
-        let approval = names::approve_name(self.name, &step.name, plan.revision);
-        self.status.steps.push(StepCheckpoint {
-            name: step.name.clone(),
-            role: StepRole::Step,
-            plan_revision: plan.revision,
-            attempt: 0,
-            idempotency_key: key,
-            phase: StepPhase::WaitingForApproval,
-            approval: Some(approval.clone()),
-            started_at: Some(Time(self.now)),
-            message: Some(format!("waiting for Approval {approval}")),
-            ..StepCheckpoint::default()
-        });
-        if let Some(t) = plan::duration(gate.timeout.as_ref()) {
+        if gate.required {
+            self.ask_approval(plan, i, None, None);
+        }
+    }
+
+    /// Opens step `i`'s approval gate, or asks again on checkpoint `c` when
+    /// the step changed after the last request (D14): records the wait and
+    /// the digest of the step as asked about, then asks (intent, then effect).
+    fn ask_approval(&mut self, plan: &Plan<'_>, i: usize, c: Option<usize>, why: Option<String>) {
+        let step = plan.steps[i];
+        let digest = approval::step_digest(step, self.run.spec.pod_template.as_ref());
+        let request = c
+            .and_then(|c| self.status.steps[c].approval.as_deref())
+            .map_or(1, |n| names::approve_request(n) + 1);
+        let approval = names::approve_name(self.name, self.uid, &step.name, plan.revision, request);
+        let c = match c {
+            Some(c) => c,
+            None => {
+                self.status.steps.push(StepCheckpoint {
+                    name: step.name.clone(),
+                    role: StepRole::Step,
+                    plan_revision: plan.revision,
+                    attempt: 0,
+                    idempotency_key: self.key(PodRole::Step, &step.name, plan.revision),
+                    ..StepCheckpoint::default()
+                });
+                self.status.steps.len() - 1
+            }
+        };
+        let message = match &why {
+            None => format!("waiting for Approval {approval}"),
+            Some(why) => format!("{why}; waiting for Approval {approval}"),
+        };
+        let now = self.now;
+        let cp = &mut self.status.steps[c];
+        cp.phase = StepPhase::WaitingForApproval;
+        cp.effect = None;
+        cp.approval = Some(approval.clone());
+        cp.step_digest = Some(digest);
+        cp.pod = None;
+        cp.started_at = Some(Time(now));
+        cp.message = Some(message.clone());
+        if let Some(t) = step
+            .approval
+            .as_ref()
+            .and_then(|g| plan::duration(g.timeout.as_ref()))
+        {
             self.deadlines.push(self.at(t));
         }
-        let c = self.status.steps.len() - 1;
         self.request_approval(plan, i, c);
         self.event(
             EventType::Normal,
             reason::APPROVAL_REQUESTED,
-            format!("step {} waits for Approval {approval}", step.name),
+            format!("step {}: {message}", step.name),
         );
     }
 
@@ -1088,7 +1226,9 @@ impl<'a> Machine<'a> {
         let Some(name) = cp.approval.clone() else {
             return;
         };
-        let (kind, question, expires_at, on_timeout, why) = if cp.attempt == 0 {
+        // A Reconcile wait follows a lost attempt whose effect is unknown.
+        let reconcile = cp.effect == Some(EffectOutcome::Unknown);
+        let (kind, question, expires_at, on_timeout, why) = if !reconcile {
             let gate = step.approval.clone().unwrap_or_default();
             let expires = plan::duration(gate.timeout.as_ref()).and_then(|t| {
                 cp.started_at
@@ -1115,8 +1255,9 @@ impl<'a> Machine<'a> {
                 cp.message.clone().unwrap_or_default(),
             )
         };
-        let pod = (cp.attempt > 0).then(|| cp.pod.clone()).flatten();
+        let pod = reconcile.then(|| cp.pod.clone()).flatten();
         let context = self.approval_context(plan, why, step, &cp.idempotency_key, pod);
+        let step_digest = (!reconcile).then(|| cp.step_digest.clone()).flatten();
         let a = approval::build(approval::Request {
             name,
             namespace: self.run.metadata.namespace.clone(),
@@ -1130,8 +1271,16 @@ impl<'a> Machine<'a> {
             context,
             expires_at,
             on_timeout,
+            step_digest,
         });
-        self.actions.push(Action::CreateApproval(Box::new(a)));
+        match self
+            .refused
+            .iter()
+            .find(|r| r.name == a.metadata.name.as_deref().unwrap_or(""))
+        {
+            None => self.actions.push(Action::CreateApproval(Box::new(a))),
+            Some(r) => self.stall(&format!("step {}", step.name), "Approval", r),
+        }
     }
 
     fn wait_for_approval(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
@@ -1145,7 +1294,7 @@ impl<'a> Machine<'a> {
                 .approval
                 .as_ref()
                 .and_then(|g| plan::duration(g.timeout.as_ref()))
-                && cp.attempt == 0
+                && cp.effect != Some(EffectOutcome::Unknown)
                 && let Some(s) = &cp.started_at
             {
                 self.deadlines
@@ -1154,12 +1303,50 @@ impl<'a> Machine<'a> {
             return self.request_approval(plan, i, c);
         };
         let step = plan.steps[i].name.clone();
-        let reconcile = cp.attempt > 0;
-        match approval::answer(a, self.now) {
+        let reconcile = cp.effect == Some(EffectOutcome::Unknown);
+        let answer = approval::answer(a, self.now);
+        if !reconcile {
+            // D14: the approval releases only the step it was asked about.
+            let digest = approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_ref());
+            let asked = a.spec.step_digest.as_ref().or(cp.step_digest.as_ref());
+            let refused = matches!(
+                answer,
+                Answer::Decided {
+                    decision: Answered::Rejected,
+                    ..
+                } | Answer::Expired {
+                    on_timeout: OnTimeout::Reject
+                }
+            );
+            if asked.is_some_and(|d| *d != digest) && !refused {
+                self.recorded = true;
+                return self.ask_approval(
+                    plan,
+                    i,
+                    Some(c),
+                    Some(format!(
+                        "step {step} changed after Approval {name} was requested"
+                    )),
+                );
+            }
+        }
+        match answer {
             Answer::Pending { expires_at } => {
                 if let Some(at) = expires_at {
                     self.deadlines.push(at);
                 }
+            }
+            // The expiry is written to the Approval first (`sync_approvals`);
+            // the watch brings the run back once it is.
+            Answer::Expiring { .. } => {}
+            Answer::Superseded => {
+                self.recorded = true;
+                self.ask_approval(
+                    plan,
+                    i,
+                    Some(c),
+                    Some(format!("Approval {name} was superseded")),
+                );
             }
             Answer::Expired { on_timeout } if !reconcile => match on_timeout {
                 OnTimeout::Approve => {
@@ -1168,7 +1355,7 @@ impl<'a> Machine<'a> {
                         reason::APPROVAL_EXPIRED,
                         format!("Approval {name} expired; onTimeout Approve: step {step} runs"),
                     );
-                    self.launch(plan, StepRole::Step, &step, 1);
+                    self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
                 }
                 OnTimeout::Reject => self.refuse_step(
                     c,
@@ -1191,7 +1378,7 @@ impl<'a> Machine<'a> {
                             reason::APPROVAL_GRANTED,
                             format!("Approval {name} approved{by}"),
                         );
-                        self.launch(plan, StepRole::Step, &step, 1);
+                        self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
                     }
                     (false, Answered::Rejected) => self.refuse_step(
                         c,
@@ -1425,7 +1612,7 @@ impl<'a> Machine<'a> {
         if self.live_pod_with_key(&key) {
             return; // an earlier attempt is still stopping (D2)
         }
-        let pod_name = names::pod_name(self.name, role.into(), name, rev, attempt);
+        let pod_name = names::pod_name(self.name, self.uid, role.into(), name, rev, attempt);
         let index = CheckpointIndex::new(&self.status.steps);
         let c = match index.at(&self.status.steps, role, name, rev) {
             Some(c) => c,
@@ -1450,6 +1637,7 @@ impl<'a> Machine<'a> {
         self.status.step_executions = self.status.step_executions.saturating_add(1);
         let cp = self.status.steps[c].clone();
         if let Some(pod) = self.pod_for_step(plan, &cp) {
+            // A new attempt has a new name: nothing was refused for it yet.
             self.actions.push(Action::CreatePod(Box::new(pod)));
         }
         let what = match role {
@@ -1509,7 +1697,14 @@ impl<'a> Machine<'a> {
         };
         let ctx = context::materialise(&identity, self.status.summary.as_deref(), &refs, max);
         Some(pods::build(PodRequest {
-            name: names::pod_name(self.name, role, &cp.name, cp.plan_revision, cp.attempt),
+            name: names::pod_name(
+                self.name,
+                self.uid,
+                role,
+                &cp.name,
+                cp.plan_revision,
+                cp.attempt,
+            ),
             namespace: self.run.metadata.namespace.clone(),
             owner: self.owner(),
             run: self.name,
@@ -1599,7 +1794,8 @@ impl<'a> Machine<'a> {
         if self.live_pod_with_key(&key) {
             return;
         }
-        let pod_name = names::pod_name(self.name, PodRole::Compensate, name, rev, attempt);
+        let pod_name =
+            names::pod_name(self.name, self.uid, PodRole::Compensate, name, rev, attempt);
         let k = match self
             .status
             .compensations
@@ -1670,6 +1866,7 @@ impl<'a> Machine<'a> {
         pods::build(PodRequest {
             name: names::pod_name(
                 self.name,
+                self.uid,
                 PodRole::Compensate,
                 &cp.name,
                 cp.plan_revision,
@@ -1726,9 +1923,17 @@ impl<'a> Machine<'a> {
         match observe::observe(pod, cp.pod_uid.as_deref()) {
             Observation::NotSeen => {
                 if let Some(container) = self.step_spec(plan, &cp.name).and_then(|s| s.compensate) {
-                    self.actions.push(Action::CreatePod(Box::new(
-                        self.compensation_pod(plan, &cp, &container),
-                    )));
+                    let pod = self.compensation_pod(plan, &cp, &container);
+                    let what = format!("compensation of step {}", cp.name);
+                    if let Some(r) = self.create_pod(&what, pod)
+                        && r.cause == RefusalCause::Rejected
+                    {
+                        let why = format!(
+                            "attempt {}: the API server refused its Pod {}: {}",
+                            cp.attempt, r.name, r.message
+                        );
+                        failed(why, self);
+                    }
                 }
             }
             // Compensations are repeatable: one whose Pod vanished unseen is
@@ -1896,8 +2101,11 @@ impl<'a> Machine<'a> {
                 )
             }
         }
+        let stalled = self.stalled.take().filter(|_| !phase.is_terminal());
         let (status, r) = if phase.is_terminal() {
             (FALSE, reason::FINISHED)
+        } else if let Some((why, _)) = &stalled {
+            (FALSE, *why)
         } else if self.run.spec.suspend {
             (FALSE, reason::SUSPENDED)
         } else if phase == RunPhase::WaitingForApproval {
@@ -1916,6 +2124,31 @@ impl<'a> Machine<'a> {
             g,
             now,
         );
+        let creating = self
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePod(_) | Action::CreateApproval(_)));
+        match stalled {
+            Some((why, message)) => {
+                cond::set(conds, condition::STALLED, TRUE, why, message, g, now)
+            }
+            // Cleared once what was refused exists (nothing is being created
+            // again) or the run is over.
+            None if cond::is_true(conds, condition::STALLED)
+                && (phase.is_terminal() || !creating) =>
+            {
+                cond::set(
+                    conds,
+                    condition::STALLED,
+                    FALSE,
+                    reason::UNBLOCKED,
+                    String::new(),
+                    g,
+                    now,
+                )
+            }
+            None => {}
+        }
         match &waiting {
             Some(w) if !phase.is_terminal() => cond::set(
                 conds,

@@ -47,7 +47,10 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::{AgentRun, AgentRunStatus, Approval, ApprovalStatus};
 
-pub use names::{PodRole, approve_name, idempotency_key, pod_name, reconcile_name};
+pub use names::{
+    MAX_CHILD_NAME, PodRole, approve_name, approve_request, idempotency_key, pod_name,
+    reconcile_name,
+};
 pub use result::MAX_MESSAGE_BYTES;
 
 /// Everything one decision sees.
@@ -58,7 +61,34 @@ pub struct Observed<'a> {
     pub pods: &'a [Pod],
     /// Approvals owned by the run.
     pub approvals: &'a [Approval],
+    /// Creations the API server refused while this reconcile applied the
+    /// previous decision: facts no cache shows (D16).
+    pub refused: &'a [Refusal],
     pub now: Timestamp,
+}
+
+/// A Pod or Approval the API server would not create.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    /// The name of the object that could not be created.
+    pub name: String,
+    pub cause: RefusalCause,
+    /// The API server's own message.
+    pub message: String,
+}
+
+/// Why a creation was refused, as far as it decides what happens next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalCause {
+    /// The object itself is unacceptable (400, 403 from an admission plugin
+    /// such as Pod Security or a missing PriorityClass, 422): sending it again
+    /// cannot help, so it counts as a failed attempt.
+    Rejected,
+    /// The API server could not take it now (429, 5xx, an exhausted quota,
+    /// the operator's own RBAC): tried again with backoff, visibly.
+    Transient,
+    /// An object that is not this run's holds the name.
+    NameTaken,
 }
 
 /// What to do next.
@@ -92,8 +122,11 @@ pub enum Action {
         pod: String,
     },
     CreateApproval(Box<Approval>),
+    /// Written under the Approval's resourceVersion as observed: a decision
+    /// that landed meanwhile makes it fail, and the next decision sees it.
     SetApprovalStatus {
         name: String,
+        resource_version: Option<String>,
         status: ApprovalStatus,
     },
     /// TTL after finishing (D12).

@@ -83,20 +83,93 @@ pub fn idempotency_key(run_uid: &str, role: PodRole, step: &str, plan_revision: 
     hex
 }
 
-/// `<run>-<step>-r<rev>-<marker><attempt>`: one name per attempt, so attempt N+1
-/// never collides with a still-terminating attempt N.
-pub fn pod_name(run: &str, role: PodRole, step: &str, plan_revision: i64, attempt: i32) -> String {
-    format!("{run}-{step}-r{plan_revision}-{}{attempt}", role.marker())
+/// Longest name of a step Pod or an Approval: a DNS label, so it also fits a
+/// label value and a hostname.
+pub const MAX_CHILD_NAME: usize = 63;
+/// Hex characters of the run-and-step tag in child names.
+const TAG_LEN: usize = 6;
+
+/// `<run>-<step>-<tag>-<suffix>`, at most 63 characters. The tag hashes the
+/// run's UID and the step's name, so two runs never share a child name even
+/// when their names join the same way (`hx` + `b-c` and `hx-b` + `c`), nor
+/// a run and a newer run of the same name; when the readable part is cut to
+/// fit, the tag still tells the steps apart.
+fn child_name(run: &str, run_uid: &str, step: &str, suffix: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(run_uid.as_bytes());
+    h.update([0]);
+    h.update(step.as_bytes());
+    let digest = h.finalize();
+    let tag: String = digest
+        .iter()
+        .take(TAG_LEN / 2)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let tail = format!("-{tag}-{suffix}");
+    let mut readable = format!("{run}-{step}");
+    let room = MAX_CHILD_NAME.saturating_sub(tail.len());
+    if readable.len() > room {
+        readable.truncate(room);
+        // A name segment may not end in '-' or '.' before the tag.
+        while readable.ends_with(['-', '.']) {
+            readable.pop();
+        }
+    }
+    readable + &tail
 }
 
-/// The Approval gating a step before it starts.
-pub fn approve_name(run: &str, step: &str, plan_revision: i64) -> String {
-    format!("{run}-{step}-r{plan_revision}-approve")
+/// `<run>-<step>-<tag>-r<rev>-<marker><attempt>`: one name per attempt, so
+/// attempt N+1 never collides with a still-terminating attempt N.
+pub fn pod_name(
+    run: &str,
+    run_uid: &str,
+    role: PodRole,
+    step: &str,
+    plan_revision: i64,
+    attempt: i32,
+) -> String {
+    let suffix = format!("r{plan_revision}-{}{attempt}", role.marker());
+    child_name(run, run_uid, step, &suffix)
+}
+
+/// The Approval gating a step before it starts: `-approve` for the first
+/// request, `-approve-<n>` for the n-th (a step changed after the request).
+pub fn approve_name(
+    run: &str,
+    run_uid: &str,
+    step: &str,
+    plan_revision: i64,
+    request: u32,
+) -> String {
+    let suffix = match request {
+        0 | 1 => format!("r{plan_revision}-approve"),
+        n => format!("r{plan_revision}-approve-{n}"),
+    };
+    child_name(run, run_uid, step, &suffix)
+}
+
+/// Which request of its step's gate an Approval name is (see `approve_name`).
+pub fn approve_request(name: &str) -> u32 {
+    match name.rsplit_once("-approve-") {
+        Some((_, n)) => n.parse().unwrap_or(1),
+        None => 1,
+    }
 }
 
 /// The Approval asking what an interrupted NonIdempotent attempt did.
-pub fn reconcile_name(run: &str, step: &str, plan_revision: i64, attempt: i32) -> String {
-    format!("{run}-{step}-r{plan_revision}-reconcile-a{attempt}")
+pub fn reconcile_name(
+    run: &str,
+    run_uid: &str,
+    step: &str,
+    plan_revision: i64,
+    attempt: i32,
+) -> String {
+    child_name(
+        run,
+        run_uid,
+        step,
+        &format!("r{plan_revision}-reconcile-a{attempt}"),
+    )
 }
 
 #[cfg(test)]
@@ -121,21 +194,77 @@ mod tests {
 
     #[test]
     fn pod_names_distinguish_roles_and_attempts() {
+        let cases = [
+            (PodRole::Step, "fetch", 1, 2, "run-fetch-TAG-r1-a2"),
+            (PodRole::Compensate, "fetch", 1, 1, "run-fetch-TAG-r1-c1"),
+            (PodRole::Compactor, "fetch", 3, 1, "run-fetch-TAG-r3-s1"),
+        ];
+        for (role, step, rev, attempt, want) in cases {
+            let want = want.replace("TAG", "621418");
+            assert_eq!(pod_name("run", "uid-1", role, step, rev, attempt), want);
+        }
         assert_eq!(
-            pod_name("run", PodRole::Step, "fetch", 1, 2),
-            "run-fetch-r1-a2"
+            pod_name("run", "uid-1", PodRole::Planner, "plan", 1, 1),
+            "run-plan-10d31e-r1-p1"
         );
-        assert_eq!(
-            pod_name("run", PodRole::Compensate, "fetch", 1, 1),
-            "run-fetch-r1-c1"
+    }
+
+    #[test]
+    fn a_repeated_approval_request_gets_the_next_name() {
+        let first = approve_name("run", "uid-1", "fetch", 2, 1);
+        assert_eq!(first, "run-fetch-621418-r2-approve");
+        assert_eq!(approve_request(&first), 1);
+        let third = approve_name("run", "uid-1", "fetch", 2, 3);
+        assert_eq!(third, "run-fetch-621418-r2-approve-3");
+        assert_eq!(approve_request(&third), 3);
+    }
+
+    #[test]
+    fn runs_whose_names_join_alike_get_different_names() {
+        // `hx` + `b-c` and `hx-b` + `c` both read `hx-b-c`.
+        let a = pod_name("hx", "uid-a", PodRole::Step, "b-c", 1, 1);
+        let b = pod_name("hx-b", "uid-b", PodRole::Step, "c", 1, 1);
+        assert_ne!(a, b);
+        assert!(
+            a.starts_with("hx-b-c-") && b.starts_with("hx-b-c-"),
+            "{a} {b}"
         );
-        assert_eq!(
-            pod_name("run", PodRole::Planner, "plan", 1, 1),
-            "run-plan-r1-p1"
+        assert_ne!(
+            approve_name("hx", "uid-a", "b-c", 1, 1),
+            approve_name("hx-b", "uid-b", "c", 1, 1)
         );
-        assert_eq!(
-            pod_name("run", PodRole::Compactor, "fetch", 3, 1),
-            "run-fetch-r3-s1"
+        // A newer run of the same name never meets the older run's objects.
+        assert_ne!(
+            pod_name("hx", "uid-a", PodRole::Step, "c", 1, 1),
+            pod_name("hx", "uid-c", PodRole::Step, "c", 1, 1)
         );
+    }
+
+    #[test]
+    fn longest_names_fit_a_dns_label_and_stay_distinct() {
+        let run = "r".repeat(63);
+        let s1 = format!("{}1", "s".repeat(47));
+        let s2 = format!("{}2", "s".repeat(47));
+        let names = [
+            pod_name(&run, "uid", PodRole::Step, &s1, 21, 1000),
+            pod_name(&run, "uid", PodRole::Step, &s2, 21, 1000),
+            approve_name(&run, "uid", &s1, 21, 1000),
+            reconcile_name(&run, "uid", &s1, 21, 1000),
+        ];
+        for n in &names {
+            assert!(n.len() <= 63, "{n} has {} characters", n.len());
+            assert!(!n.contains(".-") && !n.starts_with('-'), "{n}");
+        }
+        assert_ne!(names[0], names[1], "cut names keep the step apart");
+        // A cut that lands on a dash drops it rather than doubling it.
+        let cut = pod_name(
+            &format!("{}-xyz", "a".repeat(49)),
+            "u",
+            PodRole::Step,
+            "y",
+            1,
+            1,
+        );
+        assert!(cut.len() <= 63 && !cut.contains("--"), "{cut}");
     }
 }

@@ -149,6 +149,7 @@ impl Sim {
             run: &self.w.run,
             pods: &pods,
             approvals: &approvals,
+            refused: &[],
             now: self.w.now,
         })
     }

@@ -16,6 +16,10 @@ pub mod condition {
     /// True once the run is bound to fail (or be cancelled) and is compensating
     /// first; its reason becomes the final `Succeeded=False` reason.
     pub const FAILURE_TARGET: &str = "FailureTarget";
+    /// True while the run cannot make progress by itself: the API server
+    /// refuses a Pod or Approval it needs, or a foreign object holds its name
+    /// (D16). The message is the API server's own.
+    pub const STALLED: &str = "Stalled";
 }
 
 /// Reasons, shared by conditions and Events.
@@ -61,4 +65,10 @@ pub mod reason {
     pub const COMPENSATION_SUCCEEDED: &str = "CompensationSucceeded";
     pub const COMPENSATION_FAILED: &str = "CompensationFailed";
     pub const TTL_EXPIRED: &str = "TtlExpired";
+    /// A Pod or Approval the run needs was refused by the API server.
+    pub const FAILED_CREATE: &str = "FailedCreate";
+    /// A Pod or Approval name the run needs is held by an object not its own.
+    pub const NAME_TAKEN: &str = "NameTaken";
+    /// A stall cleared: what was refused now exists.
+    pub const UNBLOCKED: &str = "Unblocked";
 }

@@ -11,10 +11,11 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
 
-use super::{Action, Decision, Observed, decide};
+use super::{Action, Decision, Observed, Refusal, decide};
 use crate::api::{
-    AgentRun, AgentRunSpec, AgentRunStatus, Approval, ApprovalGate, Backoff, Budget, ContextSpec,
-    Decision as Answer, Duration, Effect, OnTimeout, RetryPolicy, StepContainer, StepSpec,
+    AgentRun, AgentRunSpec, AgentRunStatus, Approval, ApprovalGate, ApprovalPhase, Backoff, Budget,
+    ContextSpec, Decision as Answer, Duration, Effect, OnTimeout, RetryPolicy, StepContainer,
+    StepSpec,
 };
 
 pub const RUN: &str = "run";
@@ -218,6 +219,8 @@ pub struct World {
     pub run: AgentRun,
     pub pods: BTreeMap<String, Pod>,
     pub approvals: BTreeMap<String, Approval>,
+    /// Refusals the next decision is told about (what `apply` met).
+    pub refused: Vec<Refusal>,
     pub now: Timestamp,
     pub run_deleted: bool,
     /// Every Pod name ever created, in order.
@@ -231,6 +234,7 @@ impl World {
             run,
             pods: BTreeMap::new(),
             approvals: BTreeMap::new(),
+            refused: Vec::new(),
             now: t(0),
             run_deleted: false,
             created: Vec::new(),
@@ -254,6 +258,7 @@ impl World {
             run: &self.run,
             pods,
             approvals: &approvals,
+            refused: &self.refused,
             now: self.now,
         })
     }
@@ -304,9 +309,18 @@ impl World {
                 let name = a.metadata.name.clone().unwrap();
                 self.approvals.entry(name).or_insert_with(|| (**a).clone());
             }
-            Action::SetApprovalStatus { name, status } => {
-                if let Some(a) = self.approvals.get_mut(name) {
+            Action::SetApprovalStatus {
+                name,
+                resource_version,
+                status,
+            } => {
+                // Guarded like the API server: a changed Approval refuses it.
+                if let Some(a) = self.approvals.get_mut(name)
+                    && a.metadata.resource_version == *resource_version
+                {
                     a.status = Some(status.clone());
+                    a.metadata.resource_version = Some(format!("{}", self.next_uid));
+                    self.next_uid += 1;
                 }
             }
             Action::DeleteRun => self.run_deleted = true,
@@ -336,9 +350,10 @@ impl World {
     /// Steps until the status stops changing (at most `n` decisions).
     pub fn settle(&mut self) -> Decision {
         for _ in 0..50 {
-            let before = self.status();
+            let before = (self.status(), self.approvals.clone());
             let d = self.step();
-            if d.status == before {
+            // An Approval's status change wakes the run too (its watch).
+            if (d.status.clone(), self.approvals.clone()) == before {
                 return d;
             }
         }
@@ -372,18 +387,31 @@ impl World {
         self.settle();
     }
 
-    pub fn decide_approval(&mut self, name: &str, decision: Answer, manager: &str) {
+    /// A person decides, as the API server takes it: refused (false) once
+    /// the Approval is no longer pending; stamped with the server's time.
+    pub fn decide_approval(&mut self, name: &str, decision: Answer, manager: &str) -> bool {
+        let now = self.now;
         let a = self
             .approvals
             .get_mut(name)
             .unwrap_or_else(|| panic!("no approval {name}"));
+        if a.status
+            .as_ref()
+            .is_some_and(|s| s.phase != ApprovalPhase::Pending)
+        {
+            return false;
+        }
         a.spec.decision = Some(decision);
         a.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
             manager: Some(manager.into()),
             operation: Some("Update".into()),
+            time: Some(Time(now)),
             fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:decision": {}}}))),
             ..ManagedFieldsEntry::default()
         }]);
+        a.metadata.resource_version = Some(format!("{}", self.next_uid));
+        self.next_uid += 1;
+        true
     }
 
     pub fn live_pods(&self) -> Vec<String> {

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::reasons::{condition, reason};
 use super::testing::*;
-use super::{Action, Decision, EventType, PodRole, idempotency_key};
+use super::{Action, Decision, EventType, PodRole, Refusal, RefusalCause, idempotency_key};
 use crate::api::{
     AgentRun, ApprovalKind, ApprovalPhase, CheckpointState, Decision as Answer, Duration, Effect,
     EffectOutcome, OnTimeout, PlanSource, RunPhase, StepCheckpoint, StepPhase, StepRole,
@@ -92,11 +92,11 @@ fn first_decision_records_the_plan_and_launches_the_first_step() {
         Some((1, PlanSource::Spec))
     );
     assert_eq!(s.phase, Some(RunPhase::Running));
-    assert_eq!(creates(&d), ["run-a-r1-a1"]);
+    assert_eq!(creates(&d), ["run-a-2b8d3c-r1-a1"]);
     let a = cp(&w, "a", 1);
     assert_eq!(
         (a.attempt, a.phase, a.pod.as_deref()),
-        (1, StepPhase::Running, Some("run-a-r1-a1"))
+        (1, StepPhase::Running, Some("run-a-2b8d3c-r1-a1"))
     );
     assert_eq!(
         a.idempotency_key,
@@ -116,7 +116,7 @@ fn first_decision_records_the_plan_and_launches_the_first_step() {
 fn step_pods_carry_identity_context_finalizer_and_a_restricted_security_context() {
     let mut w = World::new(two_steps());
     w.step();
-    let pod = w.pod("run-a-r1-a1");
+    let pod = w.pod("run-a-2b8d3c-r1-a1");
     let key = idempotency_key(UID, PodRole::Step, "a", 1);
     let l = pod.metadata.labels.clone().unwrap();
     for (k, v) in [
@@ -185,7 +185,7 @@ fn a_pod_missing_from_the_cache_is_created_again_under_the_same_name() {
     w.step();
     // The cache has not seen the Pod yet: the same create is repeated.
     let d = w.decide_with(&[]);
-    assert_eq!(creates(&d), ["run-a-r1-a1"]);
+    assert_eq!(creates(&d), ["run-a-2b8d3c-r1-a1"]);
     assert_eq!(d.status, w.status(), "no new attempt, no status change");
 }
 
@@ -201,7 +201,7 @@ fn an_unchanged_world_gives_back_the_same_status() {
             world: || {
                 let mut w = World::new(two_steps());
                 w.settle();
-                w.update_pod("run-a-r1-a1", |p| p.running());
+                w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
                 w.settle();
                 w
             },
@@ -212,7 +212,7 @@ fn an_unchanged_world_gives_back_the_same_status() {
                 let mut w =
                     World::new(AgentRun::test().with_steps([step("a").with_retry(2, "10s", "1m")]));
                 w.settle();
-                w.update_pod("run-a-r1-a1", |p| p.exited(1, ""));
+                w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(1, ""));
                 w.settle();
                 w
             },
@@ -233,7 +233,7 @@ fn an_unchanged_world_gives_back_the_same_status() {
             world: || {
                 let mut w = World::new(AgentRun::test().with_steps([step("a")]).with_ttl(60));
                 w.settle();
-                w.succeed("run-a-r1-a1", "");
+                w.succeed("run-a-2b8d3c-r1-a1", "");
                 w
             },
         },
@@ -255,7 +255,7 @@ fn an_unchanged_world_gives_back_the_same_status() {
 fn a_step_outcome_and_the_next_launch_share_one_write() {
     let mut w = World::new(two_steps());
     w.settle();
-    w.update_pod("run-a-r1-a1", |p| {
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| {
         p.succeeded(&ok_message(json!({"rows": 3}), 7))
     });
     let hand_off = w.decide();
@@ -275,7 +275,7 @@ fn a_step_outcome_and_the_next_launch_share_one_write() {
     assert_eq!(hand_off.status.tokens_used, 7);
     // D4: b's Pod is an action of the decision whose status holds a's outcome;
     // actions are applied only once that status is acknowledged.
-    assert_eq!(creates(&hand_off), ["run-b-r1-a1"]);
+    assert_eq!(creates(&hand_off), ["run-b-59c772-r1-a1"]);
     let b = hand_off
         .status
         .steps
@@ -284,7 +284,7 @@ fn a_step_outcome_and_the_next_launch_share_one_write() {
         .unwrap();
     assert_eq!(
         (b.phase, b.pod.as_deref()),
-        (StepPhase::Running, Some("run-b-r1-a1")),
+        (StepPhase::Running, Some("run-b-59c772-r1-a1")),
         "b's launch is recorded in the same write as a's outcome"
     );
     assert!(
@@ -299,7 +299,7 @@ fn a_step_outcome_and_the_next_launch_share_one_write() {
     w.commit(&hand_off);
     let next = w.step();
     assert!(creates(&next).is_empty(), "b is not launched twice");
-    assert_eq!(releases(&next), ["run-a-r1-a1"]);
+    assert_eq!(releases(&next), ["run-a-2b8d3c-r1-a1"]);
     assert_eq!(next.status, w.status(), "no further write");
     assert_eq!(cp(&w, "a", 1), a, "D3: the checkpoint does not change");
 }
@@ -308,18 +308,21 @@ fn a_step_outcome_and_the_next_launch_share_one_write() {
 fn a_failed_status_write_starts_nothing_and_reports_no_success() {
     let mut w = World::new(two_steps());
     w.settle();
-    w.update_pod("run-a-r1-a1", |p| p.succeeded(""));
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.succeeded(""));
     // The write of this decision fails (409): nothing is applied, the world is unchanged.
     let lost = w.decide();
-    assert_eq!(creates(&lost), ["run-b-r1-a1"]);
-    assert!(!w.pods.contains_key("run-b-r1-a1"), "D4: b does not start");
+    assert_eq!(creates(&lost), ["run-b-59c772-r1-a1"]);
+    assert!(
+        !w.pods.contains_key("run-b-59c772-r1-a1"),
+        "D4: b does not start"
+    );
     assert_eq!(w.status().phase, Some(RunPhase::Running));
     let again = w.step();
     assert_eq!(
         again.status.steps, lost.status.steps,
         "the same outcome is recorded again"
     );
-    w.update_pod("run-b-r1-a1", |p| p.succeeded(""));
+    w.update_pod("run-b-59c772-r1-a1", |p| p.succeeded(""));
     let last = w.decide();
     assert_eq!(
         last.status.phase,
@@ -333,7 +336,7 @@ fn a_failed_status_write_starts_nothing_and_reports_no_success() {
     );
     w.settle();
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
-    for pod in ["run-a-r1-a1", "run-b-r1-a1"] {
+    for pod in ["run-a-2b8d3c-r1-a1", "run-b-59c772-r1-a1"] {
         assert!(
             w.pods[pod].metadata.finalizers.is_none(),
             "{pod} released after the commit"
@@ -345,8 +348,8 @@ fn a_failed_status_write_starts_nothing_and_reports_no_success() {
 fn a_recorded_outcome_is_never_regressed_by_a_stale_pod_view() {
     let mut w = World::new(two_steps());
     w.settle();
-    let running = w.pod("run-a-r1-a1").running();
-    w.succeed("run-a-r1-a1", "");
+    let running = w.pod("run-a-2b8d3c-r1-a1").running();
+    w.succeed("run-a-2b8d3c-r1-a1", "");
     let a = cp(&w, "a", 1);
     // A lagging cache still shows a running again.
     let d = w.decide_with(&[running]);
@@ -362,7 +365,9 @@ fn a_recorded_outcome_is_never_regressed_by_a_stale_pod_view() {
 fn failures_consume_retries_with_exponential_backoff() {
     let mut w = World::new(AgentRun::test().with_steps([step("a").with_retry(2, "10s", "15s")]));
     w.settle();
-    w.update_pod("run-a-r1-a1", |p| p.exited(1, &ok_message(json!(null), 5)));
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| {
+        p.exited(1, &ok_message(json!(null), 5))
+    });
     let d = w.step();
     let a = cp(&w, "a", 1);
     assert_eq!((a.phase, a.failures, a.attempt), (StepPhase::Pending, 1, 1));
@@ -382,14 +387,14 @@ fn failures_consume_retries_with_exponential_backoff() {
     );
     w.advance(10);
     let d = w.step();
-    assert_eq!(creates(&d), ["run-a-r1-a2"]);
+    assert_eq!(creates(&d), ["run-a-2b8d3c-r1-a2"]);
     assert_eq!(
         cp(&w, "a", 1).idempotency_key,
         a.idempotency_key,
         "D1: same key across attempts"
     );
     w.settle();
-    w.update_pod("run-a-r1-a2", |p| p.exited(2, ""));
+    w.update_pod("run-a-2b8d3c-r1-a2", |p| p.exited(2, ""));
     w.settle();
     assert_eq!(
         cp(&w, "a", 1).next_attempt_at.as_ref().map(|t| t.0),
@@ -398,7 +403,7 @@ fn failures_consume_retries_with_exponential_backoff() {
     );
     w.advance(15);
     w.settle();
-    w.update_pod("run-a-r1-a3", |p| p.exited(1, ""));
+    w.update_pod("run-a-2b8d3c-r1-a3", |p| p.exited(1, ""));
     w.settle();
     let a = cp(&w, "a", 1);
     assert_eq!((a.phase, a.failures), (StepPhase::Failed, 3));
@@ -419,12 +424,12 @@ fn disruptions_do_not_consume_retries() {
     let cases = [
         Case {
             name: "evicted",
-            disrupt: |w| w.update_pod("run-a-r1-a1", |p| p.evicted(true)),
+            disrupt: |w| w.update_pod("run-a-2b8d3c-r1-a1", |p| p.evicted(true)),
         },
         Case {
             name: "preempted",
             disrupt: |w| {
-                w.update_pod("run-a-r1-a1", |p| {
+                w.update_pod("run-a-2b8d3c-r1-a1", |p| {
                     let mut p = p.exited(137, "");
                     p.status.as_mut().unwrap().reason = Some("Preempted".into());
                     p
@@ -435,14 +440,14 @@ fn disruptions_do_not_consume_retries() {
             name: "deleted before finishing",
             disrupt: |w| {
                 let now = w.now;
-                w.update_pod("run-a-r1-a1", |p| p.exited(143, "").deleting(now))
+                w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(143, "").deleting(now))
             },
         },
     ];
     for c in cases {
         let mut w = World::new(AgentRun::test().with_steps([step("a")]));
         w.settle();
-        w.update_pod("run-a-r1-a1", |p| p.running());
+        w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
         w.settle();
         (c.disrupt)(&mut w);
         w.settle();
@@ -454,9 +459,9 @@ fn disruptions_do_not_consume_retries() {
             c.name
         );
         assert_eq!(a.phase, StepPhase::Running, "{}: runs again", c.name);
-        assert!(w.pods.contains_key("run-a-r1-a2"), "{}", c.name);
+        assert!(w.pods.contains_key("run-a-2b8d3c-r1-a2"), "{}", c.name);
         assert_eq!(
-            w.pod("run-a-r1-a2").metadata.labels.unwrap()[labels::IDEMPOTENCY_KEY],
+            w.pod("run-a-2b8d3c-r1-a2").metadata.labels.unwrap()[labels::IDEMPOTENCY_KEY],
             a.idempotency_key,
             "{}: same key",
             c.name
@@ -470,9 +475,9 @@ fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
         AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent), step("b")]),
     );
     w.settle();
-    w.update_pod("run-a-r1-a1", |p| p.running());
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
     w.settle();
-    w.update_pod("run-a-r1-a1", |p| p.evicted(true));
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.evicted(true));
     w.settle();
     let a = cp(&w, "a", 1);
     assert_eq!(
@@ -481,7 +486,7 @@ fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
     );
     assert_eq!(w.status().phase, Some(RunPhase::WaitingForApproval));
     assert!(w.live_pods().is_empty(), "a durable wait runs no Pods");
-    let name = "run-a-r1-reconcile-a1";
+    let name = "run-a-2b8d3c-r1-reconcile-a1";
     assert_eq!(w.approvals[name].spec.kind, ApprovalKind::Reconcile);
     assert_eq!(w.created.len(), 1, "no rerun");
 
@@ -512,7 +517,7 @@ fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
                     (a.phase, a.effect),
                     (StepPhase::Succeeded, Some(EffectOutcome::Applied))
                 );
-                assert!(w.pods.contains_key("run-b-r1-a1"));
+                assert!(w.pods.contains_key("run-b-59c772-r1-a1"));
             },
         },
         Case {
@@ -543,12 +548,12 @@ fn a_vanished_pod_reruns_with_the_same_key_or_asks_a_person() {
     let mut w = World::new(AgentRun::test().with_steps([step("a")]));
     w.settle();
     let launched = w.status();
-    w.update_pod("run-a-r1-a1", |p| p.running());
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
     let seen = w.step();
     assert_eq!(seen.status, launched, "no write just because the Pod runs");
-    w.pods.remove("run-a-r1-a1");
+    w.pods.remove("run-a-2b8d3c-r1-a1");
     let again = w.step();
-    assert_eq!(creates(&again), ["run-a-r1-a1"]);
+    assert_eq!(creates(&again), ["run-a-2b8d3c-r1-a1"]);
     assert_eq!(cp(&w, "a", 1).attempt, 1);
 
     // A NonIdempotent step's Pod UID is recorded once seen, so its vanishing
@@ -556,10 +561,10 @@ fn a_vanished_pod_reruns_with_the_same_key_or_asks_a_person() {
     let mut w =
         World::new(AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent)]));
     w.settle();
-    w.update_pod("run-a-r1-a1", |p| p.running());
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
     w.settle();
     assert!(cp(&w, "a", 1).pod_uid.is_some());
-    w.pods.remove("run-a-r1-a1");
+    w.pods.remove("run-a-2b8d3c-r1-a1");
     w.settle();
     let a = cp(&w, "a", 1);
     assert_eq!(
@@ -570,7 +575,7 @@ fn a_vanished_pod_reruns_with_the_same_key_or_asks_a_person() {
             Some(EffectOutcome::Unknown)
         )
     );
-    assert!(w.approvals.contains_key("run-a-r1-reconcile-a1"));
+    assert!(w.approvals.contains_key("run-a-2b8d3c-r1-reconcile-a1"));
     assert_eq!(w.created.len(), 1, "not run again without a person");
 }
 
@@ -579,7 +584,7 @@ fn a_non_idempotent_step_evicted_before_it_started_simply_reruns() {
     let mut w =
         World::new(AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent)]));
     w.settle();
-    w.update_pod("run-a-r1-a1", |p| p.evicted(false));
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.evicted(false));
     w.settle();
     assert_eq!(cp(&w, "a", 1).attempt, 2);
     assert!(w.approvals.is_empty());
@@ -591,7 +596,7 @@ fn a_timed_out_attempt_is_stopped_counted_and_not_overlapped() {
         AgentRun::test().with_steps([step("a").with_timeout("30s").with_retry(1, "1s", "1s")]),
     );
     w.settle();
-    w.update_pod("run-a-r1-a1", |p| p.running());
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
     let d = w.settle();
     assert_eq!(
         d.requeue_after,
@@ -602,7 +607,7 @@ fn a_timed_out_attempt_is_stopped_counted_and_not_overlapped() {
     assert!(deletes(&w.step()).is_empty(), "never before the timeout");
     w.advance(1);
     let d = w.step();
-    assert_eq!(deletes(&d), ["run-a-r1-a1"]);
+    assert_eq!(deletes(&d), ["run-a-2b8d3c-r1-a1"]);
     assert!(events(&d).contains(&reason::STEP_TIMED_OUT));
     assert_eq!(cp(&w, "a", 1).failures, 1);
     w.advance(5);
@@ -611,11 +616,11 @@ fn a_timed_out_attempt_is_stopped_counted_and_not_overlapped() {
         creates(&d).is_empty(),
         "D2: attempt 2 waits while attempt 1 is still live"
     );
-    w.update_pod("run-a-r1-a1", |p| p.exited(137, ""));
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(137, ""));
     w.settle();
-    assert!(w.pods.contains_key("run-a-r1-a2"));
+    assert!(w.pods.contains_key("run-a-2b8d3c-r1-a2"));
     assert!(
-        !w.pods.contains_key("run-a-r1-a1"),
+        !w.pods.contains_key("run-a-2b8d3c-r1-a1"),
         "attempt 1 released and gone"
     );
 }
@@ -639,7 +644,7 @@ fn unusable_results_fail_the_attempt_with_the_problem_quoted() {
     for (name, message, want) in cases {
         let mut w = World::new(AgentRun::test().with_steps([step("a")]));
         w.settle();
-        w.update_pod("run-a-r1-a1", |p| p.succeeded(&message));
+        w.update_pod("run-a-2b8d3c-r1-a1", |p| p.succeeded(&message));
         w.settle();
         let a = cp(&w, "a", 1);
         assert_eq!(a.phase, StepPhase::Failed, "{name}");
@@ -651,7 +656,7 @@ fn unusable_results_fail_the_attempt_with_the_problem_quoted() {
     }
     let mut w = World::new(AgentRun::test().with_steps([step("a")]));
     w.settle();
-    w.succeed("run-a-r1-a1", "");
+    w.succeed("run-a-2b8d3c-r1-a1", "");
     assert_eq!(
         (cp(&w, "a", 1).phase, cp(&w, "a", 1).result),
         (StepPhase::Succeeded, None),
@@ -669,7 +674,7 @@ fn an_approval_gate_waits_with_zero_pods_and_requeues_at_expiry() {
         AgentRun::test().with_steps([step("a").with_approval(Some("1h"), OnTimeout::Reject)]),
     );
     let d = w.settle();
-    let name = "run-a-r1-approve";
+    let name = "run-a-2b8d3c-r1-approve";
     let a = &w.approvals[name];
     assert_eq!(
         (a.spec.kind, a.spec.run_uid.as_str(), a.spec.plan_revision),
@@ -704,7 +709,9 @@ fn approval_answers() {
         Case {
             name: "approved: the step runs",
             on_timeout: OnTimeout::Reject,
-            act: |w| w.decide_approval("run-a-r1-approve", Answer::Approved, "alice-ui"),
+            act: |w| {
+                w.decide_approval("run-a-2b8d3c-r1-approve", Answer::Approved, "alice-ui");
+            },
             phase: RunPhase::Running,
             approval: ApprovalPhase::Approved,
             decided_by: "alice-ui",
@@ -712,7 +719,9 @@ fn approval_answers() {
         Case {
             name: "rejected: the run fails",
             on_timeout: OnTimeout::Reject,
-            act: |w| w.decide_approval("run-a-r1-approve", Answer::Rejected, "bob"),
+            act: |w| {
+                w.decide_approval("run-a-2b8d3c-r1-approve", Answer::Rejected, "bob");
+            },
             phase: RunPhase::Failed,
             approval: ApprovalPhase::Rejected,
             decided_by: "bob",
@@ -742,7 +751,10 @@ fn approval_answers() {
         (c.act)(&mut w);
         w.settle();
         assert_eq!(w.status().phase, Some(c.phase), "{}", c.name);
-        let st = w.approvals["run-a-r1-approve"].status.clone().unwrap();
+        let st = w.approvals["run-a-2b8d3c-r1-approve"]
+            .status
+            .clone()
+            .unwrap();
         assert_eq!(
             (st.phase, st.decided_by.as_deref()),
             (c.approval, Some(c.decided_by)),
@@ -750,12 +762,319 @@ fn approval_answers() {
             c.name
         );
         assert_eq!(
-            w.pods.contains_key("run-a-r1-a1"),
+            w.pods.contains_key("run-a-2b8d3c-r1-a1"),
             c.phase == RunPhase::Running,
             "{}",
             c.name
         );
     }
+}
+
+fn gated(timeout: Option<&str>, on_timeout: OnTimeout) -> World {
+    let mut w =
+        World::new(AgentRun::test().with_steps([step("a").with_approval(timeout, on_timeout)]));
+    w.settle();
+    w
+}
+
+/// A user edits the step (`kubectl apply`): a new generation.
+fn edit_args(w: &mut World, args: &[&str]) {
+    w.run.spec.steps[0].container.args = args.iter().map(|a| a.to_string()).collect();
+    w.run.metadata.generation = w.run.metadata.generation.map(|g| g + 1);
+}
+
+fn args_of(w: &World, pod: &str) -> Vec<String> {
+    w.pod(pod).spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_step_changed_while_its_approval_waits_needs_a_new_decision() {
+    let mut w = gated(None, OnTimeout::Reject);
+    let first = "run-a-2b8d3c-r1-approve";
+    let asked = w.approvals[first].spec.step_digest.clone();
+    assert_eq!(asked.as_ref().map(String::len), Some(64));
+    assert_eq!(cp(&w, "a", 1).step_digest, asked);
+    edit_args(&mut w, &["refund", "--amount=9999"]);
+    // The person approves what they were shown, after the edit.
+    assert!(w.decide_approval(first, Answer::Approved, "alice"));
+    w.settle();
+    assert!(w.pods.is_empty(), "the old approval released nothing");
+    let second = "run-a-2b8d3c-r1-approve-2";
+    let a2 = &w.approvals[second];
+    assert_ne!(a2.spec.step_digest, asked, "bound to the step as it is now");
+    let old = w.approvals[first].status.clone().unwrap();
+    assert_eq!(old.phase, ApprovalPhase::Superseded);
+    assert!(
+        old.message
+            .as_deref()
+            .is_some_and(|m| m.contains(second) && m.contains("decision Approved was not applied")),
+        "{old:?}"
+    );
+    let a = cp(&w, "a", 1);
+    assert_eq!(
+        (a.phase, a.approval.as_deref()),
+        (StepPhase::WaitingForApproval, Some(second))
+    );
+    assert!(w.decide_approval(second, Answer::Approved, "alice"));
+    w.settle();
+    assert_eq!(
+        args_of(&w, "run-a-2b8d3c-r1-a1"),
+        ["refund", "--amount=9999"]
+    );
+    assert_eq!(
+        w.approvals[second].status.as_ref().map(|s| s.phase),
+        Some(ApprovalPhase::Approved)
+    );
+}
+
+#[test]
+fn a_step_changed_after_approval_but_before_its_pod_exists_is_asked_again() {
+    let mut w = gated(None, OnTimeout::Reject);
+    assert!(w.decide_approval("run-a-2b8d3c-r1-approve", Answer::Approved, "alice"));
+    // The launch is written, then the operator dies before creating the Pod.
+    let d = w.decide();
+    assert_eq!(creates(&d), ["run-a-2b8d3c-r1-a1"]);
+    w.run.status = Some(d.status);
+    edit_args(&mut w, &["something-else"]);
+    let d = w.step();
+    assert!(creates(&d).is_empty(), "{:?}", d.actions);
+    w.settle();
+    assert!(w.pods.is_empty());
+    let a = cp(&w, "a", 1);
+    assert_eq!(
+        (a.phase, a.approval.as_deref()),
+        (
+            StepPhase::WaitingForApproval,
+            Some("run-a-2b8d3c-r1-approve-2")
+        )
+    );
+    assert!(
+        a.message
+            .as_deref()
+            .is_some_and(|m| m.contains("changed after it was approved")),
+        "{a:?}"
+    );
+    assert!(w.decide_approval("run-a-2b8d3c-r1-approve-2", Answer::Approved, "alice"));
+    w.settle();
+    // A new attempt: the first one's Pod never existed, and never will.
+    assert_eq!(args_of(&w, "run-a-2b8d3c-r1-a2"), ["something-else"]);
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a2"]);
+}
+
+#[test]
+fn a_decision_the_api_server_took_after_the_deadline_does_not_release_the_step() {
+    let mut w = gated(Some("4s"), OnTimeout::Reject);
+    // The operator is down past the deadline; then a person approves.
+    w.advance(10);
+    assert!(w.decide_approval("run-a-2b8d3c-r1-approve", Answer::Approved, "alice"));
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Failed));
+    assert!(w.created.is_empty(), "the step never ran");
+    let st = w.approvals["run-a-2b8d3c-r1-approve"]
+        .status
+        .clone()
+        .unwrap();
+    assert_eq!(st.phase, ApprovalPhase::Expired);
+    assert!(
+        st.message
+            .as_deref()
+            .is_some_and(|m| m.contains("after the deadline")),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn a_decision_made_in_time_wins_over_an_expiry_seen_late() {
+    let mut w = gated(Some("4s"), OnTimeout::Reject);
+    w.advance(2);
+    assert!(w.decide_approval("run-a-2b8d3c-r1-approve", Answer::Approved, "alice"));
+    // The operator looks only after the deadline.
+    w.advance(60);
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Running));
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"]);
+}
+
+#[test]
+fn an_expiry_decided_on_a_stale_cache_never_overwrites_a_decision() {
+    let mut w = gated(Some("4s"), OnTimeout::Reject);
+    w.advance(3);
+    let stale = w.clone();
+    assert!(w.decide_approval("run-a-2b8d3c-r1-approve", Answer::Approved, "alice"));
+    // The operator's cache does not show the decision yet; it is past the deadline.
+    let mut late = stale;
+    late.advance(10);
+    let d = late.decide();
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::SetApprovalStatus { status, .. } if status.phase == ApprovalPhase::Expired)),
+        "the stale view asks to expire it"
+    );
+    assert_eq!(
+        d.status,
+        w.status(),
+        "nothing is refused before the expiry is written"
+    );
+    w.now = late.now;
+    w.commit(&d); // the guarded write meets the decision and fails
+    assert_eq!(w.approvals["run-a-2b8d3c-r1-approve"].status, None);
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Running));
+}
+
+#[test]
+fn approvals_the_run_no_longer_waits_on_are_superseded_and_refuse_decisions() {
+    let mut w = gated(None, OnTimeout::Reject);
+    w.run.spec.cancel = true;
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Cancelled));
+    let st = w.approvals["run-a-2b8d3c-r1-approve"]
+        .status
+        .clone()
+        .unwrap();
+    assert_eq!(st.phase, ApprovalPhase::Superseded);
+    assert!(!w.decide_approval("run-a-2b8d3c-r1-approve", Answer::Approved, "alice"));
+    assert!(w.created.is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// D16: refused creations show on the run
+// ---------------------------------------------------------------------------
+
+fn refusal(name: &str, cause: RefusalCause) -> Refusal {
+    Refusal {
+        name: name.into(),
+        cause,
+        message: format!("pods \"{name}\" is forbidden: violates PodSecurity"),
+    }
+}
+
+#[test]
+fn a_refused_step_pod_stalls_the_run_visibly() {
+    struct Case {
+        name: &'static str,
+        cause: RefusalCause,
+        reason: &'static str,
+        /// The step's phase after the refusal.
+        phase: StepPhase,
+        failures: i32,
+    }
+    let cases = [
+        Case {
+            name: "rejected: a failed attempt, retried as a new one",
+            cause: RefusalCause::Rejected,
+            reason: reason::FAILED_CREATE,
+            phase: StepPhase::Pending,
+            failures: 1,
+        },
+        Case {
+            name: "transient: the same attempt waits, visibly",
+            cause: RefusalCause::Transient,
+            reason: reason::FAILED_CREATE,
+            phase: StepPhase::Running,
+            failures: 0,
+        },
+        Case {
+            name: "a foreign object holds the name",
+            cause: RefusalCause::NameTaken,
+            reason: reason::NAME_TAKEN,
+            phase: StepPhase::Running,
+            failures: 0,
+        },
+    ];
+    for c in cases {
+        let mut w = World::new(AgentRun::test().with_steps([step("a").with_retry(1, "10s", "1m")]));
+        // The launch is written; the create is refused.
+        let d = w.decide();
+        w.run.status = Some(d.status);
+        w.refused = vec![refusal("run-a-2b8d3c-r1-a1", c.cause)];
+        let d = w.step();
+        assert!(creates(&d).is_empty(), "{}: not sent again at once", c.name);
+        assert!(
+            d.actions.iter().any(|a| matches!(a, Action::Event { type_: EventType::Warning, reason, message } if *reason == reason::FAILED_CREATE && message.contains("violates PodSecurity"))),
+            "{}: a Warning Event with the API's message: {:?}",
+            c.name,
+            d.actions
+        );
+        let stalled = w
+            .status()
+            .conditions
+            .into_iter()
+            .find(|x| x.type_ == condition::STALLED)
+            .expect("Stalled");
+        assert_eq!(
+            (stalled.status.as_str(), stalled.reason.as_str()),
+            ("True", c.reason),
+            "{}",
+            c.name
+        );
+        assert!(stalled.message.contains("run-a-2b8d3c-r1-a1"), "{}", c.name);
+        let a = cp(&w, "a", 1);
+        assert_eq!((a.phase, a.failures), (c.phase, c.failures), "{}", c.name);
+        // The cause goes away: the next try creates the Pod and the stall clears.
+        w.refused.clear();
+        w.advance(20);
+        w.settle();
+        let want = if c.cause == RefusalCause::Rejected {
+            "run-a-2b8d3c-r1-a2"
+        } else {
+            "run-a-2b8d3c-r1-a1"
+        };
+        assert_eq!(w.created, [want], "{}", c.name);
+        assert_eq!(
+            condition_of(&w, condition::STALLED).0,
+            "False",
+            "{}",
+            c.name
+        );
+    }
+}
+
+#[test]
+fn a_step_pod_rejected_past_its_retries_fails_the_run_with_the_api_message() {
+    let mut w = World::new(AgentRun::test().with_steps([step("a")]));
+    let d = w.decide();
+    w.run.status = Some(d.status);
+    w.refused = vec![refusal("run-a-2b8d3c-r1-a1", RefusalCause::Rejected)];
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Failed));
+    let a = cp(&w, "a", 1);
+    assert!(
+        a.message
+            .as_deref()
+            .is_some_and(|m| m.contains("violates PodSecurity")),
+        "{a:?}"
+    );
+    assert_eq!(
+        a.effect,
+        Some(EffectOutcome::NotApplied),
+        "its Pod never existed"
+    );
+}
+
+#[test]
+fn a_foreign_approval_holding_the_name_stalls_the_gate_visibly() {
+    let mut w =
+        World::new(AgentRun::test().with_steps([step("a").with_approval(None, OnTimeout::Reject)]));
+    let d = w.decide();
+    w.run.status = Some(d.status);
+    w.refused = vec![refusal("run-a-2b8d3c-r1-approve", RefusalCause::NameTaken)];
+    let d = w.step();
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateApproval(_))),
+        "{:?}",
+        d.actions
+    );
+    assert_eq!(
+        condition_of(&w, condition::STALLED),
+        ("True".into(), reason::NAME_TAKEN.into())
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -770,13 +1089,13 @@ fn a_stale_input_replans_from_the_stale_step_with_new_keys() {
         step("c"),
     ]));
     w.settle();
-    w.succeed("run-a-r1-a1", "");
-    w.succeed("run-b-r1-a1", &ok_message(json!("quote"), 0));
+    w.succeed("run-a-2b8d3c-r1-a1", "");
+    w.succeed("run-b-59c772-r1-a1", &ok_message(json!("quote"), 0));
     let b = cp(&w, "b", 1);
     assert_eq!(b.fresh_until.as_ref().map(|t| t.0), Some(t(60)));
     // c started in time; it fails once and its retry comes after b went stale.
     w.run.spec.steps[2] = step("c").with_retry(1, "2m", "2m");
-    w.update_pod("run-c-r1-a1", |p| p.exited(1, ""));
+    w.update_pod("run-c-aa03bb-r1-a1", |p| p.exited(1, ""));
     w.settle();
     w.advance(120);
     let d = w.step();
@@ -795,7 +1114,7 @@ fn a_stale_input_replans_from_the_stale_step_with_new_keys() {
     );
     w.settle();
     assert!(
-        w.pods.contains_key("run-b-r2-a1"),
+        w.pods.contains_key("run-b-59c772-r2-a1"),
         "b runs again at revision 2"
     );
     assert_ne!(
@@ -804,13 +1123,13 @@ fn a_stale_input_replans_from_the_stale_step_with_new_keys() {
         "with a new key"
     );
     assert_eq!(cp(&w, "b", 1), b, "the old checkpoint is kept as it was");
-    w.succeed("run-b-r2-a1", "");
-    assert!(w.pods.contains_key("run-c-r2-a1"));
+    w.succeed("run-b-59c772-r2-a1", "");
+    assert!(w.pods.contains_key("run-c-aa03bb-r2-a1"));
     assert!(
-        !w.pods.contains_key("run-a-r2-a1"),
+        !w.pods.contains_key("run-a-2b8d3c-r2-a1"),
         "a, still fresh, is not run again"
     );
-    w.succeed("run-c-r2-a1", "");
+    w.succeed("run-c-aa03bb-r2-a1", "");
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
     assert_eq!(w.status().progress.as_deref(), Some("3/3"));
     assert_eq!(condition_of(&w, condition::STALE).0, "False");
@@ -821,13 +1140,13 @@ fn a_launch_recorded_before_a_crash_is_not_created_on_inputs_stale_since() {
     let mut w =
         World::new(AgentRun::test().with_steps([step("quote").with_fresh_for("3s"), step("buy")]));
     w.settle();
-    w.update_pod("run-quote-r1-a1", |p| {
+    w.update_pod("run-quote-85b807-r1-a1", |p| {
         p.succeeded(&ok_message(json!(10), 0))
     });
     // quote's outcome and buy's launch are written together; the operator
     // dies before it creates buy's Pod, and comes back after quote went stale.
     let hand_off = w.decide();
-    assert_eq!(creates(&hand_off), ["run-buy-r1-a1"]);
+    assert_eq!(creates(&hand_off), ["run-buy-6c0d28-r1-a1"]);
     w.run.status = Some(hand_off.status);
     w.advance(4);
     let d = w.step();
@@ -838,9 +1157,12 @@ fn a_launch_recorded_before_a_crash_is_not_created_on_inputs_stale_since() {
     assert!(events(&d).contains(&reason::REPLANNED));
     assert_eq!(cp(&w, "buy", 1).phase, StepPhase::Superseded);
     w.settle();
-    assert!(w.pods.contains_key("run-quote-r2-a1"), "quote runs again");
     assert!(
-        !w.pods.contains_key("run-buy-r1-a1"),
+        w.pods.contains_key("run-quote-85b807-r2-a1"),
+        "quote runs again"
+    );
+    assert!(
+        !w.pods.contains_key("run-buy-6c0d28-r1-a1"),
         "buy never ran on the old quote"
     );
 }
@@ -865,11 +1187,13 @@ fn run_limits() {
                 .with_steps([step("a").with_retry(3, "1s", "1s"), step("b")])
                 .with_budget(Some(100), None),
             act: |w| {
-                w.update_pod("run-a-r1-a1", |p| p.exited(1, &ok_message(json!(null), 60)));
+                w.update_pod("run-a-2b8d3c-r1-a1", |p| {
+                    p.exited(1, &ok_message(json!(null), 60))
+                });
                 w.settle();
                 w.advance(1);
                 w.settle();
-                w.succeed("run-a-r1-a2", &ok_message(json!(null), 60));
+                w.succeed("run-a-2b8d3c-r1-a2", &ok_message(json!(null), 60));
             },
             reason: reason::TOKEN_BUDGET_EXCEEDED,
             budget_condition: true,
@@ -880,7 +1204,7 @@ fn run_limits() {
                 .with_steps([step("a").with_retry(3, "1s", "1s")])
                 .with_budget(None, Some(1)),
             act: |w| {
-                w.update_pod("run-a-r1-a1", |p| p.exited(1, ""));
+                w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(1, ""));
                 w.settle();
                 w.advance(1);
                 w.settle();
@@ -892,12 +1216,12 @@ fn run_limits() {
             name: "active deadline stops the running step",
             run: AgentRun::test().with_steps([step("a")]).with_deadline(600),
             act: |w| {
-                w.update_pod("run-a-r1-a1", |p| p.running());
+                w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
                 assert_eq!(w.settle().requeue_after, secs(600));
                 w.advance(600);
                 let d = w.step();
-                assert_eq!(deletes(&d), ["run-a-r1-a1"]);
-                w.update_pod("run-a-r1-a1", |p| p.exited(137, ""));
+                assert_eq!(deletes(&d), ["run-a-2b8d3c-r1-a1"]);
+                w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(137, ""));
                 w.settle();
             },
             reason: reason::DEADLINE_EXCEEDED,
@@ -931,13 +1255,13 @@ fn suspend_starts_no_pods_and_lets_a_running_step_finish() {
     let mut w = World::new(two_steps());
     w.settle();
     w.run.spec.suspend = true;
-    w.succeed("run-a-r1-a1", "");
+    w.succeed("run-a-2b8d3c-r1-a1", "");
     assert_eq!(
         cp(&w, "a", 1).phase,
         StepPhase::Succeeded,
         "the running step is checkpointed"
     );
-    assert!(!w.pods.contains_key("run-b-r1-a1"));
+    assert!(!w.pods.contains_key("run-b-59c772-r1-a1"));
     assert_eq!(
         condition_of(&w, condition::PROGRESSING),
         ("False".into(), reason::SUSPENDED.into())
@@ -945,7 +1269,7 @@ fn suspend_starts_no_pods_and_lets_a_running_step_finish() {
     assert_eq!(w.decide().requeue_after, None, "nothing to wait for");
     w.run.spec.suspend = false;
     w.settle();
-    assert!(w.pods.contains_key("run-b-r1-a1"));
+    assert!(w.pods.contains_key("run-b-59c772-r1-a1"));
 }
 
 // ---------------------------------------------------------------------------
@@ -961,14 +1285,14 @@ fn cancel_stops_the_step_then_compensates_applied_steps_in_reverse() {
         step("d").with_compensate(),
     ]));
     w.settle();
-    w.succeed("run-a-r1-a1", "");
-    w.succeed("run-b-r1-a1", "");
-    w.succeed("run-c-r1-a1", "");
-    w.update_pod("run-d-r1-a1", |p| p.running());
+    w.succeed("run-a-2b8d3c-r1-a1", "");
+    w.succeed("run-b-59c772-r1-a1", "");
+    w.succeed("run-c-aa03bb-r1-a1", "");
+    w.update_pod("run-d-49574a-r1-a1", |p| p.running());
     w.settle();
     w.run.spec.cancel = true;
     let d = w.step();
-    assert_eq!(deletes(&d), ["run-d-r1-a1"]);
+    assert_eq!(deletes(&d), ["run-d-49574a-r1-a1"]);
     assert_eq!(
         cp(&w, "d", 1).effect,
         Some(EffectOutcome::Unknown),
@@ -980,18 +1304,22 @@ fn cancel_stops_the_step_then_compensates_applied_steps_in_reverse() {
         !w.created.iter().any(|n| n.contains("-c1")),
         "no compensation while d's Pod still runs"
     );
-    w.update_pod("run-d-r1-a1", |p| p.exited(143, ""));
+    w.update_pod("run-d-49574a-r1-a1", |p| p.exited(143, ""));
     w.settle();
-    w.succeed("run-d-r1-c1", "");
-    w.succeed("run-c-r1-c1", "");
-    w.succeed("run-a-r1-c1", "");
+    w.succeed("run-d-49574a-r1-c1", "");
+    w.succeed("run-c-aa03bb-r1-c1", "");
+    w.succeed("run-a-2b8d3c-r1-c1", "");
     let order: Vec<&String> = w.created.iter().filter(|n| n.ends_with("-c1")).collect();
     assert_eq!(
         order,
-        ["run-d-r1-c1", "run-c-r1-c1", "run-a-r1-c1"],
+        [
+            "run-d-49574a-r1-c1",
+            "run-c-aa03bb-r1-c1",
+            "run-a-2b8d3c-r1-c1"
+        ],
         "reverse order; b had no effect"
     );
-    let pod = w.pod("run-a-r1-c1");
+    let pod = w.pod("run-a-2b8d3c-r1-c1");
     assert_eq!(
         pod.metadata.labels.as_ref().unwrap()[labels::ROLE],
         "compensate"
@@ -1011,11 +1339,11 @@ fn cancel_stops_the_step_then_compensates_applied_steps_in_reverse() {
 fn a_run_failing_after_side_effects_compensates_first() {
     let mut w = World::new(AgentRun::test().with_steps([step("a").with_compensate(), step("b")]));
     w.settle();
-    w.succeed("run-a-r1-a1", "");
-    w.update_pod("run-b-r1-a1", |p| p.exited(1, ""));
+    w.succeed("run-a-2b8d3c-r1-a1", "");
+    w.update_pod("run-b-59c772-r1-a1", |p| p.exited(1, ""));
     w.settle();
     assert_eq!(w.status().phase, Some(RunPhase::Compensating));
-    w.update_pod("run-a-r1-c1", |p| p.exited(1, ""));
+    w.update_pod("run-a-2b8d3c-r1-c1", |p| p.exited(1, ""));
     w.settle();
     assert_eq!(
         w.status().phase,
@@ -1041,29 +1369,30 @@ fn context_past_max_bytes_runs_the_compactor_at_the_checkpoint_boundary() {
             .with_context(1024, true),
     );
     w.settle();
-    w.succeed("run-a-r1-a1", &big_result(0));
-    w.succeed("run-b-r1-a1", &big_result(1));
+    w.succeed("run-a-2b8d3c-r1-a1", &big_result(0));
+    w.succeed("run-b-59c772-r1-a1", &big_result(1));
     assert!(
-        w.pods.contains_key("run-c-r1-s1"),
+        w.pods.contains_key("run-c-aa03bb-r1-s1"),
         "the compactor runs before c"
     );
-    assert!(!w.pods.contains_key("run-c-r1-a1"));
-    let compactor = w.pod("run-c-r1-s1");
+    assert!(!w.pods.contains_key("run-c-aa03bb-r1-a1"));
+    let compactor = w.pod("run-c-aa03bb-r1-s1");
     assert_eq!(
         compactor.metadata.labels.as_ref().unwrap()[labels::ROLE],
         "compactor"
     );
     w.succeed(
-        "run-c-r1-s1",
+        "run-c-aa03bb-r1-s1",
         r#"{"summary": "a and b found 2 things", "tokens": {"input": 3}}"#,
     );
     assert_eq!(
         w.status().summary.as_deref(),
         Some("a and b found 2 things")
     );
-    let ctx: serde_json::Value =
-        serde_json::from_str(&w.pod("run-c-r1-a1").metadata.annotations.unwrap()[labels::CONTEXT])
-            .unwrap();
+    let ctx: serde_json::Value = serde_json::from_str(
+        &w.pod("run-c-aa03bb-r1-a1").metadata.annotations.unwrap()[labels::CONTEXT],
+    )
+    .unwrap();
     assert_eq!(ctx["summary"], "a and b found 2 things");
     assert_eq!(
         ctx["results"],
@@ -1081,9 +1410,9 @@ fn without_a_compactor_the_context_is_trimmed_to_max_bytes() {
             .with_context(1024, false),
     );
     w.settle();
-    w.succeed("run-a-r1-a1", &big_result(0));
-    w.succeed("run-b-r1-a1", &big_result(1));
-    let ctx = w.pod("run-c-r1-a1").metadata.annotations.unwrap()[labels::CONTEXT].clone();
+    w.succeed("run-a-2b8d3c-r1-a1", &big_result(0));
+    w.succeed("run-b-59c772-r1-a1", &big_result(1));
+    let ctx = w.pod("run-c-aa03bb-r1-a1").metadata.annotations.unwrap()[labels::CONTEXT].clone();
     assert!(ctx.len() <= 1024, "{} bytes", ctx.len());
     let v: serde_json::Value = serde_json::from_str(&ctx).unwrap();
     assert_eq!(v["results"][0]["step"], "b", "the newest result is kept");
@@ -1094,17 +1423,17 @@ fn without_a_compactor_the_context_is_trimmed_to_max_bytes() {
 fn terminal_phases_are_sticky_and_ttl_deletes_the_run() {
     let mut w = World::new(AgentRun::test().with_steps([step("a")]).with_ttl(300));
     w.settle();
-    w.succeed("run-a-r1-a1", "");
+    w.succeed("run-a-2b8d3c-r1-a1", "");
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
     assert_eq!(
         condition_of(&w, condition::SUCCEEDED),
         ("True".into(), reason::RUN_SUCCEEDED.into())
     );
-    assert!(w.pods["run-a-r1-a1"].metadata.finalizers.is_none());
+    assert!(w.pods["run-a-2b8d3c-r1-a1"].metadata.finalizers.is_none());
     let done = w.status();
     // New Pod events, a cancel, a clock jump: nothing moves a finished run.
     w.run.spec.cancel = true;
-    w.update_pod("run-a-r1-a1", |p| p.exited(1, ""));
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(1, ""));
     w.advance(100);
     let d = w.step();
     assert_eq!(d.status, done);
@@ -1124,10 +1453,10 @@ fn the_planner_runs_first_and_its_plan_becomes_revision_2() {
     w.settle();
     assert_eq!(w.status().phase, Some(RunPhase::Planning));
     assert_eq!(
-        w.pod("run-plan-r1-p1").metadata.labels.unwrap()[labels::ROLE],
+        w.pod("run-plan-dbdf1c-r1-p1").metadata.labels.unwrap()[labels::ROLE],
         "planner"
     );
-    w.succeed("run-plan-r1-p1", &plan.to_string());
+    w.succeed("run-plan-dbdf1c-r1-p1", &plan.to_string());
     let p = w.status().plan.unwrap();
     assert_eq!(
         (p.revision, p.source, p.step_names.clone()),
@@ -1138,9 +1467,9 @@ fn the_planner_runs_first_and_its_plan_becomes_revision_2() {
         )
     );
     assert_eq!(w.status().tokens_used, 120);
-    assert!(w.pods.contains_key("run-search-r2-a1"));
-    w.succeed("run-search-r2-a1", "");
-    w.succeed("run-write-r2-a1", "");
+    assert!(w.pods.contains_key("run-search-102366-r2-a1"));
+    w.succeed("run-search-102366-r2-a1", "");
+    w.succeed("run-write-9b1405-r2-a1", "");
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
     assert_eq!(w.status().progress.as_deref(), Some("2/2"));
 }
@@ -1150,7 +1479,7 @@ fn a_bad_plan_fails_the_run_with_a_clear_condition() {
     let mut w = World::new(AgentRun::test().with_planner(step("plan")));
     w.settle();
     w.succeed(
-        "run-plan-r1-p1",
+        "run-plan-dbdf1c-r1-p1",
         r#"{"plan": [{"name": "Not A Name", "container": {"image": "x"}}]}"#,
     );
     assert_eq!(w.status().phase, Some(RunPhase::Failed));
@@ -1200,7 +1529,7 @@ fn condition_transition_times_move_only_on_status_changes() {
     w.settle();
     let before = w.status().conditions;
     w.advance(50);
-    w.update_pod("run-a-r1-a1", |p| p.running());
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
     w.settle();
     assert_eq!(
         w.status().conditions,
@@ -1243,7 +1572,7 @@ fn status_of_a_finished_500_step_run_stays_under_256_kib() {
     let mut w = World::new(AgentRun::test().with_steps(steps));
     w.settle();
     for i in 0..500 {
-        let pod = format!("run-step-{i:03}-r1-a1");
+        let pod = w.status().steps[i].pod.clone().expect("step {i} launched");
         // Each step reports a near-limit result.
         w.succeed(&pod, &ok_message(json!("z".repeat(1000)), 10));
     }
@@ -1274,7 +1603,9 @@ fn a_backoff_is_never_shortened_by_the_whole_second_status_clock() {
     let mut w = World::new(AgentRun::test().with_steps([step("a").with_retry(2, "1s", "1m")]));
     w.settle();
     w.now = t(0) + SignedDuration::from_millis(700);
-    w.update_pod("run-a-r1-a1", |p| p.exited(1, &ok_message(json!(null), 0)));
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| {
+        p.exited(1, &ok_message(json!(null), 0))
+    });
     w.step();
     let a = cp(&w, "a", 1);
     assert_eq!(a.phase, StepPhase::Pending);
@@ -1286,5 +1617,5 @@ fn a_backoff_is_never_shortened_by_the_whole_second_status_clock() {
     w.now = t(1) + SignedDuration::from_millis(900);
     assert!(creates(&w.step()).is_empty(), "not due at 1.9 s");
     w.now = t(2);
-    assert_eq!(creates(&w.step()), ["run-a-r1-a2"], "due at 2 s");
+    assert_eq!(creates(&w.step()), ["run-a-2b8d3c-r1-a2"], "due at 2 s");
 }
