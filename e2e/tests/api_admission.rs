@@ -679,8 +679,13 @@ async fn kubectl_get_apv_shows_run_step_kind_decision_and_expiry() {
 async fn every_sample_applies_with_server_side_dry_run() {
     let env = TestEnv::new("samples_dry_run").await;
     let dir = repo_root().join("config/samples");
-    let mut samples: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+    // The example Approval in docs/examples validates too.
+    let examples = repo_root().join("docs/examples");
+    let mut samples: Vec<PathBuf> = [&dir, &examples]
+        .into_iter()
+        .flat_map(|d| {
+            std::fs::read_dir(d).unwrap_or_else(|e| panic!("reading {}: {e}", d.display()))
+        })
         .map(|entry| entry.expect("directory entry").path())
         .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
         // The kustomization lists the samples; it is not an object to apply.

@@ -932,3 +932,162 @@ async fn without_step_events_only_what_calls_for_attention_is_published() {
     }
     s.finish().await;
 }
+
+/// The ledger's executions of one step of one run.
+fn executions_of(s: &Scenario, run: &str, step: &str) -> usize {
+    s.ledger()
+        .executions()
+        .filter(|e| e.run.as_deref() == Some(run) && e.step.as_deref() == Some(step))
+        .count()
+}
+
+async fn approval_phase(s: &Scenario, name: &str) -> Option<String> {
+    let a = s.approvals().get(name).await.unwrap();
+    a.status.map(|st| format!("{:?}", st.phase))
+}
+
+#[tokio::test]
+async fn an_approval_releases_only_the_step_it_was_asked_about() {
+    let mut s = Scenario::start("approval-binding").await;
+
+    // D14: the step is edited while its approval waits; the old approval
+    // cannot release the new step.
+    s.create_run("edited", gated(None, "Reject")).await;
+    let first = wait_for_gate(&s, "edited").await;
+    let edit =
+        json!([{"op": "add", "path": "/spec/steps/1/container/args", "value": ["--amount=9999"]}]);
+    s.runs()
+        .patch(
+            "edited",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::<()>::Json(serde_json::from_value(edit).unwrap()),
+        )
+        .await
+        .expect("editing the gated step");
+    let waiting = s
+        .wait_run("edited", "a second approval request", RUN_TIMEOUT, |r| {
+            step_opt(r, "issue")
+                .and_then(|c| c.approval.as_deref())
+                .is_some_and(|a| a != first)
+        })
+        .await;
+    let second = step(&waiting, "issue").approval.clone().unwrap();
+    assert_eq!(phase(&waiting), Some(RunPhase::WaitingForApproval));
+    agentrun_e2e::wait_for(
+        &s.approvals(),
+        &first,
+        |a: Option<&agentrun_operator::api::Approval>| {
+            a.and_then(|a| a.status.as_ref())
+                .is_some_and(|st| format!("{:?}", st.phase) == "Superseded")
+        },
+        Duration::from_secs(30),
+    )
+    .await;
+    // The person approves what they were shown: the API server refuses it.
+    let patch = json!({"spec": {"decision": "Approved", "comment": "the amount I was shown"}});
+    let refused = s
+        .approvals()
+        .patch(
+            &first,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await;
+    let message = match refused {
+        Err(kube::Error::Api(status)) => status.message,
+        other => panic!("a decision on a superseded approval must be refused: {other:?}"),
+    };
+    assert!(
+        message.contains("Superseded")
+            && message.contains(&second)
+            && message.contains("can no longer be decided"),
+        "{message}"
+    );
+    assert_eq!(executions_of(&s, "edited", "issue"), 0, "nothing ran");
+    s.decide(&second, "Approved", "the new amount").await;
+    let run = s.wait_finished("edited", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded));
+    assert_eq!(executions_of(&s, "edited", "issue"), 1);
+    let pod = s
+        .pods()
+        .get(step(&run, "issue").pod.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        pod.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap_or_default(),
+        ["--amount=9999"],
+        "what ran is what the second approval was asked about"
+    );
+
+    // D10: a decision the API server took after the deadline does not win
+    // over onTimeout Reject, even with the operator down at the deadline.
+    s.create_run("late", gated(Some("3s"), "Reject")).await;
+    let name = wait_for_gate(&s, "late").await;
+    s.kill_operator().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    s.decide(&name, "Approved", "sorry, I was away").await;
+    s.start_operator(None);
+    let run = s.wait_finished("late", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Failed));
+    assert_eq!(
+        executions_of(&s, "late", "issue"),
+        0,
+        "the late approval released nothing"
+    );
+    assert_eq!(approval_phase(&s, &name).await.as_deref(), Some("Expired"));
+
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn runs_whose_names_join_alike_each_get_their_own_pods() {
+    let s = Scenario::start("names").await;
+    let one = |step: &str| json!({"steps": [sim_step(step, "Idempotent", json!({"runMs": 50}))]});
+    // `hx` + `b-c` and `hx-b` + `c` both read `hx-b-c`.
+    s.create_run("hx", one("b-c")).await;
+    s.create_run("hx-b", one("c")).await;
+    for name in ["hx", "hx-b"] {
+        let run = s.wait_finished(name, RUN_TIMEOUT).await;
+        assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{name}");
+    }
+    assert_eq!(executions_of(&s, "hx", "b-c"), 1);
+    assert_eq!(executions_of(&s, "hx-b", "c"), 1);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_step_pod_the_api_server_refuses_fails_the_step_with_its_message() {
+    let s = Scenario::start("refused").await;
+    let mut spec = json!({"steps": [sim_step("a", "Idempotent", json!({"runMs": 50}))]});
+    // The Priority admission plugin refuses a Pod naming a missing class.
+    spec["podTemplate"] = json!({"priorityClassName": "no-such-class"});
+    s.create_run("refused", spec).await;
+    let run = s.wait_finished("refused", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Failed));
+    let a = step(&run, "a");
+    let message = a.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("refused its Pod") && message.contains("no-such-class"),
+        "{message}"
+    );
+    assert_eq!(executions_of(&s, "refused", "a"), 0);
+    let events = kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        s.namespace(),
+        "--field-selector",
+        "reason=FailedCreate,type=Warning",
+        "-o",
+        "jsonpath={.items[*].note}{.items[*].message}",
+    ])
+    .await;
+    assert!(
+        events.contains("no-such-class"),
+        "Warning Event FailedCreate: {events}"
+    );
+    s.finish().await;
+}

@@ -577,7 +577,7 @@ impl<'a> Machine<'a> {
                             "attempt {}: the API server refused its Pod {}: {}",
                             cp.attempt, r.name, r.message
                         );
-                        self.on_failure(plan, i, why, TokenUsage::default());
+                        self.on_failure(plan, i, why, TokenUsage::default(), false);
                     }
                 }
             }
@@ -603,7 +603,7 @@ impl<'a> Machine<'a> {
                     "attempt {} exited with code {exit_code} ({reason})",
                     cp.attempt
                 );
-                self.on_failure(plan, i, why, tokens);
+                self.on_failure(plan, i, why, tokens, false);
             }
             Observation::Disrupted {
                 reason,
@@ -648,14 +648,22 @@ impl<'a> Machine<'a> {
                 .and_then(|s| plan::duration(s.timeout.as_ref())),
             StepRole::Compactor => None,
         };
-        let (Some(timeout), Some(started)) = (timeout, cp.started_at.as_ref()) else {
+        let (Some(timeout), Some(launched)) = (timeout, cp.started_at.as_ref()) else {
             return;
         };
-        // `startedAt` holds whole seconds; the launch happened within the
-        // second after it. Counting from the end of that second means an
-        // attempt is stopped at most a second after its timeout, never before.
-        let deadline = started
-            .0
+        // Step time starts when the Pod exists: a Pod created late (the
+        // operator died between recording the launch and creating it) is not
+        // charged for the downtime. Both stamps hold whole seconds; the event
+        // happened within the second after, so counting from the end of that
+        // second stops an attempt at most a second late, never early.
+        let created = cp
+            .pod
+            .as_deref()
+            .and_then(|p| self.pods.get(p))
+            .and_then(|p| p.metadata.creation_timestamp.as_ref())
+            .map(|t| t.0);
+        let from = created.map_or(launched.0, |c| c.max(launched.0));
+        let deadline = from
             .checked_add(SignedDuration::from_secs(1))
             .and_then(|t| t.checked_add(timeout))
             .unwrap_or(Timestamp::MAX);
@@ -664,13 +672,17 @@ impl<'a> Machine<'a> {
             return;
         }
         let pod = cp.pod.clone().unwrap_or_default();
+        let started = self
+            .pods
+            .get(pod.as_str())
+            .is_none_or(|p| observe::started(p));
         let why = format!(
             "attempt {} timed out after {}",
             cp.attempt,
             timeout_text(timeout)
         );
         self.actions.push(Action::DeletePod {
-            name: pod,
+            name: pod.clone(),
             reason: why.clone(),
         });
         self.event(
@@ -678,7 +690,7 @@ impl<'a> Machine<'a> {
             reason::STEP_TIMED_OUT,
             format!("step {}: {why}", cp.name),
         );
-        self.on_failure(plan, i, why, TokenUsage::default());
+        self.on_failure(plan, i, why, TokenUsage::default(), started);
     }
 
     fn add_tokens(&mut self, i: usize, t: TokenUsage) {
@@ -701,7 +713,7 @@ impl<'a> Machine<'a> {
                     "attempt {} returned an unusable result: {e}",
                     self.status.steps[i].attempt
                 );
-                return self.on_failure(plan, i, why, TokenUsage::default());
+                return self.on_failure(plan, i, why, TokenUsage::default(), true);
             }
         };
         self.add_tokens(i, report.tokens);
@@ -842,9 +854,28 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// A failed attempt (exit code, timeout, bad result) consumes the retry budget.
-    fn on_failure(&mut self, plan: &Plan<'_>, i: usize, why: String, tokens: TokenUsage) {
+    /// A failed attempt (exit code, timeout, bad result) consumes the retry
+    /// budget. `may_have_acted`: the attempt ran without reporting a failure
+    /// of its own (timed out, or exited 0 with an unusable result), so its
+    /// effect is `Unknown` (D7) and a compensation covers it; a step that
+    /// exits non-zero reports that it did not act.
+    fn on_failure(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        why: String,
+        tokens: TokenUsage,
+        may_have_acted: bool,
+    ) {
         self.add_tokens(i, tokens);
+        if may_have_acted && self.status.steps[i].role == StepRole::Step {
+            let effect = self
+                .step_spec(plan, &self.status.steps[i].name)
+                .map_or(Effect::NonIdempotent, |s| s.effect);
+            if effect != Effect::None {
+                self.status.steps[i].effect = Some(EffectOutcome::Unknown);
+            }
+        }
         let (limit, backoff) = self.retry_limit(plan, &self.status.steps[i]);
         let failures = self.status.steps[i].failures + 1;
         let next = self.after_failure(&why, failures, limit, backoff.as_ref());
@@ -859,7 +890,7 @@ impl<'a> Machine<'a> {
                 cp.checkpoint = CheckpointState::Committed;
                 cp.finished_at = Some(Time(now));
                 cp.next_attempt_at = None;
-                if cp.role == StepRole::Step {
+                if cp.role == StepRole::Step && cp.effect.is_none() {
                     cp.effect = Some(EffectOutcome::NotApplied);
                 }
                 cp.message = Some(message.clone());
@@ -931,6 +962,11 @@ impl<'a> Machine<'a> {
                 format!("step {name}: {message}"),
             );
         } else {
+            if started && effect != Effect::None && cp.role == StepRole::Step {
+                // It may have acted before it was stopped; the rerun with the
+                // same key settles it (Applied on success).
+                cp.effect = Some(EffectOutcome::Unknown);
+            }
             let message = format!(
                 "attempt {} was disrupted ({why}); it runs again with the same key",
                 cp.attempt

@@ -281,6 +281,7 @@ impl World {
                     let mut pod = (**pod).clone();
                     self.next_uid += 1;
                     pod.metadata.uid = Some(format!("pod-uid-{}", self.next_uid));
+                    pod.metadata.creation_timestamp = Some(Time(self.now));
                     pod.status = Some(PodStatus {
                         phase: Some("Pending".into()),
                         ..PodStatus::default()

@@ -1077,6 +1077,70 @@ fn a_foreign_approval_holding_the_name_stalls_the_gate_visibly() {
     );
 }
 
+#[test]
+fn a_pod_created_late_is_timed_from_its_creation_not_from_the_launch() {
+    let mut w = World::new(AgentRun::test().with_steps([step("a").with_timeout("10s")]));
+    // The launch is written; the operator dies before creating the Pod.
+    let d = w.decide();
+    w.run.status = Some(d.status);
+    w.advance(60);
+    let d = w.step();
+    assert_eq!(
+        creates(&d),
+        ["run-a-2b8d3c-r1-a1"],
+        "created after the restart"
+    );
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
+    w.advance(5);
+    w.settle();
+    assert_eq!(cp(&w, "a", 1).phase, StepPhase::Running, "5s of 10s used");
+    w.advance(7);
+    w.settle();
+    assert_eq!(
+        cp(&w, "a", 1).phase,
+        StepPhase::Failed,
+        "timed out 10s after its Pod was created"
+    );
+}
+
+#[test]
+fn an_effect_that_may_have_happened_is_unknown_and_compensated() {
+    // Timed out while running, no retries left: it may have acted.
+    let mut w =
+        World::new(AgentRun::test().with_steps([step("a").with_timeout("10s").with_compensate()]));
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
+    w.advance(20);
+    w.settle();
+    assert_eq!(cp(&w, "a", 1).effect, Some(EffectOutcome::Unknown));
+    // The kubelet stops the deleted Pod; then the saga winds down.
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(137, ""));
+    w.settle();
+    assert!(
+        w.created.contains(&"run-a-2b8d3c-r1-c1".to_owned()),
+        "the compensation runs for an unknown effect: {:?}",
+        w.created
+    );
+
+    // A non-zero exit reports that the step did not act: not compensated.
+    let mut w = World::new(AgentRun::test().with_steps([step("a").with_compensate()]));
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(1, ""));
+    w.settle();
+    assert_eq!(cp(&w, "a", 1).effect, Some(EffectOutcome::NotApplied));
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"]);
+
+    // An Idempotent step evicted after it started: unknown until the rerun succeeds.
+    let mut w = World::new(AgentRun::test().with_steps([step("a"), step("b")]));
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.evicted(true));
+    w.step();
+    assert_eq!(cp(&w, "a", 1).effect, Some(EffectOutcome::Unknown));
+    w.settle();
+    w.succeed("run-a-2b8d3c-r1-a2", &ok_message(json!(1), 0));
+    assert_eq!(cp(&w, "a", 1).effect, Some(EffectOutcome::Applied));
+}
+
 // ---------------------------------------------------------------------------
 // D8: freshness
 // ---------------------------------------------------------------------------
