@@ -609,6 +609,9 @@ pub struct CompensationCheckpoint {
     /// Earliest time of the next attempt (backoff timer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<Time>,
+    /// Tokens its attempts reported; they count against the run's budget too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenUsage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

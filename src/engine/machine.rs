@@ -706,18 +706,43 @@ impl<'a> Machine<'a> {
     }
 
     fn on_success(&mut self, plan: &Plan<'_>, i: usize, message: Option<&str>) {
+        let attempt = self.status.steps[i].attempt;
         let report = match result::parse(message) {
             Ok(r) => r,
             Err(e) => {
-                let why = format!(
-                    "attempt {} returned an unusable result: {e}",
-                    self.status.steps[i].attempt
-                );
-                return self.on_failure(plan, i, why, TokenUsage::default(), true);
+                let why = format!("attempt {attempt} returned an unusable result: {e}");
+                // Whatever tokens it reported were spent all the same (D9).
+                let tokens = result::tokens_best_effort(message);
+                return self.on_failure(plan, i, why, tokens, true);
             }
         };
-        self.add_tokens(i, report.tokens);
         let role = self.status.steps[i].role;
+        let planned = match role {
+            StepRole::Planner => match plan::parse_planner_plan(report.plan.as_ref()) {
+                Ok(steps) => Some(steps),
+                Err(e) => {
+                    // An invalid plan is a failed attempt: retried within
+                    // `retry.limit`, then the run fails for that reason.
+                    let name = self.status.steps[i].name.clone();
+                    let why = format!("attempt {attempt} returned an invalid plan: {e}");
+                    self.on_failure(plan, i, why, report.tokens, false);
+                    if self.status.steps[i].phase == StepPhase::Failed {
+                        cond::set(
+                            &mut self.status.conditions,
+                            condition::FAILURE_TARGET,
+                            TRUE,
+                            reason::INVALID_PLAN,
+                            format!("planner {name}: {e}"),
+                            self.run.metadata.generation,
+                            self.now,
+                        );
+                    }
+                    return;
+                }
+            },
+            _ => None,
+        };
+        self.add_tokens(i, report.tokens);
         let spec = match role {
             StepRole::Step => self.step_spec(plan, &self.status.steps[i].name),
             StepRole::Planner => self.run.spec.planner.clone(),
@@ -753,26 +778,21 @@ impl<'a> Machine<'a> {
                 format!("step {name} succeeded on attempt {attempt}"),
             ),
             StepRole::Compactor => {
-                self.status.summary = report.summary;
+                // A compactor that returns no summary keeps the one there was.
+                if report.summary.is_some() {
+                    self.status.summary = report.summary;
+                }
                 self.event(
                     EventType::Normal,
                     reason::CONTEXT_COMPACTED,
                     format!("context compacted before step {name}"),
                 );
             }
-            StepRole::Planner => match plan::parse_planner_plan(report.plan.as_ref()) {
-                Ok(steps) => {
-                    // The new plan is resolved and started by the next decision.
-                    self.recorded = true;
-                    self.adopt_plan(&name, steps);
-                }
-                Err(e) => {
-                    let cp = &mut self.status.steps[i];
-                    cp.phase = StepPhase::Failed;
-                    cp.message = Some(e.clone());
-                    self.fail_run(reason::INVALID_PLAN, format!("planner {name}: {e}"));
-                }
-            },
+            StepRole::Planner => {
+                // The new plan is resolved and started by the next decision.
+                self.recorded = true;
+                self.adopt_plan(&name, planned.unwrap_or_default());
+            }
         }
     }
 
@@ -1760,10 +1780,28 @@ impl<'a> Machine<'a> {
     // -----------------------------------------------------------------------
 
     fn wind_down(&mut self, plan: &Plan<'_>) {
-        // Nothing new starts while a step Pod of this run is still live.
-        let step_pod_live = self.pods.values().any(|p| {
-            observe::is_live(p) && observe::coords(p).is_some_and(|c| c.role != PodRole::Compensate)
-        });
+        // Nothing new starts while a step Pod of this run is still live. Past
+        // the run's active deadline, a Pod still not stopped when its grace
+        // period ended is on a lost node: its effect is already recorded as
+        // Unknown, and waiting for it would hang the run past its deadline.
+        let past_deadline = cond::get(&self.status.conditions, condition::FAILURE_TARGET)
+            .is_some_and(|c| c.reason == reason::DEADLINE_EXCEEDED);
+        let mut step_pod_live = false;
+        for p in self.pods.values() {
+            if !observe::is_live(p)
+                || observe::coords(p).is_none_or(|c| c.role == PodRole::Compensate)
+            {
+                continue;
+            }
+            match p.metadata.deletion_timestamp.as_ref() {
+                Some(gone_by) if past_deadline && gone_by.0 <= self.now => {}
+                Some(gone_by) if past_deadline => {
+                    self.deadlines.push(gone_by.0);
+                    step_pod_live = true;
+                }
+                _ => step_pod_live = true,
+            }
+        }
         if step_pod_live {
             return;
         }
@@ -1956,7 +1994,25 @@ impl<'a> Machine<'a> {
                 }
             }
         };
-        match observe::observe(pod, cp.pod_uid.as_deref()) {
+        let observation = observe::observe(pod, cp.pod_uid.as_deref());
+        // A compensation's tokens are spent like any step's (D9).
+        let tokens = match &observation {
+            Observation::Succeeded { message }
+            | Observation::Failed { message, .. }
+            | Observation::Disrupted { message, .. } => {
+                result::tokens_best_effort(message.as_deref())
+            }
+            _ => TokenUsage::default(),
+        };
+        if tokens.total() > 0 {
+            let c = &mut self.status.compensations[k];
+            let mut sum = c.tokens.unwrap_or_default();
+            sum.input = sum.input.saturating_add(tokens.input);
+            sum.output = sum.output.saturating_add(tokens.output);
+            c.tokens = Some(sum);
+            self.status.tokens_used = self.status.tokens_used.saturating_add(tokens.total());
+        }
+        match observation {
             Observation::NotSeen => {
                 if let Some(container) = self.step_spec(plan, &cp.name).and_then(|s| s.compensate) {
                     let pod = self.compensation_pod(plan, &cp, &container);

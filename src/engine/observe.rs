@@ -112,6 +112,22 @@ fn disruption_reason(pod: &Pod) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Whether the container stopped after the Pod's deletion was requested
+/// (`deletionTimestamp` is the request plus the grace period). Unknown
+/// stop times count as stopped by the deletion.
+fn stopped_by_deletion(pod: &Pod, term: Option<&ContainerStateTerminated>) -> bool {
+    let Some(deleting) = pod.metadata.deletion_timestamp.as_ref() else {
+        return false;
+    };
+    let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(30);
+    let requested = deleting
+        .0
+        .checked_sub(jiff::SignedDuration::from_secs(grace))
+        .unwrap_or(deleting.0);
+    term.and_then(|t| t.finished_at.as_ref())
+        .is_none_or(|f| f.0 >= requested)
+}
+
 /// What the Pod of a running attempt shows.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Observation {
@@ -170,11 +186,15 @@ pub fn observe(pod: Option<&Pod>, seen_uid: Option<&str>) -> Observation {
                     started: started(pod),
                     message,
                 },
-                None if deleting && killed => Observation::Disrupted {
-                    reason: "Deleted".into(),
-                    started: started(pod),
-                    message,
-                },
+                // Deleted by someone else while it ran: a disruption, also
+                // when the container caught SIGTERM and exited on its own.
+                None if deleting && (killed || stopped_by_deletion(pod, term)) => {
+                    Observation::Disrupted {
+                        reason: "Deleted".into(),
+                        started: started(pod),
+                        message,
+                    }
+                }
                 None => Observation::Failed {
                     exit_code: term.map_or(-1, |t| t.exit_code),
                     reason: term

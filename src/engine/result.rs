@@ -86,7 +86,11 @@ pub fn parse(message: Option<&str>) -> Result<StepReport, String> {
 /// Tokens from a message that may be malformed: failed and disrupted attempts
 /// still count what they report (D9), and report nothing when unreadable.
 pub fn tokens_best_effort(message: Option<&str>) -> TokenUsage {
-    parse(message).map(|r| r.tokens).unwrap_or_default()
+    // Tokens were spent even when the rest of the message is unusable (D9).
+    message
+        .and_then(|m| serde_json::from_str::<Value>(m.trim()).ok())
+        .and_then(|v| parse_tokens(v.get("tokens")?))
+        .unwrap_or_default()
 }
 
 fn parse_tokens(v: &Value) -> Option<TokenUsage> {

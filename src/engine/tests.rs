@@ -1141,6 +1141,119 @@ fn an_effect_that_may_have_happened_is_unknown_and_compensated() {
     assert_eq!(cp(&w, "a", 1).effect, Some(EffectOutcome::Applied));
 }
 
+#[test]
+fn a_compactor_that_returns_no_summary_keeps_the_one_there_was() {
+    let mut w = World::new(
+        AgentRun::test()
+            .with_steps([step("a"), step("b"), step("c"), step("d"), step("e")])
+            .with_context(1024, true),
+    );
+    w.settle();
+    w.succeed("run-a-2b8d3c-r1-a1", &big_result(0));
+    w.succeed("run-b-59c772-r1-a1", &big_result(1));
+    w.succeed(
+        "run-c-aa03bb-r1-s1",
+        r#"{"summary": "a and b found 2 things"}"#,
+    );
+    w.succeed("run-c-aa03bb-r1-a1", &big_result(2));
+    w.succeed("run-d-49574a-r1-a1", &big_result(3));
+    assert!(
+        w.pods.contains_key("run-e-b2b094-r1-s1"),
+        "{:?}",
+        w.pods.keys()
+    );
+    w.succeed("run-e-b2b094-r1-s1", r#"{"result": null}"#);
+    assert_eq!(
+        w.status().summary.as_deref(),
+        Some("a and b found 2 things")
+    );
+}
+
+#[test]
+fn an_invalid_plan_is_a_failed_attempt_within_the_planner_retries() {
+    let mut w = World::new(AgentRun::test().with_planner(step("plan").with_retry(1, "1s", "1s")));
+    w.settle();
+    let bad = r#"{"plan": [{"name": "Not A Name", "container": {"image": "x"}}], "tokens": {"input": 7}}"#;
+    w.succeed("run-plan-dbdf1c-r1-p1", bad);
+    w.advance(2);
+    w.settle();
+    assert_eq!(w.status().tokens_used, 7, "the bad plan's tokens count");
+    w.succeed(
+        "run-plan-dbdf1c-r1-p2",
+        r#"{"plan": [{"name": "x", "container": {"image": "x"}}]}"#,
+    );
+    assert_eq!(w.status().plan.map(|p| p.revision), Some(2));
+    assert_eq!(w.status().phase, Some(RunPhase::Running));
+}
+
+#[test]
+fn tokens_of_compensations_and_of_unusable_results_count() {
+    let mut w = World::new(AgentRun::test().with_steps([step("a").with_compensate(), step("b")]));
+    w.settle();
+    w.succeed("run-a-2b8d3c-r1-a1", &ok_message(json!(1), 10));
+    // Exit 0, but a message the contract refuses: the tokens it names still count.
+    w.succeed(
+        "run-b-59c772-r1-a1",
+        r#"{"tokens": {"input": 5}, "plan": 3}"#,
+    );
+    w.succeed("run-a-2b8d3c-r1-c1", &ok_message(json!("reversed"), 100));
+    let s = w.status();
+    assert_eq!(s.phase, Some(RunPhase::Failed));
+    assert_eq!(s.compensations[0].tokens.map(|t| t.total()), Some(100));
+    assert_eq!(s.tokens_used, 115);
+}
+
+#[test]
+fn a_deleted_pod_that_traps_sigterm_and_exits_1_is_a_disruption() {
+    let mut w =
+        World::new(AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent)]));
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
+    w.step();
+    // A user deletes the Pod; its container catches SIGTERM and exits 1.
+    let now = w.now;
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| {
+        let mut p = p.deleting(now).exited(1, "interrupted");
+        p.metadata.deletion_grace_period_seconds = Some(0);
+        p
+    });
+    w.settle();
+    let a = cp(&w, "a", 1);
+    assert_eq!((a.failures, a.disruptions), (0, 1), "{a:?}");
+    assert_eq!(
+        a.phase,
+        StepPhase::WaitingForApproval,
+        "a person says what happened"
+    );
+}
+
+#[test]
+fn a_pod_on_a_lost_node_does_not_hold_a_run_past_its_deadline() {
+    let mut w = World::new(
+        AgentRun::test()
+            .with_steps([step("a").with_compensate(), step("b")])
+            .with_deadline(60),
+    );
+    w.settle();
+    w.succeed("run-a-2b8d3c-r1-a1", &ok_message(json!(1), 0));
+    w.update_pod("run-b-59c772-r1-a1", |p| p.running());
+    w.advance(61);
+    w.settle();
+    // The node never reports the deleted Pod stopped.
+    assert!(
+        w.pod("run-b-59c772-r1-a1")
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    w.advance(1);
+    w.settle();
+    w.succeed("run-a-2b8d3c-r1-c1", &ok_message(json!("undone"), 0));
+    let s = w.status();
+    assert_eq!(s.phase, Some(RunPhase::Failed));
+    assert_eq!(cp(&w, "b", 1).effect, Some(EffectOutcome::Unknown));
+}
+
 // ---------------------------------------------------------------------------
 // D8: freshness
 // ---------------------------------------------------------------------------
