@@ -863,6 +863,60 @@ async fn foreground_deletion_of_a_running_run_completes() {
     s.finish().await;
 }
 
+/// D5 whatever the deletion mode: once a running run is deleted, in the
+/// background or with its Pods orphaned, no Pod keeps `agentrun.dev/result`.
+#[tokio::test]
+async fn no_pod_keeps_the_result_finalizer_after_its_run_is_gone() {
+    let s = Scenario::start("orphan-delete").await;
+    let slow = || json!({"steps": [sim_step("slow", "Idempotent", json!({"runMs": 60000}))]});
+    for (run, propagation) in [("background", "Background"), ("orphaned", "Orphan")] {
+        s.create_run(run, slow()).await;
+        s.wait_step_running(run, "slow", RUN_TIMEOUT).await;
+        // The launch is recorded before the Pod is created: wait for the Pod.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !s.list_pods().await.iter().any(|p| p.name_any().starts_with(run)) {
+            assert!(std::time::Instant::now() < deadline, "no Pod for {run}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let params = DeleteParams {
+            propagation_policy: Some(match propagation {
+                "Orphan" => kube::api::PropagationPolicy::Orphan,
+                _ => kube::api::PropagationPolicy::Background,
+            }),
+            ..DeleteParams::default()
+        };
+        s.runs()
+            .delete(run, &params)
+            .await
+            .expect("deletion accepted");
+        agentrun_e2e::wait_for_deleted(&s.runs(), run, Duration::from_secs(30)).await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let held: Vec<String> = s
+            .list_pods()
+            .await
+            .into_iter()
+            .filter(|p| p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
+            .map(|p| p.name_any())
+            .collect();
+        if held.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pods still hold {}: {held:?}",
+            labels::RESULT_FINALIZER
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The orphaned run's Pod stays (that is what Orphan asks for), released.
+    let left: Vec<String> = s.list_pods().await.iter().map(|p| p.name_any()).collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].starts_with("orphaned-slow-"), "{left:?}");
+    s.finish().await;
+}
+
 /// Events on run `run` by reason, counting the repeats of a series.
 async fn event_counts(s: &Scenario, run: &str) -> BTreeMap<String, i32> {
     let events: kube::Api<k8s_openapi::api::events::v1::Event> = s.env().api();

@@ -185,9 +185,12 @@ pub async fn run(
         })
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_PODS))
         .touched_objects()
-        .inspect_ok(move |pod: &Pod| {
-            if orphans::may_be_orphaned(pod) {
-                let _ = orphan_tx.send(ObjectRef::from_obj(pod));
+        .inspect_ok({
+            let orphan_tx = orphan_tx.clone();
+            move |pod: &Pod| {
+                if orphans::may_be_orphaned(pod) {
+                    let _ = orphan_tx.send(ObjectRef::from_obj(pod));
+                }
             }
         });
 
@@ -228,6 +231,7 @@ pub async fn run(
         client.clone(),
         synced_rx.clone(),
         pods.clone(),
+        orphan_tx,
         orphan_rx,
     ));
     {

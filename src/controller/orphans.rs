@@ -4,32 +4,52 @@
 //! the garbage collector's deletion of the Pod would wait on the finalizer
 //! forever, so the finalizer is released here.
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tracing::{info, warn};
 
 use super::apply::release_finalizer;
 use crate::api::AgentRun;
 use crate::labels;
 
-/// A Pod being deleted that still holds our finalizer.
+/// A Pod that holds our finalizer and is being deleted or has no AgentRun
+/// controlling it any more (`kubectl delete --cascade=orphan` removes the
+/// owner reference and leaves the Pod): its run may be gone.
 pub(super) fn may_be_orphaned(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_some()
-        && pod
-            .finalizers()
-            .iter()
-            .any(|f| f == labels::RESULT_FINALIZER)
+    pod.finalizers()
+        .iter()
+        .any(|f| f == labels::RESULT_FINALIZER)
+        && (pod.metadata.deletion_timestamp.is_some() || controlling_run(pod).is_none())
+}
+
+fn controlling_run(pod: &Pod) -> Option<&OwnerReference> {
+    pod.owner_references()
+        .iter()
+        .find(|r| r.kind == "AgentRun" && r.controller == Some(true))
+}
+
+/// Delay before looking again at a Pod whose check or release failed:
+/// doubling from one second, capped at five minutes.
+fn retry_delay(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << failures.min(8)).min(Duration::from_secs(300))
 }
 
 /// Consumes Pods flagged by [`may_be_orphaned`] and releases the finalizer of
 /// those whose owning run no longer exists (checked against the API server,
-/// not the cache, so a run that is merely not cached yet keeps its Pods).
+/// not the cache, so a run that is merely not cached yet keeps its Pods). A
+/// Pod whose check or release fails is looked at again with backoff: no Pod
+/// of ours keeps the finalizer after its run is gone (D5).
 pub(super) async fn release_orphans(
     client: Client,
     mut synced: tokio::sync::watch::Receiver<u8>,
     pods: Store<Pod>,
+    tx: UnboundedSender<ObjectRef<Pod>>,
     mut rx: UnboundedReceiver<ObjectRef<Pod>>,
 ) {
     if synced
@@ -39,36 +59,57 @@ pub(super) async fn release_orphans(
     {
         return;
     }
+    let mut failures: HashMap<ObjectRef<Pod>, u32> = HashMap::new();
     while let Some(pod_ref) = rx.recv().await {
-        let Some(pod) = pods.get(&pod_ref) else {
-            continue;
-        };
-        let Some(ns) = pod.namespace() else { continue };
-        let Some(owner) = pod
-            .owner_references()
-            .iter()
-            .find(|r| r.kind == "AgentRun" && r.controller == Some(true))
-            .cloned()
-        else {
-            continue;
-        };
-        let run_api: Api<AgentRun> = Api::namespaced(client.clone(), &ns);
-        let run_exists = match run_api.get_opt(&owner.name).await {
-            Ok(Some(run)) => run.uid().as_deref() == Some(owner.uid.as_str()),
-            Ok(None) => false,
-            Err(err) => {
-                warn!(pod = %pod_ref, error = %err, "checking the owner of a deleted pod");
-                true
+        match release_if_orphaned(&client, &pods, &pod_ref).await {
+            Ok(()) => {
+                failures.remove(&pod_ref);
             }
-        };
-        if run_exists {
-            continue;
-        }
-        let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        match release_finalizer(&pod_api, Some(&*pod), &pod.name_any()).await {
-            Ok(Some(_)) => info!(pod = %pod_ref, "released finalizer of a pod whose run is gone"),
-            Ok(None) => {}
-            Err(err) => warn!(pod = %pod_ref, error = %err, "releasing finalizer of orphaned pod"),
+            Err(err) => {
+                let n = failures.entry(pod_ref.clone()).or_insert(0);
+                *n += 1;
+                let delay = retry_delay(*n);
+                warn!(pod = %pod_ref, error = %err, retry_in = ?delay, "releasing the finalizer of a pod whose run may be gone");
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = tx.send(pod_ref);
+                });
+            }
         }
     }
+}
+
+async fn release_if_orphaned(
+    client: &Client,
+    pods: &Store<Pod>,
+    pod_ref: &ObjectRef<Pod>,
+) -> Result<(), kube::Error> {
+    let Some(pod) = pods.get(pod_ref) else {
+        return Ok(()); // gone
+    };
+    if !may_be_orphaned(&pod) {
+        return Ok(());
+    }
+    let Some(ns) = pod.namespace() else {
+        return Ok(());
+    };
+    if let Some(owner) = controlling_run(&pod) {
+        let run_api: Api<AgentRun> = Api::namespaced(client.clone(), &ns);
+        let run_exists = run_api
+            .get_opt(&owner.name)
+            .await?
+            .is_some_and(|run| run.uid().as_deref() == Some(owner.uid.as_str()));
+        if run_exists {
+            return Ok(()); // the run's own reconcile releases it (D5)
+        }
+    }
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    if release_finalizer(&pod_api, Some(&*pod), &pod.name_any())
+        .await?
+        .is_some()
+    {
+        info!(pod = %pod_ref, "released finalizer of a pod whose run is gone");
+    }
+    Ok(())
 }
