@@ -493,6 +493,13 @@ pub struct StepCheckpoint {
     /// A person-readable account of the last thing that happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The operator ended this attempt while its Pod was still running (a
+    /// timeout, cancel, deadline or budget): the Pod is being stopped and
+    /// keeps its result finalizer until it has, so what it reports then (its
+    /// tokens, and the result of a step that finished after all) is still
+    /// recorded here. Cleared once recorded, or once the Pod is gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopping: bool,
 }
 
 fn is_zero(n: &i32) -> bool {

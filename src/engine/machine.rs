@@ -374,11 +374,92 @@ impl<'a> Machine<'a> {
         let mut pods: Vec<&Pod> = self.pods.values().copied().collect();
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         for pod in pods {
-            if self.accounted(pod) != Some(true) {
+            if self.accounted(pod) != Some(true) || self.awaits_report(pod) {
                 continue;
             }
             self.stop_and_release(pod, "the attempt is already accounted for");
         }
+    }
+
+    /// For the Pod of an attempt the operator ended while it still ran
+    /// (`stopping`): true while the Pod is still stopping, so it keeps its
+    /// finalizer; once it has stopped, what it reported is recorded — its
+    /// tokens, and the result of a step that finished after all, which a
+    /// compensation may need — and it may be released in the same decision,
+    /// since actions follow the write (D5, D9). A Pod still running when its
+    /// grace period has ended is on a lost node and is given up on.
+    fn awaits_report(&mut self, pod: &Pod) -> bool {
+        let Some(c) = observe::coords(pod) else {
+            return false;
+        };
+        let role = match c.role {
+            PodRole::Step => StepRole::Step,
+            PodRole::Planner => StepRole::Planner,
+            PodRole::Compactor => StepRole::Compactor,
+            PodRole::Compensate => return false,
+        };
+        let Some(i) = self.status.steps.iter().position(|x| {
+            x.stopping
+                && x.role == role
+                && x.name == c.step
+                && x.plan_revision == c.plan_revision
+                && x.attempt == c.attempt
+        }) else {
+            return false;
+        };
+        if observe::is_live(pod) {
+            match pod.metadata.deletion_timestamp.as_ref() {
+                Some(gone_by) if gone_by.0 <= self.now => {
+                    let cp = &mut self.status.steps[i];
+                    cp.stopping = false;
+                    cp.message = Some(format!(
+                        "{}; its Pod did not stop within its grace period (a lost node?), so what it reports is not awaited",
+                        cp.message.as_deref().unwrap_or("stopped")
+                    ));
+                    return false;
+                }
+                Some(gone_by) => self.deadlines.push(gone_by.0),
+                None => {
+                    self.actions.push(Action::DeletePod {
+                        name: pod.metadata.name.clone().unwrap_or_default(),
+                        reason: "the attempt has ended".into(),
+                    });
+                }
+            }
+            return true;
+        }
+        let (message, exited_ok) = match observe::observe(Some(pod), None) {
+            Observation::Succeeded { message } => (message, true),
+            Observation::Failed { message, .. } | Observation::Disrupted { message, .. } => {
+                (message, false)
+            }
+            _ => (None, false),
+        };
+        let tokens = result::tokens_best_effort(message.as_deref());
+        self.add_tokens(i, tokens);
+        let report = exited_ok
+            .then(|| result::parse(message.as_deref()).ok())
+            .flatten();
+        let (result, truncated) = match report {
+            Some(r) => self.cap_result(r.result),
+            None => (None, false),
+        };
+        let cp = &mut self.status.steps[i];
+        cp.stopping = false;
+        let told = cp.message.clone().unwrap_or_else(|| "stopped".into());
+        if exited_ok && cp.result.is_none() {
+            cp.result = result;
+            cp.result_truncated |= truncated;
+            cp.message = Some(format!(
+                "{told}; its Pod then finished with exit code 0, and its result is kept"
+            ));
+        } else if tokens.total() > 0 {
+            cp.message = Some(format!(
+                "{told}; its Pod then stopped, reporting {} tokens",
+                tokens.total()
+            ));
+        }
+        false
     }
 
     fn stop_and_release(&mut self, pod: &Pod, why: &str) {
@@ -691,6 +772,8 @@ impl<'a> Machine<'a> {
             format!("step {}: {why}", cp.name),
         );
         self.on_failure(plan, i, why, TokenUsage::default(), started);
+        // What the Pod reports while it stops is still recorded (D9).
+        self.status.steps[i].stopping = true;
     }
 
     fn add_tokens(&mut self, i: usize, t: TokenUsage) {
@@ -1108,6 +1191,9 @@ impl<'a> Machine<'a> {
                         reason: format!("stopping: {message}"),
                     });
                 }
+                // A Pod that is still running may yet report a result (which
+                // its compensation needs) and tokens: they are still recorded.
+                self.status.steps[i].stopping = pod.is_some_and(observe::is_live);
             } else if cp.role == StepRole::Step && effect.is_none() {
                 effect = Some(EffectOutcome::NotApplied);
             }

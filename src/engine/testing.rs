@@ -213,6 +213,9 @@ pub fn ok_message(result: serde_json::Value, tokens: i64) -> String {
     serde_json::json!({"result": result, "tokens": {"input": tokens, "output": 0}}).to_string()
 }
 
+/// A deleted Pod's grace period (the Kubernetes default).
+pub const GRACE_SECONDS: i64 = 30;
+
 /// An in-memory cluster holding one run, applying decisions like the controller.
 #[derive(Clone)]
 pub struct World {
@@ -291,12 +294,17 @@ impl World {
                 }
             }
             Action::DeletePod { name, .. } => {
-                let now = self.now;
+                // Like the API server: the deletion timestamp is when the
+                // grace period ends.
+                let gone_by = self
+                    .now
+                    .checked_add(SignedDuration::from_secs(GRACE_SECONDS))
+                    .unwrap();
                 if let Some(p) = self.pods.get_mut(name) {
                     if p.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty()) {
                         self.pods.remove(name);
                     } else if p.metadata.deletion_timestamp.is_none() {
-                        p.metadata.deletion_timestamp = Some(Time(now));
+                        p.metadata.deletion_timestamp = Some(Time(gone_by));
                     }
                 }
             }

@@ -1246,12 +1246,96 @@ fn a_pod_on_a_lost_node_does_not_hold_a_run_past_its_deadline() {
             .deletion_timestamp
             .is_some()
     );
-    w.advance(1);
+    w.advance(super::testing::GRACE_SECONDS);
     w.settle();
     w.succeed("run-a-2b8d3c-r1-c1", &ok_message(json!("undone"), 0));
     let s = w.status();
     assert_eq!(s.phase, Some(RunPhase::Failed));
     assert_eq!(cp(&w, "b", 1).effect, Some(EffectOutcome::Unknown));
+}
+
+/// A timed-out attempt's Pod is stopped, not forgotten: it keeps its result
+/// finalizer until it has stopped, and what it reports then — here a refund
+/// it did make, and its tokens — is recorded and reaches the compensation.
+#[test]
+fn a_timed_out_attempt_still_reports_what_its_pod_says_when_it_stops() {
+    let mut w = World::new(
+        AgentRun::test().with_steps([step("a")
+            .with_effect(Effect::NonIdempotent)
+            .with_timeout("1m")
+            .with_compensate()]),
+    );
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
+    w.advance(62);
+    let d = w.step();
+    assert_eq!(deletes(&d), ["run-a-2b8d3c-r1-a1"]);
+    assert!(releases(&d).is_empty(), "the Pod keeps its finalizer");
+    w.settle();
+    let a = cp(&w, "a", 1);
+    assert_eq!((a.phase, a.stopping), (StepPhase::Failed, true));
+    assert!(
+        creates(&w.decide()).is_empty(),
+        "no compensation while it stops"
+    );
+    // SIGTERM arrives after the refund was made: the step finishes anyway.
+    w.advance(5);
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| {
+        p.succeeded(&ok_message(json!({"refund": "re_123"}), 40))
+    });
+    let d = w.step();
+    assert_eq!(
+        releases(&d),
+        ["run-a-2b8d3c-r1-a1"],
+        "released once recorded"
+    );
+    let a = cp(&w, "a", 1);
+    assert_eq!(a.phase, StepPhase::Failed, "the outcome stays as committed");
+    assert!(!a.stopping);
+    assert_eq!(a.result, Some(json!({"refund": "re_123"})));
+    assert_eq!(a.tokens.map(|t| t.total()), Some(40));
+    assert_eq!(w.status().tokens_used, 40);
+    w.settle();
+    let ctx: serde_json::Value = serde_json::from_str(
+        &w.pod("run-a-2b8d3c-r1-c1").metadata.annotations.unwrap()[labels::CONTEXT],
+    )
+    .unwrap();
+    assert_eq!(ctx["results"][0]["result"], json!({"refund": "re_123"}));
+}
+
+/// Cancel, deadline and budget close a running attempt the same way: the
+/// tokens its Pod reports while it stops still count (D9).
+#[test]
+fn a_cancelled_attempt_still_counts_the_tokens_its_pod_reports() {
+    let mut w = World::new(AgentRun::test().with_steps([step("a"), step("b")]));
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
+    w.run.spec.cancel = true;
+    w.settle();
+    assert!(cp(&w, "a", 1).stopping);
+    assert!(
+        w.pod("run-a-2b8d3c-r1-a1")
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    assert_ne!(
+        w.status().phase,
+        Some(RunPhase::Cancelled),
+        "not while it stops"
+    );
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| {
+        p.exited(143, r#"{"tokens": {"input": 7, "output": 5}}"#)
+    });
+    w.settle();
+    let a = cp(&w, "a", 1);
+    assert_eq!(
+        (a.phase, a.stopping, a.result),
+        (StepPhase::Failed, false, None)
+    );
+    assert_eq!(w.status().tokens_used, 12);
+    assert_eq!(w.status().phase, Some(RunPhase::Cancelled));
+    assert!(w.pods.is_empty(), "released and gone: {:?}", w.pods.keys());
 }
 
 // ---------------------------------------------------------------------------
