@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
+use kube::core::DeserializeGuard;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
@@ -83,8 +84,12 @@ pub struct Context {
     synced: tokio::sync::watch::Receiver<u8>,
     /// Consecutive failures per run, for the per-object backoff.
     failures: Mutex<HashMap<ObjectRef<AgentRun>, u32>>,
-    /// The runs as the watch last showed them.
-    runs: Store<AgentRun>,
+    /// The runs as the watch last showed them; a run that does not
+    /// deserialize is kept as its metadata and the error (see
+    /// [`reconcile::unreadable`]), so it cannot stop the watch of the others.
+    runs: Store<DeserializeGuard<AgentRun>>,
+    /// Generations of unreadable runs whose `Stalled` condition was written.
+    unreadable: Mutex<HashMap<String, i64>>,
     /// Reconciles doing work at once, granted first come, first served.
     slots: tokio::sync::Semaphore,
 }
@@ -139,7 +144,7 @@ pub async fn run(
     health: Health,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let runs: Api<AgentRun> = api_for(&client, &scope);
+    let runs: Api<DeserializeGuard<AgentRun>> = api_for(&client, &scope);
     let pods_api: Api<Pod> = api_for(&client, &scope);
     let approvals_api: Api<Approval> = api_for(&client, &scope);
 
@@ -154,7 +159,7 @@ pub async fn run(
         .default_backoff()
         // The reconcile never reads a run's managedFields, which are as large
         // as its status: keep them out of the cache.
-        .modify(|run: &mut AgentRun| run.managed_fields_mut().clear())
+        .modify(|run: &mut DeserializeGuard<AgentRun>| run.managed_fields_mut().clear())
         .reflect(runs_writer)
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_RUNS))
         .touched_objects();
@@ -213,6 +218,7 @@ pub async fn run(
         synced: synced_rx.clone(),
         failures: Mutex::new(HashMap::new()),
         runs: runs_store.clone(),
+        unreadable: Mutex::new(HashMap::new()),
         slots: tokio::sync::Semaphore::new(CONCURRENT_RECONCILES),
     });
 
@@ -223,7 +229,7 @@ pub async fn run(
         .watches_stream(approval_stream, |approval: Approval| {
             // The Approval names its run; the owner reference says the same.
             let ns = approval.namespace()?;
-            Some(ObjectRef::<AgentRun>::new(&approval.spec.run_name).within(&ns))
+            Some(ObjectRef::new(&approval.spec.run_name).within(&ns))
         })
         .graceful_shutdown_on(shutdown);
 
@@ -274,7 +280,11 @@ fn mark_synced<K>(
 }
 
 /// Sets the cache-derived gauges: runs by phase and pending approvals.
-fn gauges(runs: Store<AgentRun>, approvals: Store<Approval>, metrics: Arc<Metrics>) -> Refresh {
+fn gauges(
+    runs: Store<DeserializeGuard<AgentRun>>,
+    approvals: Store<Approval>,
+    metrics: Arc<Metrics>,
+) -> Refresh {
     use crate::api::{ApprovalPhase, RunPhase};
     Arc::new(move || {
         let phases = [
@@ -290,8 +300,10 @@ fn gauges(runs: Store<AgentRun>, approvals: Store<Approval>, metrics: Arc<Metric
         let mut counts: HashMap<RunPhase, i64> = phases.iter().map(|p| (*p, 0)).collect();
         for run in runs.state() {
             let phase = run
-                .status
+                .0
                 .as_ref()
+                .ok()
+                .and_then(|r| r.status.as_ref())
                 .and_then(|s| s.phase)
                 .unwrap_or(RunPhase::Pending);
             *counts.entry(phase).or_default() += 1;

@@ -5,15 +5,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
-use tracing::{debug, instrument};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{debug, instrument, warn};
 
 use super::Context;
 use super::apply;
 use super::error::{Error, Result, backoff};
 use crate::api::{AgentRun, Approval};
+use crate::engine::reasons::{condition, reason};
 use crate::engine::{self, Observed};
 use crate::metrics::CategoryLabel;
 
@@ -93,7 +100,10 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
 }
 
 #[instrument(skip(run, ctx), fields(run = %run.name_any(), namespace = run.namespace().unwrap_or_default()))]
-pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Action> {
+pub(super) async fn reconcile(
+    run: Arc<DeserializeGuard<AgentRun>>,
+    ctx: Arc<Context>,
+) -> Result<Action> {
     ctx.caches_synced().await;
     // Wait for a slot in arrival order, then decide on the run as the watch
     // shows it now: the copy this reconcile was started with may be older.
@@ -102,8 +112,12 @@ pub(super) async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<A
         .acquire()
         .await
         .expect("the semaphore is never closed");
-    let Some(run) = ctx.runs.get(&ObjectRef::from_obj(run.as_ref())) else {
+    let Some(guard) = ctx.runs.get(&ObjectRef::from_obj(run.as_ref())) else {
         return Ok(Action::await_change()); // deleted meanwhile
+    };
+    let run = match &guard.0 {
+        Ok(run) => Arc::new(run.clone()),
+        Err(invalid) => return unreadable(&guard, invalid, &ctx).await,
     };
     let started = std::time::Instant::now();
     // Boxed: a reconcile waiting for its slot then stays a few hundred bytes
@@ -226,8 +240,95 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
     }
 }
 
-pub(super) fn error_policy(run: Arc<AgentRun>, err: &Error, ctx: Arc<Context>) -> Action {
-    let failures = ctx.record_failure(&ObjectRef::from_obj(run.as_ref()));
+/// Field manager of the one condition written on a run the operator cannot
+/// read: the rest of its status, owned by [`crate::labels::FIELD_MANAGER`], stays as
+/// it was. The engine clears the condition once the run reads again.
+const UNREADABLE_MANAGER: &str = "agentrun-operator-unreadable";
+
+/// A run that does not deserialize (say, a spec written for a newer version
+/// of the API than this operator knows) is left as it is: no Pod is started
+/// or stopped for it, its phase is not touched, and the other runs go on. It
+/// says so on the run, once per generation: `Stalled=True` with reason
+/// `Unreadable` and the decoder's message, and a Warning Event (D13, D16).
+pub(super) async fn unreadable(
+    guard: &DeserializeGuard<AgentRun>,
+    invalid: &InvalidObject,
+    ctx: &Context,
+) -> Result<Action> {
+    let meta = &invalid.metadata;
+    let name = meta.name.as_deref().ok_or(Error::MissingMetadata("name"))?;
+    let ns = meta
+        .namespace
+        .as_deref()
+        .ok_or(Error::MissingMetadata("namespace"))?;
+    let uid = meta.uid.clone().ok_or(Error::MissingMetadata("uid"))?;
+    let generation = meta.generation.unwrap_or_default();
+    let told = |ctx: &Context| {
+        ctx.unreadable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&uid)
+            .copied()
+    };
+    if told(ctx) == Some(generation) {
+        return Ok(Action::await_change());
+    }
+    let message = format!(
+        "the operator cannot read this AgentRun ({}); nothing is done for the run until it changes",
+        invalid.error
+    );
+    warn!(run = %name, namespace = %ns, error = %invalid.error, "run does not deserialize");
+    let patch = json!({
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "status": {"conditions": [{
+            "type": condition::STALLED,
+            "status": "True",
+            "reason": reason::UNREADABLE,
+            "message": message,
+            "observedGeneration": generation,
+            "lastTransitionTime": Time(jiff::Timestamp::now()),
+        }]},
+    });
+    let runs: Api<DeserializeGuard<AgentRun>> = Api::namespaced(ctx.client.clone(), ns);
+    runs.patch_status(
+        name,
+        &PatchParams::apply(UNREADABLE_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|source| Error::WriteStatus {
+        run: format!("{ns}/{name}"),
+        source,
+    })?;
+    ctx.events.publish(
+        Event {
+            type_: EventType::Warning,
+            reason: reason::UNREADABLE.into(),
+            note: Some(message),
+            action: "Decode".into(),
+            secondary: None,
+        },
+        guard.object_ref(&()),
+    );
+    ctx.unreadable
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(uid, generation);
+    Ok(Action::await_change())
+}
+
+/// The run a guarded object stands for, readable or not.
+fn run_ref(run: &DeserializeGuard<AgentRun>) -> ObjectRef<AgentRun> {
+    ObjectRef::new(&run.name_any()).within(&run.namespace().unwrap_or_default())
+}
+
+pub(super) fn error_policy(
+    run: Arc<DeserializeGuard<AgentRun>>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let failures = ctx.record_failure(&run_ref(&run));
     ctx.metrics
         .reconcile_errors
         .get_or_create(&CategoryLabel {

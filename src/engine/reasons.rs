@@ -69,6 +69,8 @@ pub mod reason {
     pub const FAILED_CREATE: &str = "FailedCreate";
     /// A Pod or Approval name the run needs is held by an object not its own.
     pub const NAME_TAKEN: &str = "NameTaken";
+    /// The run does not deserialize; nothing is done for it until it changes.
+    pub const UNREADABLE: &str = "Unreadable";
     /// A stall cleared: what was refused now exists.
     pub const UNBLOCKED: &str = "Unblocked";
 }
