@@ -120,8 +120,19 @@ impl<'a> Machine<'a> {
     fn run(&mut self) {
         self.status.observed_generation = self.run.metadata.generation;
         if self.run.metadata.deletion_timestamp.is_some() {
-            // The run is going away; its results have nowhere to go.
-            self.release_all_pods();
+            // The run is going away; its results have nowhere to go. Its Pods
+            // are the garbage collector's to delete (foreground) or to keep
+            // (`--cascade=orphan`): only their finalizers are released.
+            let mut pods: Vec<&Pod> = self.pods.values().copied().collect();
+            pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            for pod in pods
+                .into_iter()
+                .filter(|p| observe::has_result_finalizer(p))
+            {
+                self.actions.push(Action::ReleaseFinalizer {
+                    pod: pod.metadata.name.clone().unwrap_or_default(),
+                });
+            }
             return;
         }
         if self.status.phase.is_some_and(RunPhase::is_terminal) {

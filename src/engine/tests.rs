@@ -1680,6 +1680,23 @@ fn without_a_compactor_the_context_is_trimmed_to_max_bytes() {
     assert_eq!(v["omittedResults"], 1);
 }
 
+/// D5 and D12 whatever the deletion mode: a run being deleted releases its
+/// Pods' finalizers and deletes none of them — the garbage collector deletes
+/// them (foreground) or keeps them (`kubectl delete --cascade=orphan`).
+#[test]
+fn a_run_being_deleted_releases_its_pods_and_leaves_them_to_the_garbage_collector() {
+    let mut w = World::new(AgentRun::test().with_steps([step("a"), step("b")]));
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
+    w.run.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(w.now));
+    w.run.metadata.finalizers = Some(vec!["orphan".into()]);
+    let d = w.step();
+    assert_eq!(releases(&d), ["run-a-2b8d3c-r1-a1"]);
+    assert!(deletes(&d).is_empty(), "{:?}", d.actions);
+    assert!(creates(&d).is_empty());
+}
+
 #[test]
 fn terminal_phases_are_sticky_and_ttl_deletes_the_run() {
     let mut w = World::new(AgentRun::test().with_steps([step("a")]).with_ttl(300));
