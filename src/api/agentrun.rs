@@ -500,6 +500,12 @@ pub struct StepCheckpoint {
     /// recorded here. Cleared once recorded, or once the Pod is gone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stopping: bool,
+    /// The status grew past its size budget and this finished checkpoint was
+    /// cut to its facts: outcome, persistence, effect, key, attempt, result
+    /// and freshness stay; its Pod name, start time, tokens (counted in the
+    /// run's `tokensUsed`) and message were dropped (D11).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compacted: bool,
 }
 
 fn is_zero(n: &i32) -> bool {

@@ -48,6 +48,15 @@ pub const MAX_INLINE_RESULTS: usize = 48 * 1024;
 /// Re-plans for stale input before the run gives up: a freshness budget
 /// shorter than the steps (or approvals) after it can never be met.
 pub const MAX_REPLANS: i64 = 20;
+/// D11: above this size the status is compacted: the oldest finished
+/// checkpoints are cut to their facts (see `StepCheckpoint::compacted`) and
+/// finished compactor checkpoints whose step has started are dropped.
+pub const COMPACT_STATUS_ABOVE: usize = 128 * 1024;
+/// D11: most checkpoints a run's status holds. A re-plan that could take it
+/// past this is refused. With maximal names a compacted checkpoint is about
+/// 320 bytes, so 520 of them, the inline results (48 KiB) and the plan's step
+/// names (25 KiB) stay under etcd's budget of 256 KiB.
+pub const MAX_CHECKPOINTS: usize = 520;
 /// Prior results named in an Approval's context.
 const APPROVAL_CONTEXT_STEPS: usize = 20;
 
@@ -204,6 +213,61 @@ impl<'a> Machine<'a> {
         }
         // Last: which Approvals the run waits on is known only now.
         self.sync_approvals();
+        self.compact_status();
+    }
+
+    /// D11: keeps the status under its size budget whatever the names and
+    /// the number of steps. Only finished checkpoints are touched, and only
+    /// what no rule reads again: the facts of every outcome stay.
+    fn compact_status(&mut self) {
+        if self.status == self.committed {
+            return; // nothing is written: nothing grows
+        }
+        let size = |s: &AgentRunStatus| serde_json::to_vec(s).map_or(0, |v| v.len());
+        let mut excess = size(&self.status).saturating_sub(COMPACT_STATUS_ABOVE);
+        if excess == 0 {
+            return;
+        }
+        // Compactors whose step has started: their summary is in the status.
+        let started: std::collections::HashSet<(String, i64)> = self
+            .status
+            .steps
+            .iter()
+            .filter(|c| c.role == StepRole::Step)
+            .map(|c| (c.name.clone(), c.plan_revision))
+            .collect();
+        self.status.steps.retain(|c| {
+            let drop = excess > 0
+                && c.role == StepRole::Compactor
+                && c.phase.is_terminal()
+                && !c.stopping
+                && started.contains(&(c.name.clone(), c.plan_revision));
+            if drop {
+                excess = excess.saturating_sub(serde_json::to_vec(c).map_or(0, |v| v.len()));
+            }
+            !drop
+        });
+        for c in self.status.steps.iter_mut() {
+            if excess == 0 {
+                break;
+            }
+            if !c.phase.is_terminal()
+                || c.checkpoint != CheckpointState::Committed
+                || c.stopping
+                || c.compacted
+            {
+                continue;
+            }
+            let before = serde_json::to_vec(&*c).map_or(0, |v| v.len());
+            c.pod = None;
+            c.pod_uid = None;
+            c.started_at = None;
+            c.tokens = None;
+            c.message = None;
+            c.compacted = true;
+            let after = serde_json::to_vec(&*c).map_or(0, |v| v.len());
+            excess = excess.saturating_sub(before.saturating_sub(after));
+        }
     }
 
     fn finish(self) -> Decision {
@@ -1611,6 +1675,18 @@ impl<'a> Machine<'a> {
                 reason::INPUT_STALE,
                 format!(
                     "the result of step {stale_name} went stale again after {replans} re-plans; its freshFor is shorter than what must happen before the steps that use it"
+                ),
+            );
+            return true;
+        }
+        let rerun = plan.steps.len() - j;
+        let kept = self.status.steps.len();
+        if kept + rerun > MAX_CHECKPOINTS {
+            self.fail_run(
+                reason::STATUS_BUDGET_EXCEEDED,
+                format!(
+                    "the result of step {stale_name} went stale, but running the {rerun} steps from it again would keep {} checkpoints in status, more than the {MAX_CHECKPOINTS} a run may hold",
+                    kept + rerun
                 ),
             );
             return true;

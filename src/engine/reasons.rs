@@ -45,6 +45,8 @@ pub mod reason {
     pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
     pub const TOKEN_BUDGET_EXCEEDED: &str = "TokenBudgetExceeded";
     pub const STEP_BUDGET_EXCEEDED: &str = "StepExecutionBudgetExceeded";
+    /// A re-plan would keep more checkpoints than a run's status may hold (D11).
+    pub const STATUS_BUDGET_EXCEEDED: &str = "StatusBudgetExceeded";
     pub const APPROVAL_REJECTED: &str = "ApprovalRejected";
     pub const APPROVAL_EXPIRED: &str = "ApprovalExpired";
 

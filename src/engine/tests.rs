@@ -1843,29 +1843,6 @@ fn events_use_pascal_case_reasons() {
 }
 
 #[test]
-fn status_of_a_finished_500_step_run_stays_under_256_kib() {
-    let steps: Vec<_> = (0..500)
-        .map(|i| step(&format!("step-{i:03}")).with_fresh_for("24h"))
-        .collect();
-    let mut w = World::new(AgentRun::test().with_steps(steps));
-    w.settle();
-    for i in 0..500 {
-        let pod = w.status().steps[i].pod.clone().expect("step {i} launched");
-        // Each step reports a near-limit result.
-        w.succeed(&pod, &ok_message(json!("z".repeat(1000)), 10));
-    }
-    let s = w.status();
-    assert_eq!(s.phase, Some(RunPhase::Succeeded));
-    assert!(
-        s.steps.iter().any(|c| c.result_truncated),
-        "later results are kept out of status"
-    );
-    let size = serde_json::to_vec(&s).unwrap().len();
-    assert!(size < 256 * 1024, "status is {size} bytes");
-    eprintln!("500-step status: {size} bytes");
-}
-
-#[test]
 fn durations_in_status_messages_use_the_manifest_form() {
     // Sanity check of the Duration type the engine relies on.
     assert_eq!(
@@ -1896,4 +1873,90 @@ fn a_backoff_is_never_shortened_by_the_whole_second_status_clock() {
     assert!(creates(&w.step()).is_empty(), "not due at 1.9 s");
     w.now = t(2);
     assert_eq!(creates(&w.step()), ["run-a-2b8d3c-r1-a2"], "due at 2 s");
+}
+
+/// A plan of 500 steps with a 63-character run name and 48-character step
+/// names, with fresh, near-limit results.
+fn maximal_run(fresh_for_first: &str) -> World {
+    let steps: Vec<_> = (0..500)
+        .map(|i| {
+            let s = step(&format!("{i:03}-{}", "s".repeat(44)));
+            s.with_fresh_for(if i == 0 { fresh_for_first } else { "24h" })
+        })
+        .collect();
+    let mut run = AgentRun::test().with_steps(steps);
+    run.metadata.name = Some("r".repeat(63));
+    World::new(run)
+}
+
+#[test]
+fn status_of_a_500_step_run_with_maximal_names_stays_under_256_kib() {
+    let mut w = maximal_run("24h");
+    w.settle();
+    for i in 0..500 {
+        let pod = w.status().steps[i].pod.clone().expect("step {i} launched");
+        w.succeed(&pod, &ok_message(json!("z".repeat(1000)), 10));
+    }
+    let s = w.status();
+    assert_eq!(s.phase, Some(RunPhase::Succeeded));
+    let size = serde_json::to_vec(&s).unwrap().len();
+    eprintln!("500-step status with maximal names: {size} bytes");
+    assert!(size < 256 * 1024, "status is {size} bytes");
+    assert_eq!(
+        s.tokens_used, 5000,
+        "compaction keeps the run's token count"
+    );
+    assert!(
+        s.steps.iter().all(|c| c.compacted),
+        "with such names every finished checkpoint is cut to its facts"
+    );
+    assert!(
+        s.steps.iter().any(|c| c.result_truncated),
+        "later results are kept out of status (48 KiB inline)"
+    );
+    // Compaction keeps every outcome's facts.
+    assert_eq!(s.steps.len(), 500);
+    for c in &s.steps {
+        assert_eq!(
+            (c.phase, c.checkpoint, c.effect, c.attempt),
+            (
+                StepPhase::Succeeded,
+                CheckpointState::Committed,
+                Some(EffectOutcome::Applied),
+                1
+            ),
+            "{}",
+            c.name
+        );
+        assert!(c.fresh_until.is_some() && c.finished_at.is_some());
+    }
+}
+
+#[test]
+fn a_replan_that_would_overflow_the_status_fails_the_run_and_says_why() {
+    let mut w = maximal_run("1m");
+    w.settle();
+    for i in 0..30 {
+        let pod = w.status().steps[i].pod.clone().expect("step {i} launched");
+        if i == 29 {
+            w.advance(120); // step 0's result is stale before step 30 starts
+        }
+        w.succeed(&pod, &ok_message(json!(i), 1));
+    }
+    let s = w.status();
+    assert_eq!(s.phase, Some(RunPhase::Failed));
+    assert_eq!(s.plan.as_ref().map(|p| p.revision), Some(1), "no re-plan");
+    assert_eq!(s.steps.len(), 30, "step 30 never started");
+    let (status, why) = condition_of(&w, condition::SUCCEEDED);
+    assert_eq!(
+        (status.as_str(), why.as_str()),
+        ("False", reason::STATUS_BUDGET_EXCEEDED)
+    );
+    let message = &super::conditions::get(&s.conditions, condition::SUCCEEDED)
+        .unwrap()
+        .message;
+    assert!(
+        message.contains("would keep 530 checkpoints in status, more than the 520"),
+        "{message}"
+    );
 }
