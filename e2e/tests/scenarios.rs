@@ -505,6 +505,16 @@ async fn approvals_gate_steps_durably_across_restarts_and_expiry() {
     let approved = s.wait_finished("expire-approve", RUN_TIMEOUT).await;
     assert_eq!(phase(&approved), Some(RunPhase::Succeeded));
     assert_eq!(step(&approved, "issue").phase, StepPhase::Succeeded);
+    // What really ran: a gated step once when released, never otherwise.
+    for (run, issue_runs) in [
+        ("approved", 1),
+        ("rejected", 0),
+        ("expire-reject", 0),
+        ("expire-approve", 1),
+    ] {
+        assert_eq!(executions_of(&s, run, "draft"), 1, "{run}: draft");
+        assert_eq!(executions_of(&s, run, "issue"), issue_runs, "{run}: issue");
+    }
     s.finish().await;
 }
 
@@ -545,9 +555,28 @@ async fn stale_input_after_resume_replans_and_reruns_under_a_new_key() {
     assert_eq!(quotes[1].plan_revision, 2);
     let buy = step(&run, "buy");
     assert_eq!(buy.plan_revision, 2);
+    // Its launch at revision 1 was recorded with the quote's checkpoint, just
+    // before the crash; on restart it was superseded, never started.
+    let buys = checkpoints_of(&run, "buy");
+    assert_eq!(
+        buys.iter()
+            .map(|c| (c.plan_revision, c.phase))
+            .collect::<Vec<_>>(),
+        [(1, StepPhase::Superseded), (2, StepPhase::Succeeded)]
+    );
+    // What really ran: the quote once per revision, each under its own key,
+    // and buy once, under its revision-2 key.
     let executions = s.ledger().executions_by_key();
+    assert_eq!(executions.get(&quotes[0].idempotency_key), Some(&1));
+    assert_eq!(executions.get(&quotes[1].idempotency_key), Some(&1));
     assert_eq!(executions.get(&buy.idempotency_key), Some(&1));
-    assert!(!executions.contains_key(&format!("{}-never", buy.idempotency_key)));
+    assert_eq!(
+        executions.get(&buys[0].idempotency_key),
+        None,
+        "never on the stale quote"
+    );
+    assert_eq!(executions_of(&s, "fresh", "quote"), 2);
+    assert_eq!(executions_of(&s, "fresh", "buy"), 1);
     s.finish().await;
 }
 
@@ -642,6 +671,13 @@ async fn token_budget_exceeded_stops_new_steps_with_a_clear_condition() {
     assert!(
         step_opt(&run, "act").is_none_or(|c| c.pod.is_none()),
         "no step starts past the budget"
+    );
+    assert_eq!(executions_of(&s, "budget", "think"), 1);
+    assert_eq!(executions_of(&s, "budget", "think-more"), 1);
+    assert_eq!(
+        executions_of(&s, "budget", "act"),
+        0,
+        "nothing ran past the budget"
     );
     s.finish().await;
 }
