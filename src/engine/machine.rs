@@ -929,6 +929,20 @@ impl<'a> Machine<'a> {
         cp.fresh_until = fresh_for.map(|d| Time(self.now.checked_add(d).unwrap_or(Timestamp::MAX)));
         let name = cp.name.clone();
         let attempt = cp.attempt;
+        if truncated && role == StepRole::Step {
+            // D11 keeps status small; D16 says so where people look.
+            let why = format!(
+                "its result was not kept: a run keeps at most {} KiB of step results inline (and {} KiB per step); later steps, the compactor and its compensation do not receive it",
+                MAX_INLINE_RESULTS / 1024,
+                MAX_INLINE_RESULT / 1024
+            );
+            cp.message = Some(format!("succeeded on attempt {attempt}; {why}"));
+            self.event(
+                EventType::Warning,
+                reason::RESULT_NOT_KEPT,
+                format!("step {name}: {why}"),
+            );
+        }
         match role {
             StepRole::Step => self.event(
                 EventType::Normal,

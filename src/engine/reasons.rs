@@ -57,6 +57,8 @@ pub mod reason {
     pub const STEP_DISRUPTED: &str = "StepDisrupted";
     pub const STEP_STOPPED: &str = "StepStopped";
     pub const STEP_OUTCOME_UNKNOWN: &str = "StepOutcomeUnknown";
+    /// A step's result was too large to keep inline in status (D11).
+    pub const RESULT_NOT_KEPT: &str = "ResultNotKept";
     pub const APPROVAL_REQUESTED: &str = "ApprovalRequested";
     pub const APPROVAL_GRANTED: &str = "ApprovalGranted";
     pub const RECONCILE_DECIDED: &str = "ReconcileDecided";

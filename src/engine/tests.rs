@@ -1874,6 +1874,41 @@ fn a_backoff_is_never_shortened_by_the_whole_second_status_clock() {
     assert_eq!(creates(&w.step()), ["run-a-2b8d3c-r1-a2"], "due at 2 s");
 }
 
+/// A result the run-wide inline cap leaves out of status is not dropped
+/// silently: the checkpoint says so and a Warning Event tells people (D16).
+#[test]
+fn a_result_left_out_of_status_says_so() {
+    let steps: Vec<_> = (0..14).map(|i| step(&format!("s{i:02}"))).collect();
+    let mut w = World::new(AgentRun::test().with_steps(steps));
+    w.settle();
+    let mut warned = Vec::new();
+    for i in 0..14 {
+        let pod = w.status().steps[i].pod.clone().expect("launched");
+        w.update_pod(&pod, |p| {
+            p.succeeded(&ok_message(json!("x".repeat(3900)), 0))
+        });
+        let d = w.step();
+        if events(&d).contains(&reason::RESULT_NOT_KEPT) {
+            warned.push(i);
+        }
+        w.settle();
+    }
+    // 12 results of 3,902 bytes fit in 48 KiB; the 13th and 14th do not.
+    assert_eq!(warned, [12, 13]);
+    let s = w.status();
+    assert_eq!(s.phase, Some(RunPhase::Succeeded));
+    assert!(s.steps[11].result.is_some() && !s.steps[11].result_truncated);
+    let c = &s.steps[12];
+    assert!(c.result.is_none() && c.result_truncated);
+    assert!(
+        c.message
+            .as_deref()
+            .is_some_and(|m| m.contains("its result was not kept")),
+        "{:?}",
+        c.message
+    );
+}
+
 /// A plan of 500 steps with a 63-character run name and 48-character step
 /// names, with fresh, near-limit results.
 fn maximal_run(fresh_for_first: &str) -> World {
