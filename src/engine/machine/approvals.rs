@@ -1,0 +1,381 @@
+//! Approval gates and Reconcile approvals: asking (bound to the step's digest
+//! and plan revision, D14), waiting durably with expiry ordered by the API
+//! server (D10), acting on the decision, and keeping every Approval's status
+//! true to whether the run still waits on it. The operator never decides for
+//! a person (D15).
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::{
+    ApprovalContext, ApprovalKind, CheckpointState, Decision as Answered, EffectOutcome, OnTimeout,
+    RunPhase, StepCheckpoint, StepPhase, StepRole, StepSpec,
+};
+use crate::engine::approval::{self, Answer};
+use crate::engine::names::{self, PodRole};
+use crate::engine::plan::{self, CheckpointIndex, Plan};
+use crate::engine::reasons::reason;
+use crate::engine::{Action, EventType};
+
+use super::{APPROVAL_CONTEXT_STEPS, Machine};
+
+impl<'a> Machine<'a> {
+    /// The status each of the run's Approvals should show (D10): decided or
+    /// expired while its step waits on it or once its decision was acted on;
+    /// superseded when the run no longer waits on it — a changed step, a
+    /// re-plan, a cancelled or finished run — so a late decision is refused by
+    /// the API server instead of being answered into a void.
+    pub(super) fn sync_approvals(&mut self) {
+        let terminal = self.status.phase.is_some_and(RunPhase::is_terminal);
+        for a in self.approvals.iter().filter(|a| a.spec.run_uid == self.uid) {
+            let Some(name) = a.metadata.name.clone() else {
+                continue;
+            };
+            let referenced = self
+                .status
+                .steps
+                .iter()
+                .find(|c| c.approval.as_deref() == Some(&name) && c.phase != StepPhase::Superseded)
+                .map(|c| c.phase);
+            let why = if terminal {
+                "the run has finished".to_owned()
+            } else if let Some(other) = self.status.steps.iter().find(|c| {
+                c.name == a.spec.step
+                    && c.plan_revision == a.spec.plan_revision
+                    && c.approval.as_deref().is_some_and(|n| n != name)
+            }) {
+                format!(
+                    "the step changed after this request; the run waits on Approval {} instead",
+                    other.approval.clone().unwrap_or_default()
+                )
+            } else if referenced.is_some() {
+                "the run no longer waits on it".to_owned()
+            } else {
+                let rev = self.status.plan.as_ref().map_or(1, |p| p.revision);
+                format!("the run no longer waits on it (plan revision {rev} is in force)")
+            };
+            if let Some(status) = approval::desired_status(a, self.now, referenced, &why) {
+                self.actions.push(Action::SetApprovalStatus {
+                    name,
+                    resource_version: a.metadata.resource_version.clone(),
+                    status,
+                });
+            }
+        }
+    }
+
+    pub(super) fn find_approval(&self, name: &str) -> Option<&'a crate::api::Approval> {
+        self.approvals
+            .iter()
+            .find(|a| a.metadata.name.as_deref() == Some(name) && a.spec.run_uid == self.uid)
+    }
+
+    pub(super) fn approval_context(
+        &self,
+        plan: &Plan,
+        reason: String,
+        step: &StepSpec,
+        key: &str,
+        pod: Option<String>,
+    ) -> ApprovalContext {
+        let index = CheckpointIndex::new(&self.status.steps);
+        let mut completed: Vec<String> = (0..plan.steps.len())
+            .filter_map(|i| {
+                let c = &self.status.steps[index.effective(&self.status.steps, plan, i)?];
+                (c.phase == StepPhase::Succeeded).then(|| {
+                    let r = c
+                        .result
+                        .as_ref()
+                        .map(|r| r.to_string())
+                        .unwrap_or_else(|| "null".into());
+                    let short: String = r.chars().take(80).collect();
+                    format!("{}: {short}", c.name)
+                })
+            })
+            .collect();
+        let skip = completed.len().saturating_sub(APPROVAL_CONTEXT_STEPS);
+        completed.drain(..skip);
+        ApprovalContext {
+            reason,
+            effect: Some(step.effect),
+            idempotency_key: Some(key.to_owned()),
+            pod,
+            completed_steps: completed,
+        }
+    }
+
+    /// Opens step `i`'s approval gate, or asks again on checkpoint `c` when
+    /// the step changed after the last request (D14): records the wait and
+    /// the digest of the step as asked about, then asks (intent, then effect).
+    pub(super) fn ask_approval(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        c: Option<usize>,
+        why: Option<String>,
+    ) {
+        let step = plan.steps[i];
+        let digest = approval::step_digest(step, self.run.spec.pod_template.as_ref());
+        let request = c
+            .and_then(|c| self.status.steps[c].approval.as_deref())
+            .map_or(1, |n| names::approve_request(n) + 1);
+        let approval = names::approve_name(self.name, self.uid, &step.name, plan.revision, request);
+        let c = match c {
+            Some(c) => c,
+            None => {
+                self.status.steps.push(StepCheckpoint {
+                    name: step.name.clone(),
+                    role: StepRole::Step,
+                    plan_revision: plan.revision,
+                    attempt: 0,
+                    idempotency_key: self.key(PodRole::Step, &step.name, plan.revision),
+                    ..StepCheckpoint::default()
+                });
+                self.status.steps.len() - 1
+            }
+        };
+        let message = match &why {
+            None => format!("waiting for Approval {approval}"),
+            Some(why) => format!("{why}; waiting for Approval {approval}"),
+        };
+        let now = self.now;
+        let cp = &mut self.status.steps[c];
+        cp.phase = StepPhase::WaitingForApproval;
+        cp.effect = None;
+        cp.approval = Some(approval.clone());
+        cp.step_digest = Some(digest);
+        cp.pod = None;
+        cp.started_at = Some(Time(now));
+        cp.message = Some(message.clone());
+        if let Some(t) = step
+            .approval
+            .as_ref()
+            .and_then(|g| plan::duration(g.timeout.as_ref()))
+        {
+            self.deadlines.push(self.at(t));
+        }
+        self.request_approval(plan, i, c);
+        self.event(
+            EventType::Normal,
+            reason::APPROVAL_REQUESTED,
+            format!("step {}: {message}", step.name),
+        );
+    }
+
+    pub(super) fn request_approval(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
+        let step = plan.steps[i];
+        let cp = self.status.steps[c].clone();
+        let Some(name) = cp.approval.clone() else {
+            return;
+        };
+        // A Reconcile wait follows a lost attempt whose effect is unknown.
+        let reconcile = cp.effect == Some(EffectOutcome::Unknown);
+        let (kind, question, expires_at, on_timeout, why) = if !reconcile {
+            let gate = step.approval.clone().unwrap_or_default();
+            let expires = plan::duration(gate.timeout.as_ref()).and_then(|t| {
+                cp.started_at
+                    .as_ref()
+                    .map(|s| s.0.checked_add(t).unwrap_or(Timestamp::MAX))
+            });
+            (
+                ApprovalKind::Approve,
+                gate.question
+                    .unwrap_or_else(|| format!("May step {} run?", step.name)),
+                expires,
+                gate.on_timeout,
+                format!("step {} requires approval before it starts", step.name),
+            )
+        } else {
+            (
+                ApprovalKind::Reconcile,
+                format!(
+                    "Step {} (NonIdempotent) was interrupted on attempt {} and may have acted. Retry it with the same key, mark it succeeded, or mark it failed?",
+                    step.name, cp.attempt
+                ),
+                None,
+                OnTimeout::Reject,
+                cp.message.clone().unwrap_or_default(),
+            )
+        };
+        let pod = reconcile.then(|| cp.pod.clone()).flatten();
+        let context = self.approval_context(plan, why, step, &cp.idempotency_key, pod);
+        let step_digest = (!reconcile).then(|| cp.step_digest.clone()).flatten();
+        let a = approval::build(approval::Request {
+            name,
+            namespace: self.run.metadata.namespace.clone(),
+            owner: self.owner(),
+            run_name: self.name,
+            run_uid: self.uid,
+            step: &step.name,
+            plan_revision: cp.plan_revision,
+            kind,
+            question,
+            context,
+            expires_at,
+            on_timeout,
+            step_digest,
+        });
+        match self
+            .refused
+            .iter()
+            .find(|r| r.name == a.metadata.name.as_deref().unwrap_or(""))
+        {
+            None => self.actions.push(Action::CreateApproval(Box::new(a))),
+            Some(r) => self.stall(&format!("step {}", step.name), "Approval", r),
+        }
+    }
+
+    pub(super) fn wait_for_approval(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
+        let cp = self.status.steps[c].clone();
+        let Some(name) = cp.approval.clone() else {
+            return;
+        };
+        let Some(a) = self.find_approval(&name) else {
+            // Asked but not yet visible (or the create was lost): ask again.
+            if let Some(t) = plan.steps[i]
+                .approval
+                .as_ref()
+                .and_then(|g| plan::duration(g.timeout.as_ref()))
+                && cp.effect != Some(EffectOutcome::Unknown)
+                && let Some(s) = &cp.started_at
+            {
+                self.deadlines
+                    .push(s.0.checked_add(t).unwrap_or(Timestamp::MAX));
+            }
+            return self.request_approval(plan, i, c);
+        };
+        let step = plan.steps[i].name.clone();
+        let reconcile = cp.effect == Some(EffectOutcome::Unknown);
+        let answer = approval::answer(a, self.now);
+        if !reconcile {
+            // D14: the approval releases only the step it was asked about.
+            let digest = approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_ref());
+            let asked = a.spec.step_digest.as_ref().or(cp.step_digest.as_ref());
+            let refused = matches!(
+                answer,
+                Answer::Decided {
+                    decision: Answered::Rejected,
+                    ..
+                } | Answer::Expired {
+                    on_timeout: OnTimeout::Reject
+                }
+            );
+            if asked.is_some_and(|d| *d != digest) && !refused {
+                self.recorded = true;
+                return self.ask_approval(
+                    plan,
+                    i,
+                    Some(c),
+                    Some(format!(
+                        "step {step} changed after Approval {name} was requested"
+                    )),
+                );
+            }
+        }
+        match answer {
+            Answer::Pending { expires_at } => {
+                if let Some(at) = expires_at {
+                    self.deadlines.push(at);
+                }
+            }
+            // The expiry is written to the Approval first (`sync_approvals`);
+            // the watch brings the run back once it is.
+            Answer::Expiring { .. } => {}
+            Answer::Superseded => {
+                self.recorded = true;
+                self.ask_approval(
+                    plan,
+                    i,
+                    Some(c),
+                    Some(format!("Approval {name} was superseded")),
+                );
+            }
+            Answer::Expired { on_timeout } if !reconcile => match on_timeout {
+                OnTimeout::Approve => {
+                    self.event(
+                        EventType::Normal,
+                        reason::APPROVAL_EXPIRED,
+                        format!("Approval {name} expired; onTimeout Approve: step {step} runs"),
+                    );
+                    self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
+                }
+                OnTimeout::Reject => self.refuse_step(
+                    c,
+                    reason::APPROVAL_EXPIRED,
+                    format!("Approval {name} expired without a decision (onTimeout Reject)"),
+                ),
+            },
+            Answer::Expired { .. } => {}
+            Answer::Decided {
+                decision,
+                by,
+                comment,
+            } => {
+                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
+                let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
+                match (reconcile, decision) {
+                    (false, Answered::Approved) => {
+                        self.event(
+                            EventType::Normal,
+                            reason::APPROVAL_GRANTED,
+                            format!("Approval {name} approved{by}"),
+                        );
+                        self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
+                    }
+                    (false, Answered::Rejected) => self.refuse_step(
+                        c,
+                        reason::APPROVAL_REJECTED,
+                        format!("Approval {name} rejected{by}{comment}"),
+                    ),
+                    (true, Answered::Retry) => {
+                        self.event(
+                            EventType::Normal,
+                            reason::RECONCILE_DECIDED,
+                            format!("Approval {name}: Retry{by}"),
+                        );
+                        self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
+                    }
+                    (true, Answered::MarkSucceeded) => {
+                        let fresh_for = plan::duration(plan.steps[i].fresh_for.as_ref());
+                        let now = self.now;
+                        let cp = &mut self.status.steps[c];
+                        cp.phase = StepPhase::Succeeded;
+                        cp.checkpoint = CheckpointState::Committed;
+                        cp.effect = Some(EffectOutcome::Applied);
+                        cp.finished_at = Some(Time(now));
+                        cp.fresh_until =
+                            fresh_for.map(|d| Time(now.checked_add(d).unwrap_or(Timestamp::MAX)));
+                        cp.message = Some(format!("marked succeeded{by}{comment}"));
+                        self.recorded = true;
+                        self.event(
+                            EventType::Normal,
+                            reason::RECONCILE_DECIDED,
+                            format!("Approval {name}: MarkSucceeded{by}"),
+                        );
+                    }
+                    (true, Answered::MarkFailed) => self.refuse_step(
+                        c,
+                        reason::STEP_FAILED,
+                        format!("Approval {name}: marked failed{by}{comment}"),
+                    ),
+                    _ => {} // admission forbids mismatched decisions; ignore them
+                }
+            }
+        }
+    }
+
+    /// A person (or an expiry) said no: the step fails and the run winds down.
+    pub(super) fn refuse_step(&mut self, c: usize, why: &'static str, message: String) {
+        let now = self.now;
+        let cp = &mut self.status.steps[c];
+        cp.phase = StepPhase::Failed;
+        cp.checkpoint = CheckpointState::Committed;
+        cp.finished_at = Some(Time(now));
+        if cp.effect != Some(EffectOutcome::Unknown) || why == reason::STEP_FAILED {
+            cp.effect = Some(EffectOutcome::NotApplied);
+        }
+        cp.message = Some(message.clone());
+        let name = cp.name.clone();
+        self.fail_run(why, format!("step {name}: {message}"));
+    }
+}

@@ -1,0 +1,245 @@
+//! What the status says of itself: phase, progress, current step and
+//! conditions, derived from the checkpoints (D16: every stall shows); and the
+//! compaction that keeps the status under its size budget (D11).
+
+use crate::api::{AgentRunStatus, CheckpointState, RunPhase, StepPhase, StepRole};
+use crate::engine::Action;
+use crate::engine::conditions::{self as cond, FALSE, TRUE, UNKNOWN};
+use crate::engine::plan::{CheckpointIndex, Plan};
+use crate::engine::reasons::{condition, reason};
+
+use super::{COMPACT_STATUS_ABOVE, Machine};
+
+impl<'a> Machine<'a> {
+    pub(super) fn derive(&mut self, plan: &Plan<'_>) {
+        let index = CheckpointIndex::new(&self.status.steps);
+        let done = (0..plan.steps.len())
+            .filter(|&i| {
+                index
+                    .effective(&self.status.steps, plan, i)
+                    .is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded)
+            })
+            .count();
+        self.status.progress = Some(format!("{done}/{}", plan.steps.len()));
+        let waiting = self
+            .status
+            .steps
+            .iter()
+            .rfind(|c| c.phase == StepPhase::WaitingForApproval)
+            .cloned();
+        let active = self
+            .status
+            .steps
+            .iter()
+            .rfind(|c| !c.phase.is_terminal())
+            .map(|c| c.name.clone())
+            .or_else(|| {
+                self.status
+                    .compensations
+                    .iter()
+                    .rfind(|c| !c.phase.is_terminal())
+                    .map(|c| c.name.clone())
+            });
+        if active.is_some() {
+            self.status.current_step = active;
+        }
+        let failing = self.failing();
+        let phase = match self.status.phase {
+            Some(p) if p.is_terminal() => p,
+            _ if failing => RunPhase::Compensating,
+            _ if self.planning().is_some() => RunPhase::Planning,
+            _ if waiting.is_some() => RunPhase::WaitingForApproval,
+            _ => RunPhase::Running,
+        };
+        self.status.phase = Some(phase);
+
+        let g = self.run.metadata.generation;
+        let now = self.now;
+        let conds = &mut self.status.conditions;
+        let target = cond::get(conds, condition::FAILURE_TARGET).cloned();
+        match phase {
+            RunPhase::Succeeded => cond::set(
+                conds,
+                condition::SUCCEEDED,
+                TRUE,
+                reason::RUN_SUCCEEDED,
+                format!("{done} steps succeeded"),
+                g,
+                now,
+            ),
+            RunPhase::Failed | RunPhase::Cancelled => {
+                let (r, m) = target.map_or((reason::RUN_FAILED.to_owned(), String::new()), |c| {
+                    (c.reason, c.message)
+                });
+                cond::set(conds, condition::SUCCEEDED, FALSE, &r, m, g, now)
+            }
+            p => {
+                let r = match p {
+                    RunPhase::Planning => reason::PLANNING,
+                    RunPhase::WaitingForApproval => reason::WAITING_FOR_APPROVAL,
+                    RunPhase::Compensating => reason::COMPENSATING,
+                    RunPhase::Pending => reason::PENDING,
+                    _ => reason::RUNNING,
+                };
+                cond::set(
+                    conds,
+                    condition::SUCCEEDED,
+                    UNKNOWN,
+                    r,
+                    format!("{done}/{} steps done", plan.steps.len()),
+                    g,
+                    now,
+                )
+            }
+        }
+        let stalled = self.stalled.take().filter(|_| !phase.is_terminal());
+        let (status, r) = if phase.is_terminal() {
+            (FALSE, reason::FINISHED)
+        } else if let Some((why, _)) = &stalled {
+            (FALSE, *why)
+        } else if self.run.spec.suspend {
+            (FALSE, reason::SUSPENDED)
+        } else if phase == RunPhase::WaitingForApproval {
+            (FALSE, reason::WAITING_FOR_APPROVAL)
+        } else if phase == RunPhase::Compensating {
+            (TRUE, reason::COMPENSATING)
+        } else {
+            (TRUE, reason::RUNNING)
+        };
+        cond::set(
+            conds,
+            condition::PROGRESSING,
+            status,
+            r,
+            String::new(),
+            g,
+            now,
+        );
+        let creating = self
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePod(_) | Action::CreateApproval(_)));
+        match stalled {
+            Some((why, message)) => {
+                cond::set(conds, condition::STALLED, TRUE, why, message, g, now)
+            }
+            // Cleared once what was refused exists (nothing is being created
+            // again) or the run is over.
+            None if cond::is_true(conds, condition::STALLED)
+                && (phase.is_terminal() || !creating) =>
+            {
+                cond::set(
+                    conds,
+                    condition::STALLED,
+                    FALSE,
+                    reason::UNBLOCKED,
+                    String::new(),
+                    g,
+                    now,
+                )
+            }
+            None => {}
+        }
+        match &waiting {
+            Some(w) if !phase.is_terminal() => cond::set(
+                conds,
+                condition::AWAITING_APPROVAL,
+                TRUE,
+                reason::WAITING_FOR_APPROVAL,
+                format!(
+                    "step {} waits for Approval {}",
+                    w.name,
+                    w.approval.clone().unwrap_or_default()
+                ),
+                g,
+                now,
+            ),
+            _ => cond::set(
+                conds,
+                condition::AWAITING_APPROVAL,
+                FALSE,
+                reason::NO_APPROVAL_PENDING,
+                String::new(),
+                g,
+                now,
+            ),
+        }
+        if let Some(plan_status) = &self.status.plan
+            && let Some(from) = &plan_status.rerun_from
+        {
+            let rerun_done = plan
+                .steps
+                .iter()
+                .position(|s| &s.name == from)
+                .and_then(|i| index.effective(&self.status.steps, plan, i))
+                .is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded);
+            let (s, r) = if rerun_done {
+                (FALSE, reason::INPUTS_FRESH)
+            } else {
+                (TRUE, reason::INPUT_STALE)
+            };
+            cond::set(
+                &mut self.status.conditions,
+                condition::STALE,
+                s,
+                r,
+                plan_status.reason.clone(),
+                g,
+                now,
+            );
+        }
+    }
+    /// D11: keeps the status under its size budget whatever the names and
+    /// the number of steps. Only finished checkpoints are touched, and only
+    /// what no rule reads again: the facts of every outcome stay.
+    pub(super) fn compact_status(&mut self) {
+        if self.status == self.committed {
+            return; // nothing is written: nothing grows
+        }
+        let size = |s: &AgentRunStatus| serde_json::to_vec(s).map_or(0, |v| v.len());
+        let mut excess = size(&self.status).saturating_sub(COMPACT_STATUS_ABOVE);
+        if excess == 0 {
+            return;
+        }
+        // Compactors whose step has started: their summary is in the status.
+        let started: std::collections::HashSet<(String, i64)> = self
+            .status
+            .steps
+            .iter()
+            .filter(|c| c.role == StepRole::Step)
+            .map(|c| (c.name.clone(), c.plan_revision))
+            .collect();
+        self.status.steps.retain(|c| {
+            let drop = excess > 0
+                && c.role == StepRole::Compactor
+                && c.phase.is_terminal()
+                && !c.stopping
+                && started.contains(&(c.name.clone(), c.plan_revision));
+            if drop {
+                excess = excess.saturating_sub(serde_json::to_vec(c).map_or(0, |v| v.len()));
+            }
+            !drop
+        });
+        for c in self.status.steps.iter_mut() {
+            if excess == 0 {
+                break;
+            }
+            if !c.phase.is_terminal()
+                || c.checkpoint != CheckpointState::Committed
+                || c.stopping
+                || c.compacted
+            {
+                continue;
+            }
+            let before = serde_json::to_vec(&*c).map_or(0, |v| v.len());
+            c.pod = None;
+            c.pod_uid = None;
+            c.started_at = None;
+            c.tokens = None;
+            c.message = None;
+            c.compacted = true;
+            let after = serde_json::to_vec(&*c).map_or(0, |v| v.len());
+            excess = excess.saturating_sub(before.saturating_sub(after));
+        }
+    }
+}

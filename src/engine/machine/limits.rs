@@ -1,0 +1,147 @@
+//! Run limits: cancel, the active deadline and the token and step budgets
+//! (D9). Crossing one closes the running attempts (their effect Unknown
+//! when they may have acted) and sends the run into its wind-down.
+
+use std::collections::HashMap;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::{CheckpointState, Effect, EffectOutcome, StepPhase, StepRole};
+use crate::engine::conditions::{self as cond, TRUE};
+use crate::engine::observe::{self};
+use crate::engine::reasons::{condition, reason};
+use crate::engine::{Action, EventType};
+
+use super::Machine;
+
+impl<'a> Machine<'a> {
+    pub(super) fn enforce_limits(&mut self) {
+        if self.failing() {
+            return;
+        }
+        let spec = &self.run.spec;
+        if spec.cancel {
+            return self.fail_run(reason::CANCELLED, "spec.cancel is set".into());
+        }
+        if let (Some(secs), Some(started)) = (
+            spec.active_deadline_seconds,
+            self.status.started_at.as_ref(),
+        ) {
+            let at = started
+                .0
+                .checked_add(SignedDuration::from_secs(secs.max(0)))
+                .unwrap_or(Timestamp::MAX);
+            if at <= self.now {
+                return self.fail_run(
+                    reason::DEADLINE_EXCEEDED,
+                    format!("the run exceeded activeDeadlineSeconds ({secs})"),
+                );
+            }
+            self.deadlines.push(at);
+        }
+        if let Some(budget) = spec.budget.as_ref().and_then(|b| b.tokens)
+            && self.status.tokens_used > budget
+        {
+            self.budget_exceeded(
+                reason::TOKEN_BUDGET_EXCEEDED,
+                format!(
+                    "{} tokens used, over the budget of {budget}",
+                    self.status.tokens_used
+                ),
+            );
+        }
+    }
+
+    pub(super) fn budget_exceeded(&mut self, why: &'static str, message: String) {
+        let generation = self.run.metadata.generation;
+        cond::set(
+            &mut self.status.conditions,
+            condition::BUDGET_EXCEEDED,
+            TRUE,
+            why,
+            message.clone(),
+            generation,
+            self.now,
+        );
+        self.fail_run(why, message);
+    }
+
+    /// The run is bound to fail (or be cancelled): stop what runs, record
+    /// why, and wind down through compensation.
+    pub(super) fn fail_run(&mut self, why: &'static str, message: String) {
+        let generation = self.run.metadata.generation;
+        cond::set(
+            &mut self.status.conditions,
+            condition::FAILURE_TARGET,
+            TRUE,
+            why,
+            message.clone(),
+            generation,
+            self.now,
+        );
+        self.recorded = true;
+        let now = self.now;
+        let effects: HashMap<String, Effect> = self
+            .run
+            .spec
+            .steps
+            .iter()
+            .chain(self.status.plan.iter().flat_map(|p| p.steps.iter()))
+            .map(|s| (s.name.clone(), s.effect))
+            .collect();
+        for i in 0..self.status.steps.len() {
+            let cp = &self.status.steps[i];
+            if cp.phase.is_terminal() {
+                continue;
+            }
+            let mut effect = cp.effect;
+            if cp.phase == StepPhase::Running {
+                let pod_name = cp.pod.clone().unwrap_or_default();
+                let pod = self.pods.get(pod_name.as_str()).copied();
+                // Unseen Pods may exist: assume they started.
+                let started = pod.is_none_or(observe::started);
+                if cp.role == StepRole::Step
+                    && effects.get(&cp.name).is_some_and(|e| *e != Effect::None)
+                {
+                    effect = Some(if started {
+                        EffectOutcome::Unknown
+                    } else {
+                        EffectOutcome::NotApplied
+                    });
+                }
+                if pod
+                    .is_none_or(|p| p.metadata.deletion_timestamp.is_none() && observe::is_live(p))
+                {
+                    self.actions.push(Action::DeletePod {
+                        name: pod_name,
+                        reason: format!("stopping: {message}"),
+                    });
+                }
+                // A Pod that is still running may yet report a result (which
+                // its compensation needs) and tokens: they are still recorded.
+                self.status.steps[i].stopping = pod.is_some_and(observe::is_live);
+            } else if cp.role == StepRole::Step && effect.is_none() {
+                effect = Some(EffectOutcome::NotApplied);
+            }
+            let cp = &mut self.status.steps[i];
+            cp.effect = if cp.role == StepRole::Step {
+                effect
+            } else {
+                None
+            };
+            cp.phase = StepPhase::Failed;
+            cp.checkpoint = CheckpointState::Committed;
+            cp.finished_at = Some(Time(now));
+            cp.pod_uid = None;
+            cp.next_attempt_at = None;
+            cp.message = Some(format!("stopped: {message}"));
+        }
+        let type_ = if why == reason::CANCELLED {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        self.event(type_, why, message);
+    }
+}

@@ -1,0 +1,387 @@
+//! The decision itself: one fixed order of stages over the facts of one run,
+//! like the Job controller's sync.
+//!
+//! 1. terminal runs: release finalizers, TTL (D12) — nothing else moves them;
+//! 2. plan: validate the spec, start plan revision 1 (D13);
+//! 3. release finalizers of Pods whose outcome the input status holds (D5);
+//! 4. observe the running attempt: record its outcome (D3, D6, D7, D9);
+//! 5. run limits: cancel, active deadline, token budget;
+//! 6. unless this decision recorded a failure, a disruption, a re-plan or a
+//!    planner's plan: start what comes next — planner, approval gate, re-plan
+//!    on stale input (D8), compactor (D11), the next attempt (D1, D2) — or
+//!    wind down through compensation. A step's success and the launch of the
+//!    step after it share one status write; the controller applies actions
+//!    only once that write is acknowledged, so the next Pod never exists
+//!    before the checkpoint it depends on is saved (D4);
+//! 7. derive phase, progress and conditions from the result.
+
+//!
+//! One `Machine` holds the facts of one decision; its stages live in the
+//! files beside this one: `finalizers` (stages 1 and 3), `running` (4),
+//! `limits` (5), `advance` and `approvals` (6), `saga` (the wind-down),
+//! `derive` (7).
+
+mod advance;
+mod approvals;
+mod derive;
+mod finalizers;
+mod limits;
+mod running;
+mod saga;
+
+use std::collections::HashMap;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+
+use super::conditions::{self as cond};
+use super::names::{self, PodRole};
+use super::observe::{self};
+use super::plan::{self, Plan};
+use super::reasons::{condition, reason};
+use super::{Action, Decision, EventType, Observed, Refusal, RefusalCause};
+use crate::api::{AgentRun, AgentRunStatus, PlanSource, PlanStatus, RunPhase, StepSpec};
+
+/// Largest result kept inline in one checkpoint (serialized bytes): a whole
+/// termination message, so a result is only ever left out by the run-wide cap.
+pub const MAX_INLINE_RESULT: usize = 4096;
+/// Largest total of inline results across the run; later results are kept
+/// out of status (`resultTruncated`) so a 500-step run stays < 256 KiB (D11).
+pub const MAX_INLINE_RESULTS: usize = 48 * 1024;
+/// Re-plans for stale input before the run gives up: a freshness budget
+/// shorter than the steps (or approvals) after it can never be met.
+pub const MAX_REPLANS: i64 = 20;
+/// D11: above this size the status is compacted: the oldest finished
+/// checkpoints are cut to their facts (see `StepCheckpoint::compacted`) and
+/// finished compactor checkpoints whose step has started are dropped.
+pub const COMPACT_STATUS_ABOVE: usize = 128 * 1024;
+/// D11: most checkpoints a run's status holds. A re-plan that could take it
+/// past this is refused. With maximal names a compacted checkpoint is about
+/// 320 bytes, so 520 of them, the inline results (48 KiB) and the plan's step
+/// names (25 KiB) stay under etcd's budget of 256 KiB.
+pub const MAX_CHECKPOINTS: usize = 520;
+/// Prior results named in an Approval's context.
+const APPROVAL_CONTEXT_STEPS: usize = 20;
+
+pub(super) fn decide(obs: &Observed) -> Decision {
+    let input = obs.run.status.clone().unwrap_or_default();
+    let mut m = Machine::new(obs, input);
+    m.run();
+    m.finish()
+}
+
+struct Machine<'a> {
+    run: &'a AgentRun,
+    approvals: &'a [crate::api::Approval],
+    name: &'a str,
+    uid: &'a str,
+    now: Timestamp,
+    /// `now` before truncation, for deadlines that must never come early.
+    exact_now: Timestamp,
+    /// The input status: what the API server has acknowledged.
+    committed: AgentRunStatus,
+    /// The status being decided.
+    status: AgentRunStatus,
+    actions: Vec<Action>,
+    deadlines: Vec<Timestamp>,
+    /// This decision recorded something that changes what comes next (a
+    /// failure, a disruption, a re-plan, a planner's plan): the next decision
+    /// starts from it once it is committed. A step's success is not among
+    /// them: what follows it is decided in the same write (D4 holds because
+    /// actions are applied only after that write).
+    recorded: bool,
+    /// Our Pods (controlled by this run's UID) by name.
+    pods: HashMap<&'a str, &'a Pod>,
+    /// Creations the API server refused in this reconcile.
+    refused: &'a [Refusal],
+    /// A refusal this decision met: the run is stalled (D16).
+    stalled: Option<(&'static str, String)>,
+}
+
+impl<'a> Machine<'a> {
+    fn new(obs: &'a Observed<'a>, input: AgentRunStatus) -> Self {
+        let run = obs.run;
+        let uid = run.metadata.uid.as_deref().unwrap_or("");
+        let pods = obs
+            .pods
+            .iter()
+            .filter(|p| observe::owned_by(p, uid))
+            .filter_map(|p| Some((p.metadata.name.as_deref()?, p)))
+            .collect();
+        Machine {
+            run,
+            approvals: obs.approvals,
+            name: run.metadata.name.as_deref().unwrap_or(""),
+            uid,
+            // Status timestamps (metav1.Time) keep whole seconds. Deciding on the
+            // same resolution keeps stamps and comparisons consistent with what
+            // is read back; backoff deadlines round up (see `backoff_until`).
+            now: whole_seconds(obs.now),
+            exact_now: obs.now,
+            status: input.clone(),
+            committed: input,
+            actions: Vec::new(),
+            deadlines: Vec::new(),
+            recorded: false,
+            pods,
+            refused: obs.refused,
+            stalled: None,
+        }
+    }
+
+    fn run(&mut self) {
+        self.status.observed_generation = self.run.metadata.generation;
+        if self.run.metadata.deletion_timestamp.is_some() {
+            // The run is going away; its results have nowhere to go. Its Pods
+            // are the garbage collector's to delete (foreground) or to keep
+            // (`--cascade=orphan`): only their finalizers are released.
+            let mut pods: Vec<&Pod> = self.pods.values().copied().collect();
+            pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            for pod in pods
+                .into_iter()
+                .filter(|p| observe::has_result_finalizer(p))
+            {
+                self.actions.push(Action::ReleaseFinalizer {
+                    pod: pod.metadata.name.clone().unwrap_or_default(),
+                });
+            }
+            return;
+        }
+        if self.status.phase.is_some_and(RunPhase::is_terminal) {
+            self.terminal();
+            return;
+        }
+        if self.status.phase.is_none() {
+            self.status.phase = Some(RunPhase::Pending);
+        }
+        if self.status.started_at.is_none() {
+            self.status.started_at = Some(Time(self.now));
+        }
+        // The spec only changes with the generation: validate it once per generation.
+        let validated = self.committed.plan.is_some()
+            && self.committed.observed_generation == self.run.metadata.generation;
+        let spec_error = if validated {
+            None
+        } else {
+            plan::validate_spec(&self.run.spec).err()
+        };
+        if self.status.plan.is_none() {
+            self.status.plan = Some(PlanStatus {
+                revision: 1,
+                reason: "initial plan from spec.steps".into(),
+                source: PlanSource::Spec,
+                step_names: self.run.spec.steps.iter().map(|s| s.name.clone()).collect(),
+                steps: Vec::new(),
+                rerun_from: None,
+            });
+        }
+        let plan_status = self.status.plan.clone().unwrap_or_default();
+        let spec = &self.run.spec;
+        let resolved = match spec_error {
+            Some(e) => Err(e),
+            None => Plan::resolve(spec, &plan_status),
+        };
+        let plan = match resolved {
+            Ok(plan) => plan,
+            Err(e) => {
+                // D13: refuse with a clear condition and wait; no hot loop.
+                self.release_accounted_pods();
+                if !self.failing() {
+                    self.fail_run(reason::INVALID_SPEC, e);
+                }
+                let empty = Plan {
+                    revision: plan_status.revision,
+                    steps: Vec::new(),
+                    rerun_from: 0,
+                };
+                self.wind_down(&empty);
+                self.derive(&empty);
+                self.sync_approvals();
+                return;
+            }
+        };
+        self.release_accounted_pods();
+        self.observe_running(&plan);
+        self.enforce_limits();
+        if self.failing() {
+            self.wind_down(&plan);
+        } else if !self.recorded {
+            self.advance(&plan);
+        }
+        // A planner's plan or a re-plan may have changed the plan in force.
+        let plan_status = self.status.plan.clone().unwrap_or_default();
+        match Plan::resolve(spec, &plan_status) {
+            Ok(p) => self.derive(&p),
+            Err(_) => self.derive(&plan),
+        }
+        // Last: which Approvals the run waits on is known only now.
+        self.sync_approvals();
+        self.compact_status();
+    }
+
+    fn finish(self) -> Decision {
+        let terminal = self.status.phase.is_some_and(RunPhase::is_terminal);
+        let requeue_after = if self.status != self.committed && !terminal {
+            Some(SignedDuration::ZERO)
+        } else {
+            self.deadlines
+                .iter()
+                .min()
+                .map(|at| at.duration_since(self.now).max(SignedDuration::ZERO))
+        };
+        Decision {
+            status: self.status,
+            actions: self.actions,
+            requeue_after,
+        }
+    }
+
+    // -----------------------------------------------------------------------
+    // Small helpers
+    // -----------------------------------------------------------------------
+
+    fn event(&mut self, type_: EventType, reason: &'static str, message: String) {
+        self.actions.push(Action::Event {
+            type_,
+            reason,
+            message,
+        });
+    }
+
+    /// Emits the creation of `pod`, unless the API server refused it in this
+    /// reconcile: then the refusal is returned and the run shows it (D16).
+    fn create_pod(&mut self, what: &str, pod: Pod) -> Option<&'a Refusal> {
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        match self.refused.iter().find(|r| r.name == name) {
+            None => {
+                self.actions.push(Action::CreatePod(Box::new(pod)));
+                None
+            }
+            Some(r) => {
+                self.stall(what, "Pod", r);
+                Some(r)
+            }
+        }
+    }
+
+    /// Records that a creation the run needs was refused: a `Stalled`
+    /// condition and a Warning Event, both with the API server's message.
+    fn stall(&mut self, what: &str, kind: &str, r: &Refusal) {
+        let (why, text) = match r.cause {
+            RefusalCause::NameTaken => (
+                reason::NAME_TAKEN,
+                format!(
+                    "{what}: {kind} {} exists but does not belong to this run; delete or rename it: {}",
+                    r.name, r.message
+                ),
+            ),
+            RefusalCause::Rejected | RefusalCause::Transient => (
+                reason::FAILED_CREATE,
+                format!(
+                    "{what}: the API server refused {kind} {}: {}",
+                    r.name, r.message
+                ),
+            ),
+        };
+        self.event(EventType::Warning, reason::FAILED_CREATE, text.clone());
+        self.stalled = Some((why, text));
+    }
+
+    /// When a backoff of `d` that starts now ends, rounded up to the whole
+    /// second that status can hold: the retry never comes before `d` has
+    /// passed, and at most a second after.
+    fn backoff_until(&self, d: SignedDuration) -> Timestamp {
+        let exact = self.exact_now.checked_add(d).unwrap_or(Timestamp::MAX);
+        let whole = whole_seconds(exact);
+        if whole < exact {
+            whole
+                .checked_add(SignedDuration::from_secs(1))
+                .unwrap_or(Timestamp::MAX)
+        } else {
+            whole
+        }
+    }
+
+    fn at(&self, d: SignedDuration) -> Timestamp {
+        self.now.checked_add(d).unwrap_or(Timestamp::MAX)
+    }
+
+    fn due(&mut self, at: Option<&Time>) -> bool {
+        match at {
+            Some(t) if t.0 > self.now => {
+                self.deadlines.push(t.0);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    fn failing(&self) -> bool {
+        cond::is_true(&self.status.conditions, condition::FAILURE_TARGET)
+    }
+
+    fn owner(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: "agentrun.dev/v1alpha1".into(),
+            kind: "AgentRun".into(),
+            name: self.name.to_owned(),
+            uid: self.uid.to_owned(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    fn key(&self, role: PodRole, step: &str, rev: i64) -> String {
+        names::idempotency_key(self.uid, role, step, rev)
+    }
+
+    /// Whether a live Pod of ours carries this idempotency key (D2).
+    fn live_pod_with_key(&self, key: &str) -> bool {
+        self.pods.values().any(|p| {
+            observe::is_live(p)
+                && p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(crate::labels::IDEMPOTENCY_KEY))
+                    .map(String::as_str)
+                    == Some(key)
+        })
+    }
+
+    fn step_spec(&self, plan: &Plan<'_>, name: &str) -> Option<StepSpec> {
+        plan.step(name)
+            .or_else(|| self.run.spec.steps.iter().find(|s| s.name == name))
+            .or_else(|| {
+                self.status
+                    .plan
+                    .as_ref()?
+                    .steps
+                    .iter()
+                    .find(|s| s.name == name)
+            })
+            .cloned()
+    }
+}
+
+/// Where a failed attempt leaves its step or compensation.
+enum AfterFailure {
+    /// No retries left; the message says why.
+    Exhausted(String),
+    /// Retried at `at`.
+    Retry { at: Time, message: String },
+}
+
+/// `t` truncated to whole seconds, the resolution of `metav1.Time`.
+fn whole_seconds(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
+fn timeout_text(d: SignedDuration) -> String {
+    let secs = d.as_secs();
+    if d.subsec_nanos() == 0 {
+        format!("{secs}s")
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
+    }
+}

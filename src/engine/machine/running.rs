@@ -1,0 +1,527 @@
+//! Observing running attempts: a Pod's outcome becomes the checkpoint exactly
+//! once (D3) with its three facts (D7) and its tokens (D9); a failure spends
+//! the retry budget, a disruption does not (D6); timeouts count from the
+//! Pod's creation.
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::Value;
+
+use crate::api::{
+    CheckpointState, Effect, EffectOutcome, PlanSource, PlanStatus, StepCheckpoint, StepPhase,
+    StepRole, StepSpec, TokenUsage,
+};
+use crate::engine::approval::{self};
+use crate::engine::conditions::{self as cond, TRUE};
+use crate::engine::names::{self};
+use crate::engine::observe::{self, Observation};
+use crate::engine::plan::{self, Plan};
+use crate::engine::reasons::{condition, reason};
+use crate::engine::result;
+use crate::engine::{Action, EventType, RefusalCause};
+
+use super::{AfterFailure, MAX_INLINE_RESULT, MAX_INLINE_RESULTS, Machine, timeout_text};
+
+impl<'a> Machine<'a> {
+    pub(super) fn observe_running(&mut self, plan: &Plan<'_>) {
+        let running: Vec<usize> = (0..self.status.steps.len())
+            .filter(|&i| self.status.steps[i].phase == StepPhase::Running)
+            .collect();
+        for i in running {
+            self.observe_step(plan, i);
+        }
+        let running: Vec<usize> = (0..self.status.compensations.len())
+            .filter(|&i| self.status.compensations[i].phase == StepPhase::Running)
+            .collect();
+        for i in running {
+            self.observe_compensation(plan, i);
+        }
+    }
+
+    pub(super) fn observe_step(&mut self, plan: &Plan<'_>, i: usize) {
+        let cp = self.status.steps[i].clone();
+        let pod_name = cp.pod.clone().unwrap_or_default();
+        let pod = self.pods.get(pod_name.as_str()).copied();
+        match observe::observe(pod, cp.pod_uid.as_deref()) {
+            Observation::NotSeen => {
+                // Intent is in status; the create may not have happened (a
+                // crash between the write and the create) or the cache may
+                // lag. Create-if-absent makes repeating it safe, but a create
+                // made now starts the step now: it must still be allowed to.
+                if self.run.spec.suspend {
+                    return;
+                }
+                if cp.role == StepRole::Step
+                    && cp.plan_revision == plan.revision
+                    && let Some(at) = plan.steps.iter().position(|s| s.name == cp.name)
+                {
+                    if self.replan_if_stale(plan, at) {
+                        return; // D8: never started on inputs that went stale meanwhile
+                    }
+                    let digest =
+                        approval::step_digest(plan.steps[at], self.run.spec.pod_template.as_ref());
+                    if cp.step_digest.as_ref().is_some_and(|d| *d != digest) {
+                        // D14: approved, then changed before its Pod existed.
+                        self.recorded = true;
+                        return self.ask_approval(
+                            plan,
+                            at,
+                            Some(i),
+                            Some(format!(
+                                "step {} changed after it was approved and before its Pod was created",
+                                cp.name
+                            )),
+                        );
+                    }
+                }
+                if let Some(pod) = self.pod_for_step(plan, &cp) {
+                    let what = format!("step {}", cp.name);
+                    if let Some(r) = self.create_pod(&what, pod)
+                        && r.cause == RefusalCause::Rejected
+                    {
+                        // The same Pod would be refused again: a failed attempt.
+                        let why = format!(
+                            "attempt {}: the API server refused its Pod {}: {}",
+                            cp.attempt, r.name, r.message
+                        );
+                        self.on_failure(plan, i, why, TokenUsage::default(), false);
+                    }
+                }
+            }
+            Observation::Live { uid } => {
+                if cp.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, &cp) {
+                    self.status.steps[i].pod_uid = uid;
+                }
+                self.check_timeout(plan, i);
+            }
+            Observation::Terminating { uid } => {
+                if cp.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, &cp) {
+                    self.status.steps[i].pod_uid = uid;
+                }
+            }
+            Observation::Succeeded { message } => self.on_success(plan, i, message.as_deref()),
+            Observation::Failed {
+                exit_code,
+                reason,
+                message,
+            } => {
+                let tokens = result::tokens_best_effort(message.as_deref());
+                let why = format!(
+                    "attempt {} exited with code {exit_code} ({reason})",
+                    cp.attempt
+                );
+                self.on_failure(plan, i, why, tokens, false);
+            }
+            Observation::Disrupted {
+                reason,
+                started,
+                message,
+            } => {
+                let tokens = result::tokens_best_effort(message.as_deref());
+                self.on_disruption(plan, i, &reason, started, tokens);
+            }
+            Observation::Vanished => {
+                self.on_disruption(plan, i, "its Pod vanished", true, TokenUsage::default());
+            }
+        }
+    }
+
+    /// Whether a Pod of this attempt that vanished unseen must be told apart
+    /// from one never created, which costs a status write to record its UID.
+    /// Only a NonIdempotent step's answer differs (a Reconcile approval
+    /// instead of running again with the same key, D6). For every other step
+    /// a vanished Pod is created again under the same name and key, which is
+    /// what a disruption leads to anyway. The result finalizer keeps every
+    /// deleted or evicted Pod visible until its outcome is committed, so only
+    /// a Pod whose finalizer someone stripped can vanish at all.
+    pub(super) fn may_have_acted_matters(&self, plan: &Plan<'_>, cp: &StepCheckpoint) -> bool {
+        cp.role == StepRole::Step
+            && self
+                .step_spec(plan, &cp.name)
+                .is_none_or(|s| s.effect == Effect::NonIdempotent)
+    }
+
+    pub(super) fn check_timeout(&mut self, plan: &Plan<'_>, i: usize) {
+        let cp = &self.status.steps[i];
+        let timeout = match cp.role {
+            StepRole::Step => self
+                .step_spec(plan, &cp.name)
+                .and_then(|s| plan::duration(s.timeout.as_ref())),
+            StepRole::Planner => self
+                .run
+                .spec
+                .planner
+                .as_ref()
+                .and_then(|s| plan::duration(s.timeout.as_ref())),
+            StepRole::Compactor => None,
+        };
+        let (Some(timeout), Some(launched)) = (timeout, cp.started_at.as_ref()) else {
+            return;
+        };
+        // Step time starts when the Pod exists: a Pod created late (the
+        // operator died between recording the launch and creating it) is not
+        // charged for the downtime. Both stamps hold whole seconds; the event
+        // happened within the second after, so counting from the end of that
+        // second stops an attempt at most a second late, never early.
+        let created = cp
+            .pod
+            .as_deref()
+            .and_then(|p| self.pods.get(p))
+            .and_then(|p| p.metadata.creation_timestamp.as_ref())
+            .map(|t| t.0);
+        let from = created.map_or(launched.0, |c| c.max(launched.0));
+        let deadline = from
+            .checked_add(SignedDuration::from_secs(1))
+            .and_then(|t| t.checked_add(timeout))
+            .unwrap_or(Timestamp::MAX);
+        if deadline > self.now {
+            self.deadlines.push(deadline);
+            return;
+        }
+        let pod = cp.pod.clone().unwrap_or_default();
+        let started = self
+            .pods
+            .get(pod.as_str())
+            .is_none_or(|p| observe::started(p));
+        let why = format!(
+            "attempt {} timed out after {}",
+            cp.attempt,
+            timeout_text(timeout)
+        );
+        self.actions.push(Action::DeletePod {
+            name: pod.clone(),
+            reason: why.clone(),
+        });
+        self.event(
+            EventType::Warning,
+            reason::STEP_TIMED_OUT,
+            format!("step {}: {why}", cp.name),
+        );
+        self.on_failure(plan, i, why, TokenUsage::default(), started);
+        // What the Pod reports while it stops is still recorded (D9).
+        self.status.steps[i].stopping = true;
+    }
+
+    pub(super) fn add_tokens(&mut self, i: usize, t: TokenUsage) {
+        if t.total() == 0 {
+            return;
+        }
+        let cp = &mut self.status.steps[i];
+        let mut sum = cp.tokens.unwrap_or_default();
+        sum.input = sum.input.saturating_add(t.input);
+        sum.output = sum.output.saturating_add(t.output);
+        cp.tokens = Some(sum);
+        self.status.tokens_used = self.status.tokens_used.saturating_add(t.total());
+    }
+
+    pub(super) fn on_success(&mut self, plan: &Plan<'_>, i: usize, message: Option<&str>) {
+        let attempt = self.status.steps[i].attempt;
+        let report = match result::parse(message) {
+            Ok(r) => r,
+            Err(e) => {
+                let why = format!("attempt {attempt} returned an unusable result: {e}");
+                // Whatever tokens it reported were spent all the same (D9).
+                let tokens = result::tokens_best_effort(message);
+                return self.on_failure(plan, i, why, tokens, true);
+            }
+        };
+        let role = self.status.steps[i].role;
+        let planned = match role {
+            StepRole::Planner => match plan::parse_planner_plan(report.plan.as_ref()) {
+                Ok(steps) => Some(steps),
+                Err(e) => {
+                    // An invalid plan is a failed attempt: retried within
+                    // `retry.limit`, then the run fails for that reason.
+                    let name = self.status.steps[i].name.clone();
+                    let why = format!("attempt {attempt} returned an invalid plan: {e}");
+                    self.on_failure(plan, i, why, report.tokens, false);
+                    if self.status.steps[i].phase == StepPhase::Failed {
+                        cond::set(
+                            &mut self.status.conditions,
+                            condition::FAILURE_TARGET,
+                            TRUE,
+                            reason::INVALID_PLAN,
+                            format!("planner {name}: {e}"),
+                            self.run.metadata.generation,
+                            self.now,
+                        );
+                    }
+                    return;
+                }
+            },
+            _ => None,
+        };
+        self.add_tokens(i, report.tokens);
+        let spec = match role {
+            StepRole::Step => self.step_spec(plan, &self.status.steps[i].name),
+            StepRole::Planner => self.run.spec.planner.clone(),
+            StepRole::Compactor => None,
+        };
+        let (inline, truncated) = self.cap_result(report.result);
+        let cp = &mut self.status.steps[i];
+        cp.phase = StepPhase::Succeeded;
+        cp.checkpoint = CheckpointState::Committed;
+        cp.finished_at = Some(Time(self.now));
+        cp.pod_uid = None;
+        cp.next_attempt_at = None;
+        cp.result = inline;
+        cp.result_truncated = truncated;
+        if role == StepRole::Step {
+            let effect = spec.as_ref().map_or(Effect::NonIdempotent, |s| s.effect);
+            cp.effect = Some(if effect == Effect::None {
+                EffectOutcome::NotApplied
+            } else {
+                EffectOutcome::Applied
+            });
+        }
+        let fresh_for = spec
+            .as_ref()
+            .and_then(|s| plan::duration(s.fresh_for.as_ref()));
+        cp.fresh_until = fresh_for.map(|d| Time(self.now.checked_add(d).unwrap_or(Timestamp::MAX)));
+        let name = cp.name.clone();
+        let attempt = cp.attempt;
+        if truncated && role == StepRole::Step {
+            // D11 keeps status small; D16 says so where people look.
+            let why = format!(
+                "its result was not kept: a run keeps at most {} KiB of step results inline (and {} KiB per step); later steps, the compactor and its compensation do not receive it",
+                MAX_INLINE_RESULTS / 1024,
+                MAX_INLINE_RESULT / 1024
+            );
+            cp.message = Some(format!("succeeded on attempt {attempt}; {why}"));
+            self.event(
+                EventType::Warning,
+                reason::RESULT_NOT_KEPT,
+                format!("step {name}: {why}"),
+            );
+        }
+        match role {
+            StepRole::Step => self.event(
+                EventType::Normal,
+                reason::STEP_SUCCEEDED,
+                format!("step {name} succeeded on attempt {attempt}"),
+            ),
+            StepRole::Compactor => {
+                // A compactor that returns no summary keeps the one there was.
+                if report.summary.is_some() {
+                    self.status.summary = report.summary;
+                }
+                self.event(
+                    EventType::Normal,
+                    reason::CONTEXT_COMPACTED,
+                    format!("context compacted before step {name}"),
+                );
+            }
+            StepRole::Planner => {
+                // The new plan is resolved and started by the next decision.
+                self.recorded = true;
+                self.adopt_plan(&name, planned.unwrap_or_default());
+            }
+        }
+    }
+
+    /// Keeps the result inline only within the per-step and per-run caps (D11).
+    pub(super) fn cap_result(&self, result: Value) -> (Option<Value>, bool) {
+        if result.is_null() {
+            return (None, false);
+        }
+        let size = serde_json::to_string(&result).map_or(usize::MAX, |s| s.len());
+        let used: usize = self
+            .status
+            .steps
+            .iter()
+            .filter_map(|c| c.result.as_ref())
+            .map(|r| serde_json::to_string(r).map_or(0, |s| s.len()))
+            .sum();
+        if size > MAX_INLINE_RESULT || used + size > MAX_INLINE_RESULTS {
+            (None, true)
+        } else {
+            (Some(result), false)
+        }
+    }
+
+    pub(super) fn adopt_plan(&mut self, planner: &str, steps: Vec<StepSpec>) {
+        let revision = self.status.plan.as_ref().map_or(1, |p| p.revision) + 1;
+        let names: Vec<String> = steps.iter().map(|s| s.name.clone()).collect();
+        let message = format!(
+            "plan revision {revision} from planner {planner}: {} steps",
+            names.len()
+        );
+        self.status.plan = Some(PlanStatus {
+            revision,
+            reason: format!("plan from planner {planner}"),
+            source: PlanSource::Planner,
+            step_names: names,
+            steps,
+            rerun_from: None,
+        });
+        self.event(EventType::Normal, reason::PLAN_ADOPTED, message);
+    }
+
+    pub(super) fn retry_limit(
+        &self,
+        plan: &Plan<'_>,
+        cp: &StepCheckpoint,
+    ) -> (i32, Option<crate::api::Backoff>) {
+        let spec = match cp.role {
+            StepRole::Step => self.step_spec(plan, &cp.name),
+            StepRole::Planner => self.run.spec.planner.clone(),
+            StepRole::Compactor => None,
+        };
+        let retry = spec.and_then(|s| s.retry);
+        (
+            retry.as_ref().map_or(0, |r| r.limit.max(0)),
+            retry.and_then(|r| r.backoff),
+        )
+    }
+
+    /// Where a failed attempt leaves its step or compensation, `failures`
+    /// counting this one: retried after its backoff (never early, see
+    /// `backoff_until`) or, past `limit`, failed for good.
+    pub(super) fn after_failure(
+        &self,
+        why: &str,
+        failures: i32,
+        limit: i32,
+        backoff: Option<&crate::api::Backoff>,
+    ) -> AfterFailure {
+        if failures > limit {
+            return AfterFailure::Exhausted(format!("{why}; no retries left (limit {limit})"));
+        }
+        let delay = plan::backoff(backoff, failures);
+        AfterFailure::Retry {
+            at: Time(self.backoff_until(delay)),
+            message: format!(
+                "{why}; retry {failures} of {limit} after {}",
+                timeout_text(delay)
+            ),
+        }
+    }
+
+    /// A failed attempt (exit code, timeout, bad result) consumes the retry
+    /// budget. `may_have_acted`: the attempt ran without reporting a failure
+    /// of its own (timed out, or exited 0 with an unusable result), so its
+    /// effect is `Unknown` (D7) and a compensation covers it; a step that
+    /// exits non-zero reports that it did not act.
+    pub(super) fn on_failure(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        why: String,
+        tokens: TokenUsage,
+        may_have_acted: bool,
+    ) {
+        self.add_tokens(i, tokens);
+        if may_have_acted && self.status.steps[i].role == StepRole::Step {
+            let effect = self
+                .step_spec(plan, &self.status.steps[i].name)
+                .map_or(Effect::NonIdempotent, |s| s.effect);
+            if effect != Effect::None {
+                self.status.steps[i].effect = Some(EffectOutcome::Unknown);
+            }
+        }
+        let (limit, backoff) = self.retry_limit(plan, &self.status.steps[i]);
+        let failures = self.status.steps[i].failures + 1;
+        let next = self.after_failure(&why, failures, limit, backoff.as_ref());
+        let now = self.now;
+        let cp = &mut self.status.steps[i];
+        cp.failures = failures;
+        cp.pod_uid = None;
+        self.recorded = true;
+        match next {
+            AfterFailure::Exhausted(message) => {
+                cp.phase = StepPhase::Failed;
+                cp.checkpoint = CheckpointState::Committed;
+                cp.finished_at = Some(Time(now));
+                cp.next_attempt_at = None;
+                if cp.role == StepRole::Step && cp.effect.is_none() {
+                    cp.effect = Some(EffectOutcome::NotApplied);
+                }
+                cp.message = Some(message.clone());
+                let (role, name) = (cp.role, cp.name.clone());
+                if role == StepRole::Compactor {
+                    // Without a summary the oldest results are simply left out.
+                    self.event(
+                        EventType::Warning,
+                        reason::STEP_FAILED,
+                        format!("compactor before {name}: {message}"),
+                    );
+                } else {
+                    self.fail_run(reason::STEP_FAILED, format!("step {name}: {message}"));
+                }
+            }
+            AfterFailure::Retry { at, message } => {
+                cp.phase = StepPhase::Pending;
+                cp.next_attempt_at = Some(at);
+                cp.message = Some(message.clone());
+                let name = cp.name.clone();
+                self.event(
+                    EventType::Warning,
+                    reason::STEP_RETRYING,
+                    format!("step {name}: {message}"),
+                );
+            }
+        }
+    }
+
+    /// A disruption does not consume the retry budget (D6); a NonIdempotent
+    /// step that may have acted asks a person instead of running again (D7).
+    pub(super) fn on_disruption(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        why: &str,
+        started: bool,
+        tokens: TokenUsage,
+    ) {
+        self.add_tokens(i, tokens);
+        let effect = match self.status.steps[i].role {
+            StepRole::Step => self
+                .step_spec(plan, &self.status.steps[i].name)
+                .map_or(Effect::NonIdempotent, |s| s.effect),
+            _ => Effect::None,
+        };
+        let run = self.name.to_owned();
+        let uid = self.uid.to_owned();
+        let cp = &mut self.status.steps[i];
+        cp.disruptions += 1;
+        cp.pod_uid = None;
+        cp.next_attempt_at = None;
+        self.recorded = true;
+        if effect == Effect::NonIdempotent && started {
+            let approval =
+                names::reconcile_name(&run, &uid, &cp.name, cp.plan_revision, cp.attempt);
+            let message = format!(
+                "attempt {} was disrupted ({why}) after it started; the step is NonIdempotent and may have acted: waiting for Approval {approval}",
+                cp.attempt
+            );
+            cp.effect = Some(EffectOutcome::Unknown);
+            cp.phase = StepPhase::WaitingForApproval;
+            cp.approval = Some(approval);
+            cp.message = Some(message.clone());
+            let name = cp.name.clone();
+            self.event(
+                EventType::Warning,
+                reason::STEP_OUTCOME_UNKNOWN,
+                format!("step {name}: {message}"),
+            );
+        } else {
+            if started && effect != Effect::None && cp.role == StepRole::Step {
+                // It may have acted before it was stopped; the rerun with the
+                // same key settles it (Applied on success).
+                cp.effect = Some(EffectOutcome::Unknown);
+            }
+            let message = format!(
+                "attempt {} was disrupted ({why}); it runs again with the same key",
+                cp.attempt
+            );
+            cp.phase = StepPhase::Pending;
+            cp.message = Some(message.clone());
+            let name = cp.name.clone();
+            self.event(
+                EventType::Normal,
+                reason::STEP_DISRUPTED,
+                format!("step {name}: {message}"),
+            );
+        }
+    }
+}
