@@ -42,6 +42,7 @@ pub struct Metrics {
     pub checkpoint_write_duration: Histogram,
     pub status_conflicts: Counter,
     pub replans: Counter,
+    pub tokens: Counter,
     pub duplicate_creates_suppressed: Counter,
     pub runs_by_phase: Family<PhaseLabel, Gauge>,
     pub approvals_pending: Gauge,
@@ -63,6 +64,7 @@ impl Metrics {
             checkpoint_write_duration: Histogram::new(exponential_buckets(0.001, 2.0, 12)),
             status_conflicts: Counter::default(),
             replans: Counter::default(),
+            tokens: Counter::default(),
             duplicate_creates_suppressed: Counter::default(),
             runs_by_phase: Family::default(),
             approvals_pending: Gauge::default(),
@@ -82,7 +84,7 @@ impl Metrics {
         );
         r.register(
             "steps_started",
-            "Step Pods created",
+            "Step, planner, compactor and compensation attempts launched",
             m.steps_started.clone(),
         );
         r.register(
@@ -114,6 +116,11 @@ impl Metrics {
             "replans",
             "Plan revisions created after a stale input",
             m.replans.clone(),
+        );
+        r.register(
+            "tokens",
+            "Tokens reported by step attempts, failed ones included (D9)",
+            m.tokens.clone(),
         );
         r.register(
             "duplicate_creates_suppressed",

@@ -15,7 +15,7 @@ use super::error::Error;
 use super::reconcile::World;
 use super::{Context, failpoints};
 use crate::api::{AgentRun, AgentRunStatus, Approval, CheckpointState};
-use crate::engine::{Action, Decision, EventType, Refusal, RefusalCause};
+use crate::engine::{Action, Decision, EventType, Reason, Refusal, RefusalCause, Tally};
 use crate::labels;
 
 /// Why applying a decision stopped.
@@ -86,6 +86,7 @@ pub(super) async fn apply(
             Ok(written) => {
                 debug!("status committed");
                 written_run = Some(written);
+                count(ctx, &decision.tally);
                 failpoints::hit("after-status-write");
                 if commits_an_outcome(&current_status, &decision.status) {
                     failpoints::hit("after-checkpoint");
@@ -151,7 +152,6 @@ pub(super) async fn apply(
                     Ok(created) => {
                         info!(pod = %pod_name, "created step pod");
                         ctx.expectations.created(created, &ctx.pods);
-                        ctx.metrics.steps_started.inc();
                         failpoints::hit("after-create-pod");
                     }
                     Err(err) if is_status(&err, 409) => {
@@ -281,7 +281,6 @@ pub(super) async fn apply(
                 reason,
                 message,
             } => {
-                count_event(ctx, reason);
                 if !ctx.step_events && ROUTINE_STEP_EVENTS.contains(&reason) {
                     // `--step-events=false`: status and the Pods record these.
                     continue;
@@ -341,10 +340,7 @@ fn held_by(owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerRefere
 
 /// The Events every step emits on its way through; `--step-events=false`
 /// leaves them out and keeps the ones that call for attention.
-const ROUTINE_STEP_EVENTS: [&str; 2] = [
-    crate::engine::reasons::reason::STEP_STARTED,
-    crate::engine::reasons::reason::STEP_SUCCEEDED,
-];
+const ROUTINE_STEP_EVENTS: [Reason; 2] = [Reason::StepStarted, Reason::StepSucceeded];
 
 /// Removes `agentrun.dev/result` from a Pod, and only it: a strategic-merge
 /// `$deleteFromPrimitiveList` deletes the one entry on the server, so a
@@ -377,18 +373,16 @@ pub(super) async fn release_finalizer(
     }
 }
 
-/// Step outcomes are counted from the engine's Events, which it emits exactly
-/// once per committed transition.
-fn count_event(ctx: &Context, reason: &str) {
-    use crate::engine::reasons::reason as r;
+/// Counts what the decision did; called once its status write (if any) is
+/// acknowledged, so a decision dropped on a conflict counts nothing.
+fn count(ctx: &Context, tally: &Tally) {
     let m = &ctx.metrics;
-    match reason {
-        r::STEP_SUCCEEDED => m.steps_succeeded.inc(),
-        r::STEP_RETRYING | r::STEP_TIMED_OUT | r::STEP_FAILED => m.steps_failed.inc(),
-        r::STEP_DISRUPTED | r::STEP_OUTCOME_UNKNOWN => m.steps_disrupted.inc(),
-        r::REPLANNED => m.replans.inc(),
-        _ => 0,
-    };
+    m.steps_started.inc_by(tally.started);
+    m.steps_succeeded.inc_by(tally.succeeded);
+    m.steps_failed.inc_by(tally.failed);
+    m.steps_disrupted.inc_by(tally.disrupted);
+    m.replans.inc_by(tally.replans);
+    m.tokens.inc_by(tally.tokens);
 }
 
 /// Whether `new` commits a step outcome that `old` did not have.

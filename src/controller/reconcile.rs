@@ -20,7 +20,7 @@ use super::Context;
 use super::apply;
 use super::error::{Error, Result, backoff};
 use crate::api::{AgentRun, Approval};
-use crate::engine::reasons::{condition, reason};
+use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::{self, Observed};
 use crate::metrics::CategoryLabel;
 
@@ -282,9 +282,9 @@ pub(super) async fn unreadable(
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentRun",
         "status": {"conditions": [{
-            "type": condition::STALLED,
+            "type": ConditionType::Stalled,
             "status": "True",
-            "reason": reason::UNREADABLE,
+            "reason": Reason::Unreadable,
             "message": message,
             "observedGeneration": generation,
             "lastTransitionTime": Time(jiff::Timestamp::now()),
@@ -304,7 +304,7 @@ pub(super) async fn unreadable(
     ctx.events.publish(
         Event {
             type_: EventType::Warning,
-            reason: reason::UNREADABLE.into(),
+            reason: Reason::Unreadable.into(),
             note: Some(message),
             action: "Decode".into(),
             secondary: None,

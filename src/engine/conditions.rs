@@ -5,6 +5,8 @@
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use super::reasons::ConditionType;
+
 pub const TRUE: &str = "True";
 pub const FALSE: &str = "False";
 pub const UNKNOWN: &str = "Unknown";
@@ -12,13 +14,14 @@ pub const UNKNOWN: &str = "Unknown";
 /// Sets condition `type_`, keeping its transition time when the status is unchanged.
 pub fn set(
     conditions: &mut Vec<Condition>,
-    type_: &str,
+    type_: ConditionType,
     status: &str,
-    reason: &str,
+    reason: impl AsRef<str>,
     message: impl Into<String>,
     generation: Option<i64>,
     now: Timestamp,
 ) {
+    let (type_, reason) = (type_.as_str(), reason.as_ref());
     let message = message.into();
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
@@ -41,11 +44,11 @@ pub fn set(
     }
 }
 
-pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
+pub fn get(conditions: &[Condition], type_: ConditionType) -> Option<&Condition> {
+    conditions.iter().find(|c| c.type_ == type_.as_str())
 }
 
-pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+pub fn is_true(conditions: &[Condition], type_: ConditionType) -> bool {
     get(conditions, type_).is_some_and(|c| c.status == TRUE)
 }
 
@@ -58,8 +61,9 @@ mod tests {
         let t0 = Timestamp::from_second(1_000).unwrap();
         let t1 = Timestamp::from_second(2_000).unwrap();
         let mut cs = Vec::new();
-        set(&mut cs, "Progressing", TRUE, "Running", "a", Some(1), t0);
-        set(&mut cs, "Progressing", TRUE, "Running", "b", Some(2), t1);
+        let p = ConditionType::Progressing;
+        set(&mut cs, p, TRUE, "Running", "a", Some(1), t0);
+        set(&mut cs, p, TRUE, "Running", "b", Some(2), t1);
         assert_eq!(
             cs[0].last_transition_time,
             Time(t0),
@@ -69,7 +73,7 @@ mod tests {
             (cs[0].message.as_str(), cs[0].observed_generation),
             ("b", Some(2))
         );
-        set(&mut cs, "Progressing", FALSE, "Suspended", "", Some(2), t1);
+        set(&mut cs, p, FALSE, "Suspended", "", Some(2), t1);
         assert_eq!(cs[0].last_transition_time, Time(t1));
         assert_eq!(cs.len(), 1);
     }

@@ -51,6 +51,7 @@ pub use names::{
     MAX_CHILD_NAME, PodRole, approve_name, approve_request, idempotency_key, pod_name,
     reconcile_name,
 };
+pub use reasons::{ConditionType, Reason};
 pub use result::MAX_MESSAGE_BYTES;
 
 /// Everything one decision sees.
@@ -104,6 +105,26 @@ pub struct Decision {
     /// active deadline, TTL). `Some(ZERO)` when the status changed and the run
     /// continues from it: decide again right after the write.
     pub requeue_after: Option<SignedDuration>,
+    /// What this decision did, counted where it was decided; the metrics
+    /// read it once the status write that holds it is acknowledged.
+    pub tally: Tally,
+}
+
+/// What one decision did to the run's attempts, for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Attempts launched: steps, planner, compactor and compensations.
+    pub started: u64,
+    /// Step, planner and compactor attempts that succeeded.
+    pub succeeded: u64,
+    /// Attempts that failed, counting against their retries.
+    pub failed: u64,
+    /// Attempts lost to a disruption (D6), or whose outcome is unknown.
+    pub disrupted: u64,
+    /// Re-plans for stale input (D8).
+    pub replans: u64,
+    /// Tokens newly recorded (D9).
+    pub tokens: u64,
 }
 
 /// One effect on the cluster.
@@ -133,7 +154,7 @@ pub enum Action {
     DeleteRun,
     Event {
         type_: EventType,
-        reason: &'static str,
+        reason: Reason,
         message: String,
     },
 }

@@ -1,80 +1,273 @@
 //! Condition types and reasons, and Event reasons: the words the engine uses
-//! in status and Events, in one place so dashboards and tests agree.
+//! in status and Events, as types, so that a misspelt reason does not
+//! compile and dashboards and tests agree with the engine.
 
 /// Condition types on `AgentRun.status.conditions`.
-pub mod condition {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionType {
     /// True: the run succeeded; False: it failed or was cancelled; Unknown: in progress.
-    pub const SUCCEEDED: &str = "Succeeded";
+    Succeeded,
     /// True while the run is making progress by itself.
-    pub const PROGRESSING: &str = "Progressing";
+    Progressing,
     /// True while the run waits on an Approval.
-    pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
+    AwaitingApproval,
     /// True once a token or step-execution budget was exhausted.
-    pub const BUDGET_EXCEEDED: &str = "BudgetExceeded";
+    BudgetExceeded,
     /// True while the run re-runs steps because an input went stale (D8).
-    pub const STALE: &str = "Stale";
+    Stale,
     /// True once the run is bound to fail (or be cancelled) and is compensating
     /// first; its reason becomes the final `Succeeded=False` reason.
-    pub const FAILURE_TARGET: &str = "FailureTarget";
+    FailureTarget,
     /// True while the run cannot make progress by itself: the API server
     /// refuses a Pod or Approval it needs, or a foreign object holds its name
     /// (D16). The message is the API server's own.
-    pub const STALLED: &str = "Stalled";
+    Stalled,
+}
+
+impl ConditionType {
+    /// The word as it appears in status and Events.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::Succeeded => "Succeeded",
+            ConditionType::Progressing => "Progressing",
+            ConditionType::AwaitingApproval => "AwaitingApproval",
+            ConditionType::BudgetExceeded => "BudgetExceeded",
+            ConditionType::Stale => "Stale",
+            ConditionType::FailureTarget => "FailureTarget",
+            ConditionType::Stalled => "Stalled",
+        }
+    }
+}
+
+impl std::fmt::Display for ConditionType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Reasons, shared by conditions and Events.
-pub mod reason {
-    pub const RUNNING: &str = "Running";
-    pub const PLANNING: &str = "Planning";
-    pub const PENDING: &str = "Pending";
-    pub const COMPENSATING: &str = "Compensating";
-    pub const SUSPENDED: &str = "Suspended";
-    pub const FINISHED: &str = "Finished";
-    pub const NO_APPROVAL_PENDING: &str = "NoApprovalPending";
-    pub const WAITING_FOR_APPROVAL: &str = "WaitingForApproval";
-    pub const INPUT_STALE: &str = "InputStale";
-    pub const INPUTS_FRESH: &str = "InputsFresh";
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Running,
+    Planning,
+    Pending,
+    Compensating,
+    Suspended,
+    Finished,
+    NoApprovalPending,
+    WaitingForApproval,
+    InputStale,
+    InputsFresh,
 
-    pub const RUN_SUCCEEDED: &str = "RunSucceeded";
-    pub const RUN_FAILED: &str = "RunFailed";
-    pub const RUN_CANCELLED: &str = "RunCancelled";
-    pub const INVALID_SPEC: &str = "InvalidSpec";
-    pub const INVALID_PLAN: &str = "InvalidPlan";
-    pub const STEP_FAILED: &str = "StepFailed";
-    pub const CANCELLED: &str = "Cancelled";
-    pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
-    pub const TOKEN_BUDGET_EXCEEDED: &str = "TokenBudgetExceeded";
-    pub const STEP_BUDGET_EXCEEDED: &str = "StepExecutionBudgetExceeded";
+    RunSucceeded,
+    RunFailed,
+    RunCancelled,
+    InvalidSpec,
+    InvalidPlan,
+    StepFailed,
+    Cancelled,
+    DeadlineExceeded,
+    TokenBudgetExceeded,
+    StepExecutionBudgetExceeded,
     /// A re-plan would keep more checkpoints than a run's status may hold (D11).
-    pub const STATUS_BUDGET_EXCEEDED: &str = "StatusBudgetExceeded";
-    pub const APPROVAL_REJECTED: &str = "ApprovalRejected";
-    pub const APPROVAL_EXPIRED: &str = "ApprovalExpired";
+    StatusBudgetExceeded,
+    ApprovalRejected,
+    ApprovalExpired,
 
-    pub const STEP_STARTED: &str = "StepStarted";
-    pub const STEP_SUCCEEDED: &str = "StepSucceeded";
-    pub const STEP_RETRYING: &str = "StepRetrying";
-    pub const STEP_TIMED_OUT: &str = "StepTimedOut";
-    pub const STEP_DISRUPTED: &str = "StepDisrupted";
-    pub const STEP_STOPPED: &str = "StepStopped";
-    pub const STEP_OUTCOME_UNKNOWN: &str = "StepOutcomeUnknown";
+    StepStarted,
+    StepSucceeded,
+    StepRetrying,
+    StepTimedOut,
+    StepDisrupted,
+    StepStopped,
+    StepOutcomeUnknown,
     /// A step's result was too large to keep inline in status (D11).
-    pub const RESULT_NOT_KEPT: &str = "ResultNotKept";
-    pub const APPROVAL_REQUESTED: &str = "ApprovalRequested";
-    pub const APPROVAL_GRANTED: &str = "ApprovalGranted";
-    pub const RECONCILE_DECIDED: &str = "ReconcileDecided";
-    pub const PLAN_ADOPTED: &str = "PlanAdopted";
-    pub const REPLANNED: &str = "Replanned";
-    pub const CONTEXT_COMPACTED: &str = "ContextCompacted";
-    pub const COMPENSATION_STARTED: &str = "CompensationStarted";
-    pub const COMPENSATION_SUCCEEDED: &str = "CompensationSucceeded";
-    pub const COMPENSATION_FAILED: &str = "CompensationFailed";
-    pub const TTL_EXPIRED: &str = "TtlExpired";
+    ResultNotKept,
+    ApprovalRequested,
+    ApprovalGranted,
+    ReconcileDecided,
+    PlanAdopted,
+    Replanned,
+    ContextCompacted,
+    CompensationStarted,
+    CompensationSucceeded,
+    CompensationFailed,
+    TtlExpired,
     /// A Pod or Approval the run needs was refused by the API server.
-    pub const FAILED_CREATE: &str = "FailedCreate";
+    FailedCreate,
     /// A Pod or Approval name the run needs is held by an object not its own.
-    pub const NAME_TAKEN: &str = "NameTaken";
+    NameTaken,
     /// The run does not deserialize; nothing is done for it until it changes.
-    pub const UNREADABLE: &str = "Unreadable";
+    Unreadable,
     /// A stall cleared: what was refused now exists.
-    pub const UNBLOCKED: &str = "Unblocked";
+    Unblocked,
+}
+
+impl Reason {
+    /// The word as it appears in status and Events.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::Running => "Running",
+            Reason::Planning => "Planning",
+            Reason::Pending => "Pending",
+            Reason::Compensating => "Compensating",
+            Reason::Suspended => "Suspended",
+            Reason::Finished => "Finished",
+            Reason::NoApprovalPending => "NoApprovalPending",
+            Reason::WaitingForApproval => "WaitingForApproval",
+            Reason::InputStale => "InputStale",
+            Reason::InputsFresh => "InputsFresh",
+            Reason::RunSucceeded => "RunSucceeded",
+            Reason::RunFailed => "RunFailed",
+            Reason::RunCancelled => "RunCancelled",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::InvalidPlan => "InvalidPlan",
+            Reason::StepFailed => "StepFailed",
+            Reason::Cancelled => "Cancelled",
+            Reason::DeadlineExceeded => "DeadlineExceeded",
+            Reason::TokenBudgetExceeded => "TokenBudgetExceeded",
+            Reason::StepExecutionBudgetExceeded => "StepExecutionBudgetExceeded",
+            Reason::StatusBudgetExceeded => "StatusBudgetExceeded",
+            Reason::ApprovalRejected => "ApprovalRejected",
+            Reason::ApprovalExpired => "ApprovalExpired",
+            Reason::StepStarted => "StepStarted",
+            Reason::StepSucceeded => "StepSucceeded",
+            Reason::StepRetrying => "StepRetrying",
+            Reason::StepTimedOut => "StepTimedOut",
+            Reason::StepDisrupted => "StepDisrupted",
+            Reason::StepStopped => "StepStopped",
+            Reason::StepOutcomeUnknown => "StepOutcomeUnknown",
+            Reason::ResultNotKept => "ResultNotKept",
+            Reason::ApprovalRequested => "ApprovalRequested",
+            Reason::ApprovalGranted => "ApprovalGranted",
+            Reason::ReconcileDecided => "ReconcileDecided",
+            Reason::PlanAdopted => "PlanAdopted",
+            Reason::Replanned => "Replanned",
+            Reason::ContextCompacted => "ContextCompacted",
+            Reason::CompensationStarted => "CompensationStarted",
+            Reason::CompensationSucceeded => "CompensationSucceeded",
+            Reason::CompensationFailed => "CompensationFailed",
+            Reason::TtlExpired => "TtlExpired",
+            Reason::FailedCreate => "FailedCreate",
+            Reason::NameTaken => "NameTaken",
+            Reason::Unreadable => "Unreadable",
+            Reason::Unblocked => "Unblocked",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl AsRef<str> for Reason {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq<Reason> for String {
+    fn eq(&self, other: &Reason) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<Reason> for &str {
+    fn eq(&self, other: &Reason) -> bool {
+        *self == other.as_str()
+    }
+}
+
+impl From<Reason> for String {
+    fn from(v: Reason) -> String {
+        v.as_str().to_owned()
+    }
+}
+
+impl serde::Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl PartialEq<ConditionType> for String {
+    fn eq(&self, other: &ConditionType) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<ConditionType> for &str {
+    fn eq(&self, other: &ConditionType) -> bool {
+        *self == other.as_str()
+    }
+}
+
+impl From<ConditionType> for String {
+    fn from(v: ConditionType) -> String {
+        v.as_str().to_owned()
+    }
+}
+
+impl serde::Serialize for ConditionType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Reason {
+    type Err = ();
+
+    /// Reads back a reason the engine wrote into status.
+    fn from_str(s: &str) -> Result<Reason, ()> {
+        Ok(match s {
+            "Running" => Reason::Running,
+            "Planning" => Reason::Planning,
+            "Pending" => Reason::Pending,
+            "Compensating" => Reason::Compensating,
+            "Suspended" => Reason::Suspended,
+            "Finished" => Reason::Finished,
+            "NoApprovalPending" => Reason::NoApprovalPending,
+            "WaitingForApproval" => Reason::WaitingForApproval,
+            "InputStale" => Reason::InputStale,
+            "InputsFresh" => Reason::InputsFresh,
+            "RunSucceeded" => Reason::RunSucceeded,
+            "RunFailed" => Reason::RunFailed,
+            "RunCancelled" => Reason::RunCancelled,
+            "InvalidSpec" => Reason::InvalidSpec,
+            "InvalidPlan" => Reason::InvalidPlan,
+            "StepFailed" => Reason::StepFailed,
+            "Cancelled" => Reason::Cancelled,
+            "DeadlineExceeded" => Reason::DeadlineExceeded,
+            "TokenBudgetExceeded" => Reason::TokenBudgetExceeded,
+            "StepExecutionBudgetExceeded" => Reason::StepExecutionBudgetExceeded,
+            "StatusBudgetExceeded" => Reason::StatusBudgetExceeded,
+            "ApprovalRejected" => Reason::ApprovalRejected,
+            "ApprovalExpired" => Reason::ApprovalExpired,
+            "StepStarted" => Reason::StepStarted,
+            "StepSucceeded" => Reason::StepSucceeded,
+            "StepRetrying" => Reason::StepRetrying,
+            "StepTimedOut" => Reason::StepTimedOut,
+            "StepDisrupted" => Reason::StepDisrupted,
+            "StepStopped" => Reason::StepStopped,
+            "StepOutcomeUnknown" => Reason::StepOutcomeUnknown,
+            "ResultNotKept" => Reason::ResultNotKept,
+            "ApprovalRequested" => Reason::ApprovalRequested,
+            "ApprovalGranted" => Reason::ApprovalGranted,
+            "ReconcileDecided" => Reason::ReconcileDecided,
+            "PlanAdopted" => Reason::PlanAdopted,
+            "Replanned" => Reason::Replanned,
+            "ContextCompacted" => Reason::ContextCompacted,
+            "CompensationStarted" => Reason::CompensationStarted,
+            "CompensationSucceeded" => Reason::CompensationSucceeded,
+            "CompensationFailed" => Reason::CompensationFailed,
+            "TtlExpired" => Reason::TtlExpired,
+            "FailedCreate" => Reason::FailedCreate,
+            "NameTaken" => Reason::NameTaken,
+            "Unreadable" => Reason::Unreadable,
+            "Unblocked" => Reason::Unblocked,
+            _ => return Err(()),
+        })
+    }
 }

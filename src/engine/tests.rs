@@ -3,9 +3,9 @@
 use jiff::SignedDuration;
 use serde_json::json;
 
-use super::reasons::{condition, reason};
+use super::reasons::{ConditionType, Reason};
 use super::testing::*;
-use super::{Action, Decision, EventType, Refusal, RefusalCause};
+use super::{Action, Decision, EventType, Refusal, RefusalCause, Tally};
 use crate::api::{
     AgentRun, ApprovalKind, ApprovalPhase, CheckpointState, Decision as Answer, Duration, Effect,
     EffectOutcome, OnTimeout, PlanSource, RunPhase, StepCheckpoint, StepPhase, StepRole,
@@ -47,7 +47,7 @@ fn deletes(d: &Decision) -> Vec<String> {
         .collect()
 }
 
-fn events(d: &Decision) -> Vec<&'static str> {
+fn events(d: &Decision) -> Vec<Reason> {
     d.actions
         .iter()
         .filter_map(|a| match a {
@@ -65,7 +65,7 @@ fn cp(w: &World, name: &str, rev: i64) -> StepCheckpoint {
         .unwrap_or_else(|| panic!("no checkpoint {name}@{rev}"))
 }
 
-fn condition_of(w: &World, type_: &str) -> (String, String) {
+fn condition_of(w: &World, type_: ConditionType) -> (String, String) {
     let c = w
         .status()
         .conditions
@@ -379,7 +379,7 @@ fn failures_consume_retries_with_exponential_backoff() {
         5,
         "D9: a failed attempt's tokens count"
     );
-    assert!(events(&d).contains(&reason::STEP_RETRYING));
+    assert!(events(&d).contains(&Reason::StepRetrying));
     let wait = w.step();
     assert!(creates(&wait).is_empty(), "no attempt before the backoff");
     assert_eq!(
@@ -412,8 +412,8 @@ fn failures_consume_retries_with_exponential_backoff() {
     assert!(a.message.unwrap().contains("no retries left"));
     assert_eq!(w.status().phase, Some(RunPhase::Failed));
     assert_eq!(
-        condition_of(&w, condition::SUCCEEDED),
-        ("False".into(), reason::STEP_FAILED.into())
+        condition_of(&w, ConditionType::Succeeded),
+        ("False".into(), Reason::StepFailed.into())
     );
 }
 
@@ -607,7 +607,7 @@ fn a_timed_out_attempt_is_stopped_counted_and_not_overlapped() {
     w.advance(1);
     let d = w.step();
     assert_eq!(deletes(&d), ["run-a-2b8d3c-r1-a1"]);
-    assert!(events(&d).contains(&reason::STEP_TIMED_OUT));
+    assert!(events(&d).contains(&Reason::StepTimedOut));
     assert_eq!(cp(&w, "a", 1).failures, 1);
     w.advance(5);
     let d = w.step();
@@ -684,7 +684,7 @@ fn an_approval_gate_waits_with_zero_pods_and_requeues_at_expiry() {
     assert_eq!(a.metadata.owner_references.as_ref().unwrap()[0].uid, UID);
     assert!(w.pods.is_empty());
     assert_eq!(w.status().phase, Some(RunPhase::WaitingForApproval));
-    assert_eq!(condition_of(&w, condition::AWAITING_APPROVAL).0, "True");
+    assert_eq!(condition_of(&w, ConditionType::AwaitingApproval).0, "True");
     assert_eq!(d.requeue_after, secs(3600));
     w.advance(1000);
     assert_eq!(
@@ -957,7 +957,7 @@ fn a_refused_step_pod_stalls_the_run_visibly() {
     struct Case {
         name: &'static str,
         cause: RefusalCause,
-        reason: &'static str,
+        reason: Reason,
         /// The step's phase after the refusal.
         phase: StepPhase,
         failures: i32,
@@ -966,21 +966,21 @@ fn a_refused_step_pod_stalls_the_run_visibly() {
         Case {
             name: "rejected: a failed attempt, retried as a new one",
             cause: RefusalCause::Rejected,
-            reason: reason::FAILED_CREATE,
+            reason: Reason::FailedCreate,
             phase: StepPhase::Pending,
             failures: 1,
         },
         Case {
             name: "transient: the same attempt waits, visibly",
             cause: RefusalCause::Transient,
-            reason: reason::FAILED_CREATE,
+            reason: Reason::FailedCreate,
             phase: StepPhase::Running,
             failures: 0,
         },
         Case {
             name: "a foreign object holds the name",
             cause: RefusalCause::NameTaken,
-            reason: reason::NAME_TAKEN,
+            reason: Reason::NameTaken,
             phase: StepPhase::Running,
             failures: 0,
         },
@@ -994,7 +994,7 @@ fn a_refused_step_pod_stalls_the_run_visibly() {
         let d = w.step();
         assert!(creates(&d).is_empty(), "{}: not sent again at once", c.name);
         assert!(
-            d.actions.iter().any(|a| matches!(a, Action::Event { type_: EventType::Warning, reason, message } if *reason == reason::FAILED_CREATE && message.contains("violates PodSecurity"))),
+            d.actions.iter().any(|a| matches!(a, Action::Event { type_: EventType::Warning, reason, message } if *reason == Reason::FailedCreate && message.contains("violates PodSecurity"))),
             "{}: a Warning Event with the API's message: {:?}",
             c.name,
             d.actions
@@ -1003,11 +1003,11 @@ fn a_refused_step_pod_stalls_the_run_visibly() {
             .status()
             .conditions
             .into_iter()
-            .find(|x| x.type_ == condition::STALLED)
+            .find(|x| x.type_ == ConditionType::Stalled)
             .expect("Stalled");
         assert_eq!(
             (stalled.status.as_str(), stalled.reason.as_str()),
-            ("True", c.reason),
+            ("True", c.reason.as_str()),
             "{}",
             c.name
         );
@@ -1025,7 +1025,7 @@ fn a_refused_step_pod_stalls_the_run_visibly() {
         };
         assert_eq!(w.created, [want], "{}", c.name);
         assert_eq!(
-            condition_of(&w, condition::STALLED).0,
+            condition_of(&w, ConditionType::Stalled).0,
             "False",
             "{}",
             c.name
@@ -1071,8 +1071,8 @@ fn a_foreign_approval_holding_the_name_stalls_the_gate_visibly() {
         d.actions
     );
     assert_eq!(
-        condition_of(&w, condition::STALLED),
-        ("True".into(), reason::NAME_TAKEN.into())
+        condition_of(&w, ConditionType::Stalled),
+        ("True".into(), Reason::NameTaken.into())
     );
 }
 
@@ -1363,14 +1363,14 @@ fn a_stale_input_replans_from_the_stale_step_with_new_keys() {
         creates(&d).is_empty(),
         "the re-plan is committed before anything runs"
     );
-    assert!(events(&d).contains(&reason::REPLANNED));
+    assert!(events(&d).contains(&Reason::Replanned));
     let plan = w.status().plan.unwrap();
     assert_eq!((plan.revision, plan.rerun_from.as_deref()), (2, Some("b")));
     assert!(plan.reason.contains("step b went stale"), "{}", plan.reason);
     assert_eq!(cp(&w, "c", 1).phase, StepPhase::Superseded);
     assert_eq!(
-        condition_of(&w, condition::STALE),
-        ("True".into(), reason::INPUT_STALE.into())
+        condition_of(&w, ConditionType::Stale),
+        ("True".into(), Reason::InputStale.into())
     );
     w.settle();
     assert!(
@@ -1392,7 +1392,7 @@ fn a_stale_input_replans_from_the_stale_step_with_new_keys() {
     w.succeed("run-c-aa03bb-r2-a1", "");
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
     assert_eq!(w.status().progress.as_deref(), Some("3/3"));
-    assert_eq!(condition_of(&w, condition::STALE).0, "False");
+    assert_eq!(condition_of(&w, ConditionType::Stale).0, "False");
 }
 
 #[test]
@@ -1414,7 +1414,7 @@ fn a_launch_recorded_before_a_crash_is_not_created_on_inputs_stale_since() {
         creates(&d).is_empty(),
         "D8: buy does not start on a stale quote"
     );
-    assert!(events(&d).contains(&reason::REPLANNED));
+    assert!(events(&d).contains(&Reason::Replanned));
     assert_eq!(cp(&w, "buy", 1).phase, StepPhase::Superseded);
     w.settle();
     assert!(
@@ -1437,7 +1437,7 @@ fn run_limits() {
         name: &'static str,
         run: AgentRun,
         act: fn(&mut World),
-        reason: &'static str,
+        reason: Reason,
         budget_condition: bool,
     }
     let cases = [
@@ -1455,7 +1455,7 @@ fn run_limits() {
                 w.settle();
                 w.succeed("run-a-2b8d3c-r1-a2", &ok_message(json!(null), 60));
             },
-            reason: reason::TOKEN_BUDGET_EXCEEDED,
+            reason: Reason::TokenBudgetExceeded,
             budget_condition: true,
         },
         Case {
@@ -1469,7 +1469,7 @@ fn run_limits() {
                 w.advance(1);
                 w.settle();
             },
-            reason: reason::STEP_BUDGET_EXCEEDED,
+            reason: Reason::StepExecutionBudgetExceeded,
             budget_condition: true,
         },
         Case {
@@ -1484,7 +1484,7 @@ fn run_limits() {
                 w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(137, ""));
                 w.settle();
             },
-            reason: reason::DEADLINE_EXCEEDED,
+            reason: Reason::DeadlineExceeded,
             budget_condition: false,
         },
     ];
@@ -1495,7 +1495,7 @@ fn run_limits() {
         w.settle();
         assert_eq!(w.status().phase, Some(RunPhase::Failed), "{}", c.name);
         assert_eq!(
-            condition_of(&w, condition::SUCCEEDED),
+            condition_of(&w, ConditionType::Succeeded),
             ("False".into(), c.reason.into()),
             "{}",
             c.name
@@ -1504,7 +1504,7 @@ fn run_limits() {
             .status()
             .conditions
             .iter()
-            .any(|x| x.type_ == condition::BUDGET_EXCEEDED && x.status == "True");
+            .any(|x| x.type_ == ConditionType::BudgetExceeded && x.status == "True");
         assert_eq!(budget, c.budget_condition, "{}", c.name);
         assert!(w.live_pods().is_empty(), "{}", c.name);
     }
@@ -1523,8 +1523,8 @@ fn suspend_starts_no_pods_and_lets_a_running_step_finish() {
     );
     assert!(!w.pods.contains_key("run-b-59c772-r1-a1"));
     assert_eq!(
-        condition_of(&w, condition::PROGRESSING),
-        ("False".into(), reason::SUSPENDED.into())
+        condition_of(&w, ConditionType::Progressing),
+        ("False".into(), Reason::Suspended.into())
     );
     assert_eq!(w.decide().requeue_after, None, "nothing to wait for");
     w.run.spec.suspend = false;
@@ -1590,8 +1590,8 @@ fn cancel_stops_the_step_then_compensates_applied_steps_in_reverse() {
     );
     assert_eq!(w.status().phase, Some(RunPhase::Cancelled));
     assert_eq!(
-        condition_of(&w, condition::SUCCEEDED),
-        ("False".into(), reason::CANCELLED.into())
+        condition_of(&w, ConditionType::Succeeded),
+        ("False".into(), Reason::Cancelled.into())
     );
 }
 
@@ -1703,8 +1703,8 @@ fn terminal_phases_are_sticky_and_ttl_deletes_the_run() {
     w.succeed("run-a-2b8d3c-r1-a1", "");
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
     assert_eq!(
-        condition_of(&w, condition::SUCCEEDED),
-        ("True".into(), reason::RUN_SUCCEEDED.into())
+        condition_of(&w, ConditionType::Succeeded),
+        ("True".into(), Reason::RunSucceeded.into())
     );
     assert!(w.pods["run-a-2b8d3c-r1-a1"].metadata.finalizers.is_none());
     let done = w.status();
@@ -1764,9 +1764,9 @@ fn a_bad_plan_fails_the_run_with_a_clear_condition() {
         .status()
         .conditions
         .into_iter()
-        .find(|c| c.type_ == condition::SUCCEEDED)
+        .find(|c| c.type_ == ConditionType::Succeeded)
         .unwrap();
-    assert_eq!(c.reason, reason::INVALID_PLAN);
+    assert_eq!(c.reason, Reason::InvalidPlan);
     assert!(c.message.contains("must be a DNS label"), "{}", c.message);
 }
 
@@ -1788,9 +1788,9 @@ fn an_invalid_spec_ends_the_run_without_a_hot_loop() {
             .status()
             .conditions
             .into_iter()
-            .find(|c| c.type_ == condition::SUCCEEDED)
+            .find(|c| c.type_ == ConditionType::Succeeded)
             .unwrap();
-        assert_eq!(c.reason, reason::INVALID_SPEC, "{name}");
+        assert_eq!(c.reason, Reason::InvalidSpec, "{name}");
         assert!(c.message.contains(want), "{name}: {}", c.message);
         assert_eq!(
             d.requeue_after, None,
@@ -1835,7 +1835,8 @@ fn events_use_pascal_case_reasons() {
         if let Action::Event { type_, reason, .. } = a {
             assert_eq!(*type_, EventType::Normal);
             assert!(
-                reason.chars().next().unwrap().is_ascii_uppercase() && !reason.contains(['_', ' '])
+                reason.as_str().chars().next().unwrap().is_ascii_uppercase()
+                    && !reason.as_str().contains(['_', ' '])
             );
         }
     }
@@ -1888,7 +1889,7 @@ fn a_result_left_out_of_status_says_so() {
             p.succeeded(&ok_message(json!("x".repeat(3900)), 0))
         });
         let d = w.step();
-        if events(&d).contains(&reason::RESULT_NOT_KEPT) {
+        if events(&d).contains(&Reason::ResultNotKept) {
             warned.push(i);
         }
         w.settle();
@@ -1906,6 +1907,43 @@ fn a_result_left_out_of_status_says_so() {
             .is_some_and(|m| m.contains("its result was not kept")),
         "{:?}",
         c.message
+    );
+}
+
+/// The metrics read what the engine decided, once per decision: a step's
+/// success and the next launch in one tally; a timed-out attempt is one
+/// failure (it used to count twice, once per Event it caused).
+#[test]
+fn each_decision_tallies_what_it_did() {
+    let tally = |started, succeeded, failed, disrupted, tokens| Tally {
+        started,
+        succeeded,
+        failed,
+        disrupted,
+        replans: 0,
+        tokens,
+    };
+    let mut w = World::new(AgentRun::test().with_steps([
+        step("a"),
+        step("b").with_timeout("1m").with_retry(1, "1s", "1s"),
+        step("c"),
+    ]));
+    assert_eq!(w.step().tally, tally(1, 0, 0, 0, 0), "a launched");
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| {
+        p.succeeded(&ok_message(json!(1), 7))
+    });
+    assert_eq!(
+        w.step().tally,
+        tally(1, 1, 0, 0, 7),
+        "a succeeded, b launched"
+    );
+    w.update_pod("run-b-59c772-r1-a1", |p| p.running());
+    w.advance(62);
+    assert_eq!(w.step().tally, tally(0, 0, 1, 0, 0), "b timed out once");
+    assert_eq!(
+        w.decide().tally,
+        Tally::default(),
+        "nothing new: nothing counted"
     );
 }
 
@@ -1981,12 +2019,12 @@ fn a_replan_that_would_overflow_the_status_fails_the_run_and_says_why() {
     assert_eq!(s.phase, Some(RunPhase::Failed));
     assert_eq!(s.plan.as_ref().map(|p| p.revision), Some(1), "no re-plan");
     assert_eq!(s.steps.len(), 30, "step 30 never started");
-    let (status, why) = condition_of(&w, condition::SUCCEEDED);
+    let (status, why) = condition_of(&w, ConditionType::Succeeded);
     assert_eq!(
         (status.as_str(), why.as_str()),
-        ("False", reason::STATUS_BUDGET_EXCEEDED)
+        ("False", Reason::StatusBudgetExceeded.as_str())
     );
-    let message = &super::conditions::get(&s.conditions, condition::SUCCEEDED)
+    let message = &super::conditions::get(&s.conditions, ConditionType::Succeeded)
         .unwrap()
         .message;
     assert!(

@@ -16,7 +16,7 @@ use crate::engine::context::{self, Identity, PriorResult};
 use crate::engine::names::{self, PodRole};
 use crate::engine::plan::{CheckpointIndex, Plan};
 use crate::engine::pods::{self, PodRequest};
-use crate::engine::reasons::reason;
+use crate::engine::reasons::Reason;
 use crate::engine::{Action, EventType};
 
 use super::{MAX_CHECKPOINTS, MAX_REPLANS, Machine};
@@ -80,7 +80,7 @@ impl<'a> Machine<'a> {
         self.status.completed_at = Some(Time(self.now));
         self.event(
             EventType::Normal,
-            reason::RUN_SUCCEEDED,
+            Reason::RunSucceeded,
             format!(
                 "all {} steps of plan revision {} succeeded",
                 plan.steps.len(),
@@ -128,7 +128,7 @@ impl<'a> Machine<'a> {
         let replans = self.status.plan.as_ref().map_or(0, |p| p.revision) - 1;
         if replans >= MAX_REPLANS {
             self.fail_run(
-                reason::INPUT_STALE,
+                Reason::InputStale,
                 format!(
                     "the result of step {stale_name} went stale again after {replans} re-plans; its freshFor is shorter than what must happen before the steps that use it"
                 ),
@@ -139,7 +139,7 @@ impl<'a> Machine<'a> {
         let kept = self.status.steps.len();
         if kept + rerun > MAX_CHECKPOINTS {
             self.fail_run(
-                reason::STATUS_BUDGET_EXCEEDED,
+                Reason::StatusBudgetExceeded,
                 format!(
                     "the result of step {stale_name} went stale, but running the {rerun} steps from it again would keep {} checkpoints in status, more than the {MAX_CHECKPOINTS} a run may hold",
                     kept + rerun
@@ -162,7 +162,8 @@ impl<'a> Machine<'a> {
             p.rerun_from = Some(stale_name);
         }
         self.recorded = true;
-        self.event(EventType::Normal, reason::REPLANNED, reason_text);
+        self.tally.replans += 1;
+        self.event(EventType::Normal, Reason::Replanned, reason_text);
         true
     }
 
@@ -290,7 +291,7 @@ impl<'a> Machine<'a> {
             && self.status.step_executions >= budget
         {
             return self.budget_exceeded(
-                reason::STEP_BUDGET_EXCEEDED,
+                Reason::StepExecutionBudgetExceeded,
                 format!(
                     "{} step Pods created, the budget of {budget} is spent",
                     self.status.step_executions
@@ -325,6 +326,7 @@ impl<'a> Machine<'a> {
         cp.started_at = Some(Time(self.now));
         cp.next_attempt_at = None;
         self.status.step_executions = self.status.step_executions.saturating_add(1);
+        self.tally.started += 1;
         let cp = self.status.steps[c].clone();
         if let Some(pod) = self.pod_for_step(plan, &cp) {
             // A new attempt has a new name: nothing was refused for it yet.
@@ -337,7 +339,7 @@ impl<'a> Machine<'a> {
         };
         self.event(
             EventType::Normal,
-            reason::STEP_STARTED,
+            Reason::StepStarted,
             format!("{what}: attempt {attempt} as Pod {pod_name}"),
         );
     }

@@ -14,7 +14,7 @@ use crate::api::{
 use crate::engine::approval::{self, Answer};
 use crate::engine::names::{self, PodRole};
 use crate::engine::plan::{self, CheckpointIndex, Plan};
-use crate::engine::reasons::reason;
+use crate::engine::reasons::Reason;
 use crate::engine::{Action, EventType};
 
 use super::{APPROVAL_CONTEXT_STEPS, Machine};
@@ -157,7 +157,7 @@ impl<'a> Machine<'a> {
         self.request_approval(plan, i, c);
         self.event(
             EventType::Normal,
-            reason::APPROVAL_REQUESTED,
+            Reason::ApprovalRequested,
             format!("step {}: {message}", step.name),
         );
     }
@@ -294,14 +294,14 @@ impl<'a> Machine<'a> {
                 OnTimeout::Approve => {
                     self.event(
                         EventType::Normal,
-                        reason::APPROVAL_EXPIRED,
+                        Reason::ApprovalExpired,
                         format!("Approval {name} expired; onTimeout Approve: step {step} runs"),
                     );
                     self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
                 }
                 OnTimeout::Reject => self.refuse_step(
                     c,
-                    reason::APPROVAL_EXPIRED,
+                    Reason::ApprovalExpired,
                     format!("Approval {name} expired without a decision (onTimeout Reject)"),
                 ),
             },
@@ -317,20 +317,20 @@ impl<'a> Machine<'a> {
                     (false, Answered::Approved) => {
                         self.event(
                             EventType::Normal,
-                            reason::APPROVAL_GRANTED,
+                            Reason::ApprovalGranted,
                             format!("Approval {name} approved{by}"),
                         );
                         self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
                     }
                     (false, Answered::Rejected) => self.refuse_step(
                         c,
-                        reason::APPROVAL_REJECTED,
+                        Reason::ApprovalRejected,
                         format!("Approval {name} rejected{by}{comment}"),
                     ),
                     (true, Answered::Retry) => {
                         self.event(
                             EventType::Normal,
-                            reason::RECONCILE_DECIDED,
+                            Reason::ReconcileDecided,
                             format!("Approval {name}: Retry{by}"),
                         );
                         self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
@@ -349,13 +349,13 @@ impl<'a> Machine<'a> {
                         self.recorded = true;
                         self.event(
                             EventType::Normal,
-                            reason::RECONCILE_DECIDED,
+                            Reason::ReconcileDecided,
                             format!("Approval {name}: MarkSucceeded{by}"),
                         );
                     }
                     (true, Answered::MarkFailed) => self.refuse_step(
                         c,
-                        reason::STEP_FAILED,
+                        Reason::StepFailed,
                         format!("Approval {name}: marked failed{by}{comment}"),
                     ),
                     _ => {} // admission forbids mismatched decisions; ignore them
@@ -365,13 +365,13 @@ impl<'a> Machine<'a> {
     }
 
     /// A person (or an expiry) said no: the step fails and the run winds down.
-    pub(super) fn refuse_step(&mut self, c: usize, why: &'static str, message: String) {
+    pub(super) fn refuse_step(&mut self, c: usize, why: Reason, message: String) {
         let now = self.now;
         let cp = &mut self.status.steps[c];
         cp.phase = StepPhase::Failed;
         cp.checkpoint = CheckpointState::Committed;
         cp.finished_at = Some(Time(now));
-        if cp.effect != Some(EffectOutcome::Unknown) || why == reason::STEP_FAILED {
+        if cp.effect != Some(EffectOutcome::Unknown) || why == Reason::StepFailed {
             cp.effect = Some(EffectOutcome::NotApplied);
         }
         cp.message = Some(message.clone());

@@ -6,7 +6,7 @@ use crate::api::{AgentRunStatus, CheckpointState, RunPhase, StepPhase, StepRole}
 use crate::engine::Action;
 use crate::engine::conditions::{self as cond, FALSE, TRUE, UNKNOWN};
 use crate::engine::plan::{CheckpointIndex, Plan};
-use crate::engine::reasons::{condition, reason};
+use crate::engine::reasons::{ConditionType, Reason};
 
 use super::{COMPACT_STATUS_ABOVE, Machine};
 
@@ -56,34 +56,34 @@ impl<'a> Machine<'a> {
         let g = self.run.metadata.generation;
         let now = self.now;
         let conds = &mut self.status.conditions;
-        let target = cond::get(conds, condition::FAILURE_TARGET).cloned();
+        let target = cond::get(conds, ConditionType::FailureTarget).cloned();
         match phase {
             RunPhase::Succeeded => cond::set(
                 conds,
-                condition::SUCCEEDED,
+                ConditionType::Succeeded,
                 TRUE,
-                reason::RUN_SUCCEEDED,
+                Reason::RunSucceeded,
                 format!("{done} steps succeeded"),
                 g,
                 now,
             ),
             RunPhase::Failed | RunPhase::Cancelled => {
-                let (r, m) = target.map_or((reason::RUN_FAILED.to_owned(), String::new()), |c| {
+                let (r, m) = target.map_or((String::from(Reason::RunFailed), String::new()), |c| {
                     (c.reason, c.message)
                 });
-                cond::set(conds, condition::SUCCEEDED, FALSE, &r, m, g, now)
+                cond::set(conds, ConditionType::Succeeded, FALSE, &r, m, g, now)
             }
             p => {
                 let r = match p {
-                    RunPhase::Planning => reason::PLANNING,
-                    RunPhase::WaitingForApproval => reason::WAITING_FOR_APPROVAL,
-                    RunPhase::Compensating => reason::COMPENSATING,
-                    RunPhase::Pending => reason::PENDING,
-                    _ => reason::RUNNING,
+                    RunPhase::Planning => Reason::Planning,
+                    RunPhase::WaitingForApproval => Reason::WaitingForApproval,
+                    RunPhase::Compensating => Reason::Compensating,
+                    RunPhase::Pending => Reason::Pending,
+                    _ => Reason::Running,
                 };
                 cond::set(
                     conds,
-                    condition::SUCCEEDED,
+                    ConditionType::Succeeded,
                     UNKNOWN,
                     r,
                     format!("{done}/{} steps done", plan.steps.len()),
@@ -94,21 +94,21 @@ impl<'a> Machine<'a> {
         }
         let stalled = self.stalled.take().filter(|_| !phase.is_terminal());
         let (status, r) = if phase.is_terminal() {
-            (FALSE, reason::FINISHED)
+            (FALSE, Reason::Finished)
         } else if let Some((why, _)) = &stalled {
             (FALSE, *why)
         } else if self.run.spec.suspend {
-            (FALSE, reason::SUSPENDED)
+            (FALSE, Reason::Suspended)
         } else if phase == RunPhase::WaitingForApproval {
-            (FALSE, reason::WAITING_FOR_APPROVAL)
+            (FALSE, Reason::WaitingForApproval)
         } else if phase == RunPhase::Compensating {
-            (TRUE, reason::COMPENSATING)
+            (TRUE, Reason::Compensating)
         } else {
-            (TRUE, reason::RUNNING)
+            (TRUE, Reason::Running)
         };
         cond::set(
             conds,
-            condition::PROGRESSING,
+            ConditionType::Progressing,
             status,
             r,
             String::new(),
@@ -121,18 +121,18 @@ impl<'a> Machine<'a> {
             .any(|a| matches!(a, Action::CreatePod(_) | Action::CreateApproval(_)));
         match stalled {
             Some((why, message)) => {
-                cond::set(conds, condition::STALLED, TRUE, why, message, g, now)
+                cond::set(conds, ConditionType::Stalled, TRUE, why, message, g, now)
             }
             // Cleared once what was refused exists (nothing is being created
             // again) or the run is over.
-            None if cond::is_true(conds, condition::STALLED)
+            None if cond::is_true(conds, ConditionType::Stalled)
                 && (phase.is_terminal() || !creating) =>
             {
                 cond::set(
                     conds,
-                    condition::STALLED,
+                    ConditionType::Stalled,
                     FALSE,
-                    reason::UNBLOCKED,
+                    Reason::Unblocked,
                     String::new(),
                     g,
                     now,
@@ -143,9 +143,9 @@ impl<'a> Machine<'a> {
         match &waiting {
             Some(w) if !phase.is_terminal() => cond::set(
                 conds,
-                condition::AWAITING_APPROVAL,
+                ConditionType::AwaitingApproval,
                 TRUE,
-                reason::WAITING_FOR_APPROVAL,
+                Reason::WaitingForApproval,
                 format!(
                     "step {} waits for Approval {}",
                     w.name,
@@ -156,9 +156,9 @@ impl<'a> Machine<'a> {
             ),
             _ => cond::set(
                 conds,
-                condition::AWAITING_APPROVAL,
+                ConditionType::AwaitingApproval,
                 FALSE,
-                reason::NO_APPROVAL_PENDING,
+                Reason::NoApprovalPending,
                 String::new(),
                 g,
                 now,
@@ -174,13 +174,13 @@ impl<'a> Machine<'a> {
                 .and_then(|i| index.effective(&self.status.steps, plan, i))
                 .is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded);
             let (s, r) = if rerun_done {
-                (FALSE, reason::INPUTS_FRESH)
+                (FALSE, Reason::InputsFresh)
             } else {
-                (TRUE, reason::INPUT_STALE)
+                (TRUE, Reason::InputStale)
             };
             cond::set(
                 &mut self.status.conditions,
-                condition::STALE,
+                ConditionType::Stale,
                 s,
                 r,
                 plan_status.reason.clone(),

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::{CheckpointState, Effect, EffectOutcome, StepPhase, StepRole};
 use crate::engine::conditions::{self as cond, TRUE};
 use crate::engine::observe::{self};
-use crate::engine::reasons::{condition, reason};
+use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::{Action, EventType};
 
 use super::Machine;
@@ -22,7 +22,7 @@ impl<'a> Machine<'a> {
         }
         let spec = &self.run.spec;
         if spec.cancel {
-            return self.fail_run(reason::CANCELLED, "spec.cancel is set".into());
+            return self.fail_run(Reason::Cancelled, "spec.cancel is set".into());
         }
         if let (Some(secs), Some(started)) = (
             spec.active_deadline_seconds,
@@ -34,7 +34,7 @@ impl<'a> Machine<'a> {
                 .unwrap_or(Timestamp::MAX);
             if at <= self.now {
                 return self.fail_run(
-                    reason::DEADLINE_EXCEEDED,
+                    Reason::DeadlineExceeded,
                     format!("the run exceeded activeDeadlineSeconds ({secs})"),
                 );
             }
@@ -44,7 +44,7 @@ impl<'a> Machine<'a> {
             && self.status.tokens_used > budget
         {
             self.budget_exceeded(
-                reason::TOKEN_BUDGET_EXCEEDED,
+                Reason::TokenBudgetExceeded,
                 format!(
                     "{} tokens used, over the budget of {budget}",
                     self.status.tokens_used
@@ -53,11 +53,11 @@ impl<'a> Machine<'a> {
         }
     }
 
-    pub(super) fn budget_exceeded(&mut self, why: &'static str, message: String) {
+    pub(super) fn budget_exceeded(&mut self, why: Reason, message: String) {
         let generation = self.run.metadata.generation;
         cond::set(
             &mut self.status.conditions,
-            condition::BUDGET_EXCEEDED,
+            ConditionType::BudgetExceeded,
             TRUE,
             why,
             message.clone(),
@@ -69,11 +69,11 @@ impl<'a> Machine<'a> {
 
     /// The run is bound to fail (or be cancelled): stop what runs, record
     /// why, and wind down through compensation.
-    pub(super) fn fail_run(&mut self, why: &'static str, message: String) {
+    pub(super) fn fail_run(&mut self, why: Reason, message: String) {
         let generation = self.run.metadata.generation;
         cond::set(
             &mut self.status.conditions,
-            condition::FAILURE_TARGET,
+            ConditionType::FailureTarget,
             TRUE,
             why,
             message.clone(),
@@ -137,7 +137,7 @@ impl<'a> Machine<'a> {
             cp.next_attempt_at = None;
             cp.message = Some(format!("stopped: {message}"));
         }
-        let type_ = if why == reason::CANCELLED {
+        let type_ = if why == Reason::Cancelled {
             EventType::Normal
         } else {
             EventType::Warning

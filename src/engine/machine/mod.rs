@@ -39,8 +39,8 @@ use super::conditions::{self as cond};
 use super::names::{self, PodRole};
 use super::observe::{self};
 use super::plan::{self, Plan};
-use super::reasons::{condition, reason};
-use super::{Action, Decision, EventType, Observed, Refusal, RefusalCause};
+use super::reasons::{ConditionType, Reason};
+use super::{Action, Decision, EventType, Observed, Refusal, RefusalCause, Tally};
 use crate::api::{AgentRun, AgentRunStatus, PlanSource, PlanStatus, RunPhase, StepSpec};
 
 /// Largest result kept inline in one checkpoint (serialized bytes): a whole
@@ -96,7 +96,9 @@ struct Machine<'a> {
     /// Creations the API server refused in this reconcile.
     refused: &'a [Refusal],
     /// A refusal this decision met: the run is stalled (D16).
-    stalled: Option<(&'static str, String)>,
+    stalled: Option<(Reason, String)>,
+    /// What this decision did, for the metrics.
+    tally: Tally,
 }
 
 impl<'a> Machine<'a> {
@@ -122,6 +124,7 @@ impl<'a> Machine<'a> {
             status: input.clone(),
             committed: input,
             actions: Vec::new(),
+            tally: Tally::default(),
             deadlines: Vec::new(),
             recorded: false,
             pods,
@@ -188,7 +191,7 @@ impl<'a> Machine<'a> {
                 // D13: refuse with a clear condition and wait; no hot loop.
                 self.release_accounted_pods();
                 if !self.failing() {
-                    self.fail_run(reason::INVALID_SPEC, e);
+                    self.fail_run(Reason::InvalidSpec, e);
                 }
                 let empty = Plan {
                     revision: plan_status.revision,
@@ -234,6 +237,7 @@ impl<'a> Machine<'a> {
             status: self.status,
             actions: self.actions,
             requeue_after,
+            tally: self.tally,
         }
     }
 
@@ -241,7 +245,7 @@ impl<'a> Machine<'a> {
     // Small helpers
     // -----------------------------------------------------------------------
 
-    fn event(&mut self, type_: EventType, reason: &'static str, message: String) {
+    fn event(&mut self, type_: EventType, reason: Reason, message: String) {
         self.actions.push(Action::Event {
             type_,
             reason,
@@ -270,21 +274,21 @@ impl<'a> Machine<'a> {
     fn stall(&mut self, what: &str, kind: &str, r: &Refusal) {
         let (why, text) = match r.cause {
             RefusalCause::NameTaken => (
-                reason::NAME_TAKEN,
+                Reason::NameTaken,
                 format!(
                     "{what}: {kind} {} exists but does not belong to this run; delete or rename it: {}",
                     r.name, r.message
                 ),
             ),
             RefusalCause::Rejected | RefusalCause::Transient => (
-                reason::FAILED_CREATE,
+                Reason::FailedCreate,
                 format!(
                     "{what}: the API server refused {kind} {}: {}",
                     r.name, r.message
                 ),
             ),
         };
-        self.event(EventType::Warning, reason::FAILED_CREATE, text.clone());
+        self.event(EventType::Warning, Reason::FailedCreate, text.clone());
         self.stalled = Some((why, text));
     }
 
@@ -318,7 +322,7 @@ impl<'a> Machine<'a> {
     }
 
     fn failing(&self) -> bool {
-        cond::is_true(&self.status.conditions, condition::FAILURE_TARGET)
+        cond::is_true(&self.status.conditions, ConditionType::FailureTarget)
     }
 
     fn owner(&self) -> OwnerReference {

@@ -16,7 +16,7 @@ use crate::engine::conditions::{self as cond, TRUE};
 use crate::engine::names::{self};
 use crate::engine::observe::{self, Observation};
 use crate::engine::plan::{self, Plan};
-use crate::engine::reasons::{condition, reason};
+use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::result;
 use crate::engine::{Action, EventType, RefusalCause};
 
@@ -194,7 +194,7 @@ impl<'a> Machine<'a> {
         });
         self.event(
             EventType::Warning,
-            reason::STEP_TIMED_OUT,
+            Reason::StepTimedOut,
             format!("step {}: {why}", cp.name),
         );
         self.on_failure(plan, i, why, TokenUsage::default(), started);
@@ -212,6 +212,7 @@ impl<'a> Machine<'a> {
         sum.output = sum.output.saturating_add(t.output);
         cp.tokens = Some(sum);
         self.status.tokens_used = self.status.tokens_used.saturating_add(t.total());
+        self.tally.tokens += t.total().max(0) as u64;
     }
 
     pub(super) fn on_success(&mut self, plan: &Plan<'_>, i: usize, message: Option<&str>) {
@@ -238,9 +239,9 @@ impl<'a> Machine<'a> {
                     if self.status.steps[i].phase == StepPhase::Failed {
                         cond::set(
                             &mut self.status.conditions,
-                            condition::FAILURE_TARGET,
+                            ConditionType::FailureTarget,
                             TRUE,
-                            reason::INVALID_PLAN,
+                            Reason::InvalidPlan,
                             format!("planner {name}: {e}"),
                             self.run.metadata.generation,
                             self.now,
@@ -258,6 +259,7 @@ impl<'a> Machine<'a> {
             StepRole::Compactor => None,
         };
         let (inline, truncated) = self.cap_result(report.result);
+        self.tally.succeeded += 1;
         let cp = &mut self.status.steps[i];
         cp.phase = StepPhase::Succeeded;
         cp.checkpoint = CheckpointState::Committed;
@@ -290,14 +292,14 @@ impl<'a> Machine<'a> {
             cp.message = Some(format!("succeeded on attempt {attempt}; {why}"));
             self.event(
                 EventType::Warning,
-                reason::RESULT_NOT_KEPT,
+                Reason::ResultNotKept,
                 format!("step {name}: {why}"),
             );
         }
         match role {
             StepRole::Step => self.event(
                 EventType::Normal,
-                reason::STEP_SUCCEEDED,
+                Reason::StepSucceeded,
                 format!("step {name} succeeded on attempt {attempt}"),
             ),
             StepRole::Compactor => {
@@ -307,7 +309,7 @@ impl<'a> Machine<'a> {
                 }
                 self.event(
                     EventType::Normal,
-                    reason::CONTEXT_COMPACTED,
+                    Reason::ContextCompacted,
                     format!("context compacted before step {name}"),
                 );
             }
@@ -354,7 +356,7 @@ impl<'a> Machine<'a> {
             steps,
             rerun_from: None,
         });
-        self.event(EventType::Normal, reason::PLAN_ADOPTED, message);
+        self.event(EventType::Normal, Reason::PlanAdopted, message);
     }
 
     pub(super) fn retry_limit(
@@ -410,6 +412,7 @@ impl<'a> Machine<'a> {
         tokens: TokenUsage,
         may_have_acted: bool,
     ) {
+        self.tally.failed += 1;
         self.add_tokens(i, tokens);
         if may_have_acted && self.status.steps[i].role == StepRole::Step {
             let effect = self
@@ -442,11 +445,11 @@ impl<'a> Machine<'a> {
                     // Without a summary the oldest results are simply left out.
                     self.event(
                         EventType::Warning,
-                        reason::STEP_FAILED,
+                        Reason::StepFailed,
                         format!("compactor before {name}: {message}"),
                     );
                 } else {
-                    self.fail_run(reason::STEP_FAILED, format!("step {name}: {message}"));
+                    self.fail_run(Reason::StepFailed, format!("step {name}: {message}"));
                 }
             }
             AfterFailure::Retry { at, message } => {
@@ -456,7 +459,7 @@ impl<'a> Machine<'a> {
                 let name = cp.name.clone();
                 self.event(
                     EventType::Warning,
-                    reason::STEP_RETRYING,
+                    Reason::StepRetrying,
                     format!("step {name}: {message}"),
                 );
             }
@@ -473,6 +476,7 @@ impl<'a> Machine<'a> {
         started: bool,
         tokens: TokenUsage,
     ) {
+        self.tally.disrupted += 1;
         self.add_tokens(i, tokens);
         let effect = match self.status.steps[i].role {
             StepRole::Step => self
@@ -501,7 +505,7 @@ impl<'a> Machine<'a> {
             let name = cp.name.clone();
             self.event(
                 EventType::Warning,
-                reason::STEP_OUTCOME_UNKNOWN,
+                Reason::StepOutcomeUnknown,
                 format!("step {name}: {message}"),
             );
         } else {
@@ -519,7 +523,7 @@ impl<'a> Machine<'a> {
             let name = cp.name.clone();
             self.event(
                 EventType::Normal,
-                reason::STEP_DISRUPTED,
+                Reason::StepDisrupted,
                 format!("step {name}: {message}"),
             );
         }

@@ -16,7 +16,7 @@ use crate::engine::names::{self, PodRole};
 use crate::engine::observe::{self, Observation};
 use crate::engine::plan::Plan;
 use crate::engine::pods::{self, PodRequest};
-use crate::engine::reasons::{condition, reason};
+use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::result;
 use crate::engine::{Action, EventType, RefusalCause};
 
@@ -28,8 +28,8 @@ impl<'a> Machine<'a> {
         // the run's active deadline, a Pod still not stopped when its grace
         // period ended is on a lost node: its effect is already recorded as
         // Unknown, and waiting for it would hang the run past its deadline.
-        let past_deadline = cond::get(&self.status.conditions, condition::FAILURE_TARGET)
-            .is_some_and(|c| c.reason == reason::DEADLINE_EXCEEDED);
+        let past_deadline = cond::get(&self.status.conditions, ConditionType::FailureTarget)
+            .is_some_and(|c| c.reason == Reason::DeadlineExceeded);
         let mut step_pod_live = false;
         for p in self.pods.values() {
             if !observe::is_live(p)
@@ -140,6 +140,7 @@ impl<'a> Machine<'a> {
         cp.pod_uid = None;
         cp.phase = StepPhase::Running;
         cp.started_at = Some(Time(self.now));
+        self.tally.started += 1;
         cp.next_attempt_at = None;
         let cp = cp.clone();
         self.actions.push(Action::CreatePod(Box::new(
@@ -147,7 +148,7 @@ impl<'a> Machine<'a> {
         )));
         self.event(
             EventType::Normal,
-            reason::COMPENSATION_STARTED,
+            Reason::CompensationStarted,
             format!("compensating step {name} (plan revision {rev}): attempt {attempt} as Pod {pod_name}"),
         );
     }
@@ -232,7 +233,7 @@ impl<'a> Machine<'a> {
                     c.finished_at = Some(Time(now));
                     c.message = Some(message);
                     let message = format!("compensation of step {}: {why}", c.name);
-                    m.event(EventType::Warning, reason::COMPENSATION_FAILED, message);
+                    m.event(EventType::Warning, Reason::CompensationFailed, message);
                 }
                 AfterFailure::Retry { at, message } => {
                     c.phase = StepPhase::Pending;
@@ -258,6 +259,7 @@ impl<'a> Machine<'a> {
             sum.output = sum.output.saturating_add(tokens.output);
             c.tokens = Some(sum);
             self.status.tokens_used = self.status.tokens_used.saturating_add(tokens.total());
+            self.tally.tokens += tokens.total().max(0) as u64;
         }
         match observation {
             Observation::NotSeen => {
@@ -286,7 +288,7 @@ impl<'a> Machine<'a> {
                     c.pod_uid = None;
                     self.recorded = true;
                     let message = format!("compensation of step {} succeeded", cp.name);
-                    self.event(EventType::Normal, reason::COMPENSATION_SUCCEEDED, message);
+                    self.event(EventType::Normal, Reason::CompensationSucceeded, message);
                 }
                 Err(e) => failed(
                     format!("attempt {} returned an unusable result: {e}", cp.attempt),
@@ -318,12 +320,13 @@ impl<'a> Machine<'a> {
     }
 
     pub(super) fn finish_failed(&mut self) {
-        let target = cond::get(&self.status.conditions, condition::FAILURE_TARGET).cloned();
-        let why = target
+        let target = cond::get(&self.status.conditions, ConditionType::FailureTarget).cloned();
+        let why: Reason = target
             .as_ref()
-            .map_or(reason::RUN_FAILED.to_owned(), |c| c.reason.clone());
+            .and_then(|c| c.reason.parse().ok())
+            .unwrap_or(Reason::RunFailed);
         let message = target.map(|c| c.message).unwrap_or_default();
-        let cancelled = why == reason::CANCELLED;
+        let cancelled = why == Reason::Cancelled;
         self.status.phase = Some(if cancelled {
             RunPhase::Cancelled
         } else {
@@ -345,9 +348,9 @@ impl<'a> Machine<'a> {
             ));
         }
         if cancelled {
-            self.event(EventType::Normal, reason::RUN_CANCELLED, text);
+            self.event(EventType::Normal, Reason::RunCancelled, text);
         } else {
-            self.event(EventType::Warning, reason::RUN_FAILED, text);
+            self.event(EventType::Warning, Reason::RunFailed, text);
         }
         if let Some(ttl) = self.run.spec.ttl_seconds_after_finished {
             self.deadlines
