@@ -22,8 +22,9 @@ use crate::labels;
 pub(super) enum Outcome {
     /// The status write hit a stale resourceVersion: re-read and re-decide.
     Conflict,
-    /// The decision would create Pods without a status write, and a quorum
-    /// read shows the run has moved on since: decide again on this copy.
+    /// The decision would create a Pod or an Approval, or change an
+    /// Approval's status, without a status write, and a quorum read shows the
+    /// run has moved on since: decide again on this copy.
     Stale(Box<AgentRun>),
     Failed(Error),
 }
@@ -103,22 +104,26 @@ pub(super) async fn apply(
         }
     }
 
-    let creates_pods = decision
-        .actions
-        .iter()
-        .any(|a| matches!(a, Action::CreatePod(_)));
-    if creates_pods && written_run.is_none() {
-        // The fence for a Pod whose attempt this decision did not record
-        // (one missing from the cache): its intent was committed earlier, and
-        // a paused or deposed operator, or a cache behind the run, may be
-        // deciding on a status that has moved on (the attempt closed). A quorum
-        // read proves the decision was made on the run as it stands.
+    // Effects a decision may ask for without a status write: a Pod whose
+    // attempt it did not record (one missing from the cache), an Approval
+    // never seen, an Approval's status (superseded, expired). Their intent
+    // was committed earlier, and a paused or deposed operator, or a cache
+    // behind the run, may be deciding on a status that has moved on (the
+    // attempt closed, the run asked a person something else). A quorum read
+    // proves the decision was made on the run as it stands.
+    let acts_on_the_world = decision.actions.iter().any(|a| {
+        matches!(
+            a,
+            Action::CreatePod(_) | Action::CreateApproval(_) | Action::SetApprovalStatus { .. }
+        )
+    });
+    if acts_on_the_world && written_run.is_none() {
         let fresh = runs.get(&name).await.map_err(|source| Error::Reread {
             run: run_ref.clone(),
             source,
         })?;
         if fresh.resource_version() != run.resource_version() {
-            debug!("the run moved on since the decision; deciding again before creating pods");
+            debug!("the run moved on since the decision; deciding again before acting");
             return Err(Outcome::Stale(Box::new(fresh)));
         }
     }
