@@ -114,7 +114,7 @@ impl ChaosConfig {
             operators: 2,
             lease_duration_seconds: 6,
             pause_every: Some((Duration::from_secs(20), Duration::from_secs(45))),
-            pause_beyond_lease: (Duration::from_secs(1), Duration::from_secs(4)),
+            pause_beyond_lease: (Duration::from_secs(2), Duration::from_secs(5)),
             failpoint_rate: 0.3,
             failpoint_writes: (1, 40),
             apiserver_restart_every: Some((Duration::from_secs(90), Duration::from_secs(180))),
@@ -138,7 +138,8 @@ impl ChaosConfig {
             settle: Duration::from_secs(60),
             kill_every: (Duration::from_secs(5), Duration::from_secs(10)),
             pause_every: Some((Duration::from_secs(10), Duration::from_secs(20))),
-            pause_beyond_lease: (Duration::from_secs(1), Duration::from_secs(3)),
+            // The standby needs up to a second past the expiry to take the Lease.
+            pause_beyond_lease: (Duration::from_secs(2), Duration::from_secs(4)),
             failpoint_rate: 0.5,
             failpoint_writes: (1, 12),
             // One restart while the runs are busy, perhaps a second one.
