@@ -861,3 +861,85 @@ async fn release_finalizers(pods: &Api<Pod>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        Report {
+            namespace: "ns".into(),
+            proxy: FaultCounts {
+                error_500: 300,
+                ..FaultCounts::default()
+            },
+            operators: OperatorCounts {
+                paused_leaders: 2,
+                failpoint_crashes: 1,
+                ..OperatorCounts::default()
+            },
+            apiserver_restarts: 1,
+            apiserver_restart_failures: vec![],
+            evictions: 0,
+            deletions: 0,
+            approvals_answered: 0,
+            status_versions: 0,
+            finalizers_held: Ok(0),
+            watch_errors: 0,
+            watch_errors_expected: 0,
+            fault_phase: Duration::from_secs(60),
+            wall_time: Duration::from_secs(90),
+            verdict: Verdict::default(),
+            faults_min: 300,
+            paused_leaders_min: 2,
+            apiserver_restarts_min: 1,
+            failpoint_crashes_min: 1,
+        }
+    }
+
+    #[test]
+    fn a_clean_report_passes_and_its_summary_counts_paused_leaders() {
+        let r = report();
+        assert!(r.passed(), "{}", r.details());
+        assert_eq!(
+            r.summary(),
+            "faults=304 runs=0 duplicates=0 lost=0 stuck=0 reconcile_approvals=0 paused_leaders=2"
+        );
+    }
+
+    #[test]
+    fn a_held_or_uncounted_finalizer_fails_the_run() {
+        let mut r = report();
+        r.finalizers_held = Ok(1);
+        assert!(!r.passed());
+        assert!(r.details().contains("finalizers: 1 step Pods still hold"));
+        r.finalizers_held = Err("listing step Pods: connection refused".into());
+        assert!(!r.passed());
+        assert!(r.details().contains("finalizers_held=unknown"));
+    }
+
+    #[test]
+    fn an_unexpected_reconcile_approval_or_a_failed_restart_fails_the_run() {
+        let mut r = report();
+        r.verdict.reconcile_unexpected = 1;
+        assert!(!r.passed());
+        let mut r = report();
+        r.apiserver_restart_failures
+            .push("kube-apiserver did not come back".into());
+        assert!(!r.passed());
+    }
+
+    #[test]
+    fn too_few_of_a_kind_fails_the_run() {
+        for f in [
+            |r: &mut Report| r.operators.paused_leaders = 1,
+            |r: &mut Report| r.apiserver_restarts = 0,
+            |r: &mut Report| r.operators.failpoint_crashes = 0,
+            |r: &mut Report| r.proxy.error_500 = 200,
+        ] {
+            let mut r = report();
+            f(&mut r);
+            assert!(!r.passed(), "{}", r.details());
+        }
+    }
+}
