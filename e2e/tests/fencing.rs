@@ -29,7 +29,7 @@ use agentrun_e2e::chaos::proxy::{self, FaultProxy, ProxyConfig};
 use agentrun_e2e::ledger::{LedgerEvent, Outcome};
 use agentrun_e2e::support::processes::{OperatorConfig, Process, free_port, start_operator};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_operator::api::{RunPhase, StepPhase};
+use agentrun_operator::api::{Approval, RunPhase, StepPhase};
 use agentrun_operator::labels;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, EvictParams};
@@ -78,44 +78,118 @@ fn log_since(p: &Process, from: usize) -> String {
     text.get(from..).unwrap_or_default().to_owned()
 }
 
+/// Two leader-electing operators, each through its own proxy (faults off),
+/// `operator-a` holding the Lease.
+struct Pair {
+    proxies: Vec<FaultProxy>,
+    cfgs: Vec<OperatorConfig>,
+    ops: Vec<Option<Process>>,
+    leases: Api<Lease>,
+}
+
+impl Pair {
+    async fn start(s: &Scenario) -> Pair {
+        let leases: Api<Lease> = s.env().api();
+        let mut proxies = Vec::new();
+        let mut cfgs = Vec::new();
+        for id in ["operator-a", "operator-b"] {
+            let upstream = proxy::upstream_client().await.expect("the proxy's client");
+            let p = FaultProxy::start(
+                upstream,
+                "127.0.0.1:0".parse().unwrap(),
+                ProxyConfig::default(),
+            )
+            .await
+            .expect("starting a proxy");
+            p.set_enabled(false);
+            let kubeconfig = agentrun_e2e::support::processes::log_dir(s.namespace())
+                .join(format!("{id}-kubeconfig"));
+            p.write_kubeconfig(&kubeconfig, s.namespace())
+                .expect("writing the proxy kubeconfig");
+            proxies.push(p);
+            let mut c = s.operator_config.clone();
+            c.kubeconfig = kubeconfig;
+            c.leader_elect = true;
+            c.lease_duration_seconds = 6;
+            c.identity = id.into();
+            c.metrics_port = free_port();
+            c.health_port = free_port();
+            cfgs.push(c);
+        }
+        let mut ops: Vec<Option<Process>> = vec![Some(start_operator(&cfgs[0])), None];
+        wait_holder(&leases, "operator-a", &[ops[0].as_ref().unwrap()]).await;
+        ops[1] = Some(start_operator(&cfgs[1]));
+        Pair {
+            proxies,
+            cfgs,
+            ops,
+            leases,
+        }
+    }
+
+    /// SIGSTOPs `leader` with its Lease requests and the watch events of
+    /// `stale` (path fragments, e.g. `/agentruns`) held back, and waits until
+    /// `standby` holds the Lease.
+    async fn pause(&mut self, leader: usize, standby: usize, stale: &[&str]) -> Process {
+        assert_eq!(
+            holder(&self.leases).await.as_deref(),
+            Some(self.cfgs[leader].identity.as_str()),
+            "the leader before the pause"
+        );
+        let paused = self.ops[leader].take().expect("the leader runs");
+        let link = &self.proxies[leader];
+        for fragment in stale {
+            link.stall(fragment, true, Duration::from_secs(300));
+        }
+        link.stall("/leases", false, Duration::from_secs(300));
+        assert!(paused.pause(), "SIGSTOP {}", self.cfgs[leader].identity);
+        wait_holder(
+            &self.leases,
+            &self.cfgs[standby].identity.clone(),
+            &[self.ops[standby].as_ref().unwrap()],
+        )
+        .await;
+        paused
+    }
+
+    /// SIGCONTs `paused` (slot `leader`): for STALE_WINDOW it acts on its
+    /// stale run cache; it must then step down. Restarts it as a standby and
+    /// returns what it logged after it woke.
+    async fn resume(&mut self, leader: usize, mut paused: Process) -> String {
+        let from = log_len(&paused);
+        self.proxies[leader].end_stalls_in(STALE_WINDOW);
+        assert!(paused.resume(), "SIGCONT {}", self.cfgs[leader].identity);
+        let exit = paused.wait_exit(Duration::from_secs(30)).await;
+        assert!(
+            exit.is_some(),
+            "{} kept running after it lost the lease\n{}",
+            self.cfgs[leader].identity,
+            paused.log_tail(60)
+        );
+        let after = log_since(&paused, from);
+        assert!(
+            after.contains("lost the leader lease"),
+            "{} exited without saying it lost the lease:\n{after}",
+            self.cfgs[leader].identity
+        );
+        // Back as a standby (same identity, the Lease is not its own).
+        self.cfgs[leader].metrics_port = free_port();
+        self.cfgs[leader].health_port = free_port();
+        self.ops[leader] = Some(start_operator(&self.cfgs[leader]));
+        after
+    }
+
+    async fn stop(&mut self) {
+        for p in self.ops.iter_mut().flatten() {
+            p.kill().await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_resumed_after_a_takeover_creates_no_pod_for_a_closed_attempt() {
     let s = Scenario::start_without_operator("paused-leader").await;
-    let leases: Api<Lease> = s.env().api();
-    let mut proxies = Vec::new();
-    for id in ["operator-a", "operator-b"] {
-        let upstream = proxy::upstream_client().await.expect("the proxy's client");
-        let p = FaultProxy::start(
-            upstream,
-            "127.0.0.1:0".parse().unwrap(),
-            ProxyConfig::default(),
-        )
-        .await
-        .expect("starting a proxy");
-        p.set_enabled(false);
-        let kubeconfig = agentrun_e2e::support::processes::log_dir(s.namespace())
-            .join(format!("{id}-kubeconfig"));
-        p.write_kubeconfig(&kubeconfig, s.namespace())
-            .expect("writing the proxy kubeconfig");
-        proxies.push((p, kubeconfig));
-    }
-    let mut cfgs: Vec<OperatorConfig> = ["operator-a", "operator-b"]
-        .iter()
-        .enumerate()
-        .map(|(i, id)| {
-            let mut c = s.operator_config.clone();
-            c.kubeconfig = proxies[i].1.clone();
-            c.leader_elect = true;
-            c.lease_duration_seconds = 6;
-            c.identity = (*id).into();
-            c.metrics_port = free_port();
-            c.health_port = free_port();
-            c
-        })
-        .collect();
-    let mut ops: Vec<Option<Process>> = vec![Some(start_operator(&cfgs[0])), None];
-    wait_holder(&leases, "operator-a", &[ops[0].as_ref().unwrap()]).await;
-    ops[1] = Some(start_operator(&cfgs[1]));
+    let mut pair = Pair::start(&s).await;
 
     // Six Idempotent steps; the first attempts of s2 and s4 run until they are
     // disrupted (however long the takeover takes), their second ones succeed.
@@ -136,22 +210,7 @@ async fn a_paused_leader_resumed_after_a_takeover_creates_no_pod_for_a_closed_at
     let mut fence_hits = 0;
     for (leader, standby, step, evict) in [(0usize, 1usize, "s2", true), (1, 0, "s4", false)] {
         let (_, pod) = s.wait_step_running(RUN, step, TIMEOUT).await;
-        assert_eq!(
-            holder(&leases).await.as_deref(),
-            Some(cfgs[leader].identity.as_str()),
-            "the leader before the pause"
-        );
-        let paused = ops[leader].take().expect("the leader runs");
-        let link = &proxies[leader].0;
-        link.stall("/agentruns", true, Duration::from_secs(300));
-        link.stall("/leases", false, Duration::from_secs(300));
-        assert!(paused.pause(), "SIGSTOP {}", cfgs[leader].identity);
-        wait_holder(
-            &leases,
-            &cfgs[standby].identity.clone(),
-            &[ops[standby].as_ref().unwrap()],
-        )
-        .await;
+        let paused = pair.pause(leader, standby, &["/agentruns"]).await;
 
         // Attempt 1 is disrupted while its leader sleeps; the new leader closes it.
         if evict {
@@ -174,28 +233,8 @@ async fn a_paused_leader_resumed_after_a_takeover_creates_no_pod_for_a_closed_at
         .await;
 
         // Wake the deposed leader with its stale cache; it must step down.
-        let from = log_len(&paused);
-        link.end_stalls_in(STALE_WINDOW);
-        assert!(paused.resume(), "SIGCONT {}", cfgs[leader].identity);
-        let mut paused = paused;
-        let exit = paused.wait_exit(Duration::from_secs(30)).await;
-        assert!(
-            exit.is_some(),
-            "{} kept running after it lost the lease\n{}",
-            cfgs[leader].identity,
-            paused.log_tail(60)
-        );
-        let after = log_since(&paused, from);
-        assert!(
-            after.contains("lost the leader lease"),
-            "{} exited without saying it lost the lease:\n{after}",
-            cfgs[leader].identity
-        );
+        let after = pair.resume(leader, paused).await;
         fence_hits += after.matches("the run moved on since the decision").count();
-        // Back as a standby (same identity, the Lease is not its own).
-        cfgs[leader].metrics_port = free_port();
-        cfgs[leader].health_port = free_port();
-        ops[leader] = Some(start_operator(&cfgs[leader]));
     }
 
     let run = s.wait_finished(RUN, TIMEOUT).await;
@@ -316,8 +355,114 @@ async fn a_paused_leader_resumed_after_a_takeover_creates_no_pod_for_a_closed_at
         "the Pods are the ones the final status records"
     );
 
-    for p in ops.iter_mut().flatten() {
-        p.kill().await;
-    }
+    pair.stop().await;
+    s.finish().await;
+}
+
+/// A resumed leader whose run and Pod caches are from before the takeover
+/// sees a Reconcile approval its successor asked (its Approval watch is
+/// current) on a run that, as far as it knows, does not wait on it. It must leave it
+/// alone: the question is the run's, and only a person answers it (D6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_leader_with_a_stale_run_cache_leaves_a_live_reconcile_approval_alone() {
+    let s = Scenario::start_without_operator("stale-reconcile").await;
+    let mut pair = Pair::start(&s).await;
+    // One NonIdempotent step: attempt 1 runs until disrupted, attempt 2 succeeds.
+    let sim = json!({"attempts": [{"hang": true}, {"runMs": 300}]});
+    s.create_run(
+        RUN,
+        json!({"steps": [sim_step("charge", "NonIdempotent", sim)]}),
+    )
+    .await;
+    let (_, pod) = s.wait_step_running(RUN, "charge", TIMEOUT).await;
+    // Its runs and Pods caches stay as they were (attempt 1 running); only
+    // its Approval watch is current.
+    let paused = pair.pause(0, 1, &["/agentruns", "/pods"]).await;
+    s.pods()
+        .evict(&pod, &EvictParams::default())
+        .await
+        .expect("eviction accepted");
+    // operator-b asks a person whether the charge happened.
+    let waiting = s
+        .wait_run(RUN, "waiting for a Reconcile decision", TIMEOUT, |r| {
+            status(r)
+                .steps
+                .iter()
+                .any(|c| c.name == "charge" && c.phase == StepPhase::WaitingForApproval)
+        })
+        .await;
+    let question = status(&waiting)
+        .steps
+        .iter()
+        .find(|c| c.name == "charge")
+        .and_then(|c| c.approval.clone())
+        .expect("the checkpoint names its approval");
+    agentrun_e2e::wait_for(
+        &s.approvals(),
+        &question,
+        |a: Option<&Approval>| a.is_some(),
+        TIMEOUT,
+    )
+    .await;
+    pair.resume(0, paused).await;
+
+    let approvals: Vec<Approval> = s
+        .approvals()
+        .list(&Default::default())
+        .await
+        .expect("listing approvals")
+        .items;
+    let seen: Vec<(String, String, String)> = approvals
+        .iter()
+        .map(|a| {
+            (
+                a.name_any(),
+                format!("{:?}", a.spec.kind),
+                a.status
+                    .as_ref()
+                    .map(|st| format!("{:?}: {}", st.phase, st.message.clone().unwrap_or_default()))
+                    .unwrap_or_else(|| "no status".into()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen.len(),
+        1,
+        "one question, the Reconcile one, and nothing else was asked: {seen:#?}"
+    );
+    assert_eq!(seen[0].0, question, "{seen:#?}");
+    assert_eq!(seen[0].1, "Reconcile", "{seen:#?}");
+    assert!(
+        !seen[0].2.starts_with("Superseded"),
+        "the deposed leader superseded the live Reconcile approval: {seen:#?}"
+    );
+
+    // A person checks the payment system: not charged; run it again.
+    s.decide(&question, "Retry", "checked: no charge with this key")
+        .await;
+    let run = s.wait_finished(RUN, TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let outcomes: Vec<(u32, Option<Outcome>)> = {
+        let ledger = s.ledger();
+        ledger
+            .executions()
+            .map(|e| {
+                (
+                    e.attempt.unwrap_or(0),
+                    ledger
+                        .for_pod(&e.uid)
+                        .find(|f| f.event == LedgerEvent::Finished)
+                        .and_then(|f| f.outcome),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        outcomes,
+        [(1, Some(Outcome::Killed)), (2, Some(Outcome::Succeeded))],
+        "charged at most once more, and only after the Retry"
+    );
+    pair.stop().await;
     s.finish().await;
 }
