@@ -1,7 +1,11 @@
 //! The bounded short chaos run (the long one is `make chaos`): forty runs
-//! under injected API faults, operator SIGKILLs, bulk evictions and Pod
+//! under injected API faults (410 Gone on watches among them), two operators
+//! with leader election SIGKILLed, paused past their lease and aborted right
+//! after status writes, a kube-apiserver restart, bulk evictions and Pod
 //! deletes, on the standard e2e plane in a namespace of its own. Fails on any
-//! duplicate execution, lost run or checkpoint, stuck run, or too few faults.
+//! duplicate or unapproved execution, lost, stuck or unobserved run, watch
+//! failure, unexpected Reconcile approval, result finalizer left behind, or
+//! too few faults.
 
 use agentrun_e2e::chaos::{self, ChaosConfig};
 
@@ -14,9 +18,29 @@ async fn short_chaos_run_has_no_duplicates_lost_or_stuck_runs() {
     let report = chaos::run(ChaosConfig::short(seed)).await;
     eprintln!("{}", report.details());
     println!("{}", report.summary());
+    let v = &report.verdict;
     assert!(report.faults() >= report.faults_min, "{}", report.summary());
-    assert_eq!(report.verdict.duplicates, 0, "{}", report.summary());
-    assert_eq!(report.verdict.lost, 0, "{}", report.summary());
-    assert_eq!(report.verdict.stuck, 0, "{}", report.summary());
+    assert!(report.operators.paused_leaders >= 2, "{}", report.summary());
+    assert!(report.operators.takeovers >= 1, "{}", report.summary());
+    assert!(report.apiserver_restarts >= 1, "{}", report.summary());
+    assert!(
+        report.operators.failpoint_crashes >= 1,
+        "{}",
+        report.summary()
+    );
+    assert!(report.proxy.watch_gone > 0, "{}", report.summary());
+    assert_eq!(v.duplicates, 0, "{}", report.summary());
+    assert_eq!(v.unapproved, 0, "{}", report.summary());
+    assert_eq!(v.lost, 0, "{}", report.summary());
+    assert_eq!(v.stuck, 0, "{}", report.summary());
+    assert_eq!(v.unobserved, 0, "{}", report.summary());
+    assert_eq!(v.watch_failures, 0, "{}", report.summary());
+    assert_eq!(v.reconcile_unexpected, 0, "{}", report.summary());
+    assert_eq!(report.finalizers_held, Ok(0), "{}", report.summary());
+    assert!(
+        report.apiserver_restart_failures.is_empty(),
+        "{}",
+        report.summary()
+    );
     assert!(report.passed(), "{}", report.summary());
 }

@@ -44,6 +44,13 @@ struct Args {
     /// Operator kill -9 every MIN..MAX milliseconds (default 4000..12000, or 4000..9000 with --short).
     #[arg(long, value_name = "MIN..MAX", value_parser = parse_range)]
     kill_every_ms: Option<(u64, u64)>,
+    /// Operator processes: 2 (default) elect a leader and get paused past their
+    /// lease; 1 runs without leader election and without pauses.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
+    operators: Option<u8>,
+    /// Do not restart kube-apiserver (e.g. on a plane that `e2e/cluster` did not start).
+    #[arg(long)]
+    no_apiserver_restarts: bool,
 }
 
 fn parse_range(s: &str) -> Result<(u64, u64), String> {
@@ -93,6 +100,17 @@ async fn main() -> ExitCode {
     }
     if let Some((a, b)) = args.kill_every_ms {
         cfg.kill_every = (Duration::from_millis(a), Duration::from_millis(b));
+    }
+    if let Some(n) = args.operators {
+        cfg.operators = n.into();
+        if n == 1 {
+            cfg.pause_every = None;
+            cfg.paused_leaders_min = 0;
+        }
+    }
+    if args.no_apiserver_restarts {
+        cfg.apiserver_restart_every = None;
+        cfg.apiserver_restarts_min = 0;
     }
     let report = chaos::run(cfg).await;
     eprintln!("{}", report.details());

@@ -47,6 +47,10 @@ struct Args {
     watch_cut_min_s: u64,
     #[arg(long, default_value_t = 15)]
     watch_cut_max_s: u64,
+    /// Fraction of watches from a resourceVersion answered at once with an
+    /// ERROR event `410 Gone`.
+    #[arg(long, default_value_t = 0.1)]
+    watch_gone_rate: f64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Seconds between counter reports on stderr.
@@ -83,6 +87,7 @@ async fn main() -> std::process::ExitCode {
             Duration::from_secs(args.watch_cut_min_s),
             Duration::from_secs(args.watch_cut_max_s.max(args.watch_cut_min_s)),
         ),
+        watch_gone_rate: args.watch_gone_rate,
         seed: args.seed,
     };
     let proxy = match FaultProxy::start(upstream, args.listen, cfg).await {

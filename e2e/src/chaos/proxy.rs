@@ -8,8 +8,17 @@
 //!        applied, then 504                   forwarded and applied; the answer is replaced by a 504
 //!        applied, then connection dropped    forwarded and applied; the client gets no answer at all
 //!      any non-watch response, with probability `delay_rate`: held back up to `max_delay`
-//!      watch streams: cut (connection aborted mid-body) at a random moment
+//!      watch streams: cut (connection aborted mid-body) at a random moment, or ended
+//!        there with an ERROR event `410 Gone` (one cut in three)
+//!      watch requests from a resourceVersion, with probability `watch_gone_rate`:
+//!        answered at once with an ERROR event `410 Gone` ("too old resource version"),
+//!        never forwarded, as the apiserver answers a watch from a compacted version
 //! ```
+//!
+//! Apart from the faults, a test can *stall* traffic on demand
+//! ([`FaultProxy::stall`]): hold back, for a while, the requests or the watch
+//! events of one resource — a slow link to the Lease, a cache that lags the
+//! runs. Stalls are not faults: they are not counted and apply with faults off.
 //!
 //! It listens on loopback only and forwards with a `kube::Client` built from
 //! the admin kubeconfig (TLS and client certificate handled there, its own
@@ -49,6 +58,8 @@ pub struct ProxyConfig {
     pub max_delay: Duration,
     /// A watch stream is cut after a time uniform in this range.
     pub watch_cut_after: (Duration, Duration),
+    /// Fraction of watches from a resourceVersion answered `410 Gone` at once.
+    pub watch_gone_rate: f64,
     pub seed: u64,
 }
 
@@ -59,6 +70,7 @@ impl Default for ProxyConfig {
             delay_rate: 0.05,
             max_delay: Duration::from_millis(800),
             watch_cut_after: (Duration::from_secs(2), Duration::from_secs(15)),
+            watch_gone_rate: 0.1,
             seed: 1,
         }
     }
@@ -81,6 +93,8 @@ pub enum Fault {
     Delayed,
     /// A watch stream was aborted mid-flight.
     WatchCut,
+    /// A watch was answered, or ended, with an ERROR event `410 Gone`.
+    WatchGone,
 }
 
 const WRITE_FAULTS: [Fault; 5] = [
@@ -103,6 +117,7 @@ pub struct Counters {
     pub applied_then_dropped: AtomicU64,
     pub delayed: AtomicU64,
     pub watch_cut: AtomicU64,
+    pub watch_gone: AtomicU64,
     pub upstream_errors: AtomicU64,
 }
 
@@ -118,6 +133,7 @@ pub struct FaultCounts {
     pub applied_then_dropped: u64,
     pub delayed: u64,
     pub watch_cut: u64,
+    pub watch_gone: u64,
     pub upstream_errors: u64,
 }
 
@@ -131,6 +147,7 @@ impl FaultCounts {
             + self.applied_then_dropped
             + self.delayed
             + self.watch_cut
+            + self.watch_gone
     }
 }
 
@@ -138,7 +155,7 @@ impl std::fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "requests={} writes={} err500={} err429={} err409={} applied_504={} applied_dropped={} delayed={} watch_cut={} upstream_errors={}",
+            "requests={} writes={} err500={} err429={} err409={} applied_504={} applied_dropped={} delayed={} watch_cut={} watch_gone={} upstream_errors={}",
             self.requests,
             self.writes,
             self.error_500,
@@ -148,6 +165,7 @@ impl std::fmt::Display for FaultCounts {
             self.applied_then_dropped,
             self.delayed,
             self.watch_cut,
+            self.watch_gone,
             self.upstream_errors
         )
     }
@@ -163,6 +181,7 @@ impl Counters {
             Fault::AppliedThenDropped => &self.applied_then_dropped,
             Fault::Delayed => &self.delayed,
             Fault::WatchCut => &self.watch_cut,
+            Fault::WatchGone => &self.watch_gone,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -179,9 +198,18 @@ impl Counters {
             applied_then_dropped: l(&self.applied_then_dropped),
             delayed: l(&self.delayed),
             watch_cut: l(&self.watch_cut),
+            watch_gone: l(&self.watch_gone),
             upstream_errors: l(&self.upstream_errors),
         }
     }
+}
+
+/// Traffic held back until `until`: requests whose path contains
+/// `fragment` (unless `watches_only`), and the events of such watches.
+struct Stall {
+    fragment: String,
+    watches_only: bool,
+    until: tokio::time::Instant,
 }
 
 struct State {
@@ -190,6 +218,7 @@ struct State {
     enabled: AtomicBool,
     counters: Counters,
     rng: Mutex<Rng>,
+    stalls: Mutex<Vec<Stall>>,
 }
 
 impl State {
@@ -200,6 +229,30 @@ impl State {
     fn with_rng<T>(&self, f: impl FnOnce(&mut Rng) -> T) -> T {
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut rng)
+    }
+
+    /// Until when traffic on `path` is held back: a request (`event: false`)
+    /// or an event of a watch (`event: true`).
+    fn stalled_until(&self, path: &str, event: bool) -> Option<tokio::time::Instant> {
+        let stalls = self.stalls.lock().unwrap_or_else(|p| p.into_inner());
+        stalls
+            .iter()
+            .filter(|s| path.contains(&s.fragment) && (event || !s.watches_only))
+            .map(|s| s.until)
+            .max()
+    }
+
+    /// Stalls may be shortened while traffic waits: look again every 50 ms.
+    async fn wait_stall(&self, path: &str, event: bool) {
+        loop {
+            let now = tokio::time::Instant::now();
+            match self.stalled_until(path, event) {
+                Some(until) if until > now => {
+                    tokio::time::sleep((until - now).min(Duration::from_millis(50))).await;
+                }
+                _ => return,
+            }
+        }
     }
 }
 
@@ -235,6 +288,7 @@ impl FaultProxy {
             config,
             enabled: AtomicBool::new(true),
             counters: Counters::default(),
+            stalls: Mutex::new(Vec::new()),
         });
         let task = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(FaultProxy { addr, state, task })
@@ -251,6 +305,30 @@ impl FaultProxy {
 
     pub fn counts(&self) -> FaultCounts {
         self.state.counters.snapshot()
+    }
+
+    /// Holds back traffic whose path contains `fragment` for `duration` from
+    /// now: every such request (before it is forwarded) and every event of
+    /// such a watch, or with `watches_only` only the watch events. What is
+    /// held back is delivered, in order, when the stall ends.
+    pub fn stall(&self, fragment: &str, watches_only: bool, duration: Duration) {
+        let mut stalls = self.state.stalls.lock().unwrap_or_else(|p| p.into_inner());
+        let now = tokio::time::Instant::now();
+        stalls.retain(|s| s.until > now);
+        stalls.push(Stall {
+            fragment: fragment.to_owned(),
+            watches_only,
+            until: now + duration,
+        });
+    }
+
+    /// Every stall ends `after` from now at the latest.
+    pub fn end_stalls_in(&self, after: Duration) {
+        let mut stalls = self.state.stalls.lock().unwrap_or_else(|p| p.into_inner());
+        let end = tokio::time::Instant::now() + after;
+        for s in stalls.iter_mut() {
+            s.until = s.until.min(end);
+        }
     }
 
     /// Writes a kubeconfig that points a client at the proxy (plain HTTP, no credentials).
@@ -302,6 +380,35 @@ fn is_watch(req: &Request<Incoming>) -> bool {
     req.uri()
         .query()
         .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
+}
+
+/// A watch that resumes from a resourceVersion (not `0`, which means "any"):
+/// the kind the apiserver answers `410 Gone` when that version is compacted.
+fn watches_from_a_version(query: Option<&str>) -> bool {
+    query.is_some_and(|q| {
+        q.split('&').any(|kv| {
+            kv.strip_prefix("resourceVersion=")
+                .is_some_and(|v| !v.is_empty() && v != "0")
+        })
+    })
+}
+
+/// The ERROR event of a watch whose resourceVersion is too old, as the
+/// apiserver sends it (one JSON line of the watch stream).
+fn gone_event(what: &str) -> Bytes {
+    let event = serde_json::json!({
+        "type": "ERROR",
+        "object": {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": format!("faultproxy: too old resource version (injected 410 for {what})"),
+            "reason": "Expired",
+            "code": 410,
+        },
+    });
+    Bytes::from(format!("{event}\n"))
 }
 
 fn is_write(method: &Method) -> bool {
@@ -394,6 +501,22 @@ async fn handle(
         None
     };
     let what = format!("{method} {path}");
+    if !watch {
+        state.wait_stall(&path, false).await;
+    }
+    if watch
+        && state.enabled()
+        && watches_from_a_version(req.uri().query())
+        && state.with_rng(|rng| rng.chance(state.config.watch_gone_rate))
+    {
+        counters.count(Fault::WatchGone);
+        let mut resp = Response::new(full(gone_event(&what)));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        return Ok(resp);
+    }
     match fault {
         Some(Fault::Error500) => {
             counters.count(Fault::Error500);
@@ -479,7 +602,7 @@ async fn handle(
                 state.config.watch_cut_after.1,
             )
         });
-        cut_after(body, after, state.clone())
+        cut_after(body, after, path, what, state.clone())
     } else {
         let delay = state.enabled() && state.with_rng(|rng| rng.chance(state.config.delay_rate));
         if delay {
@@ -494,17 +617,29 @@ async fn handle(
 
 /// The watch body, aborted with an error after `after` if faults are still on
 /// then (otherwise it streams on until the server ends it).
-fn cut_after(body: kube::client::Body, after: Duration, state: Arc<State>) -> ProxyBody {
+/// One cut in three ends the stream with an ERROR event `410 Gone` instead.
+/// Events are held back while a stall on `path` lasts.
+fn cut_after(
+    body: kube::client::Body,
+    after: Duration,
+    path: String,
+    what: String,
+    state: Arc<State>,
+) -> ProxyBody {
     struct Cut {
         frames: BodyStream<kube::client::Body>,
         timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
         state: Arc<State>,
+        path: String,
+        what: String,
         done: bool,
     }
     let cut = Cut {
         frames: BodyStream::new(body),
         timer: Some(Box::pin(tokio::time::sleep(after))),
         state,
+        path,
+        what,
         done: false,
     };
     let stream = futures::stream::unfold(cut, |mut c| async move {
@@ -519,8 +654,13 @@ fn cut_after(body: kube::client::Body, after: Duration, state: Arc<State>) -> Pr
                         _ = timer.as_mut() => {
                             c.timer = None;
                             if c.state.enabled() {
-                                c.state.counters.count(Fault::WatchCut);
                                 c.done = true;
+                                if c.state.with_rng(|rng| rng.below(3) == 0) {
+                                    c.state.counters.count(Fault::WatchGone);
+                                    let gone = Frame::data(gone_event(&c.what));
+                                    return Some((Ok(gone), c));
+                                }
+                                c.state.counters.count(Fault::WatchCut);
                                 let err: BoxError = "faultproxy: watch cut".into();
                                 return Some((Err(err), c));
                             }
@@ -530,6 +670,7 @@ fn cut_after(body: kube::client::Body, after: Duration, state: Arc<State>) -> Pr
                 }
                 None => c.frames.next().await,
             };
+            c.state.wait_stall(&c.path, true).await;
             return frame.map(|f| (f.map_err(|e| Box::new(e) as BoxError), c));
         }
     });
@@ -549,6 +690,23 @@ mod tests {
         assert!(is_event("/apis/events.k8s.io/v1/namespaces/ns/events"));
         assert!(is_event("/api/v1/namespaces/ns/events/e"));
         assert!(!is_event("/api/v1/namespaces/ns/pods/events"));
+    }
+
+    #[test]
+    fn only_watches_from_a_version_can_be_too_old() {
+        assert!(watches_from_a_version(Some(
+            "watch=true&resourceVersion=4711&timeoutSeconds=290"
+        )));
+        assert!(!watches_from_a_version(Some(
+            "watch=true&resourceVersion=0"
+        )));
+        assert!(!watches_from_a_version(Some("watch=true&resourceVersion=")));
+        assert!(!watches_from_a_version(Some("watch=true")));
+        let line = gone_event("GET /api/v1/pods");
+        let event: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(event["type"], "ERROR");
+        assert_eq!(event["object"]["code"], 410);
+        assert!(line.ends_with(b"\n"));
     }
 
     #[test]

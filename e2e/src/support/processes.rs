@@ -1,5 +1,6 @@
 //! The operator and the simulated kubelet as real child processes, so a test
-//! can SIGKILL and restart them the way a node or a rollout would.
+//! can SIGKILL and restart them the way a node or a rollout would, or pause
+//! them (SIGSTOP, SIGCONT) the way a stalled VM or a long GC pause would.
 //!
 //! Each process logs to `<e2e dir>/scenarios/<namespace>/<name>.log`; a failing
 //! scenario prints the tails.
@@ -130,6 +131,32 @@ impl Process {
         }
     }
 
+    /// The process id, while it has not been reaped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    fn signal(&self, signal: &str) -> bool {
+        let Some(pid) = self.pid() else {
+            return false;
+        };
+        std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// SIGSTOP: the process stops dead (timers, sockets and all) until
+    /// [`Process::resume`]; returns whether the signal was sent.
+    pub fn pause(&self) -> bool {
+        self.signal("-STOP")
+    }
+
+    /// SIGCONT after [`Process::pause`].
+    pub fn resume(&self) -> bool {
+        self.signal("-CONT")
+    }
+
     /// Whether the process has exited (e.g. at a failpoint), with its status.
     pub fn try_exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child
@@ -170,6 +197,8 @@ pub struct OperatorConfig {
     /// Instance identity (also the lease holder identity).
     pub identity: String,
     pub leader_elect: bool,
+    /// `--lease-duration-seconds` with `leader_elect` (renewed a third of it early).
+    pub lease_duration_seconds: u64,
     /// `AGENTRUN_FAILPOINT`, e.g. `after-create-pod:1`.
     pub failpoint: Option<String>,
     pub metrics_port: u16,
@@ -185,6 +214,7 @@ impl OperatorConfig {
             namespace: namespace.to_owned(),
             identity: format!("operator-{namespace}"),
             leader_elect: false,
+            lease_duration_seconds: 6,
             failpoint: None,
             metrics_port: free_port(),
             health_port: free_port(),
@@ -217,7 +247,7 @@ pub fn start_operator(cfg: &OperatorConfig) -> Process {
             .arg("--lease-namespace")
             .arg(&cfg.namespace)
             .arg("--lease-duration-seconds")
-            .arg("6");
+            .arg(cfg.lease_duration_seconds.to_string());
     }
     if let Some(fp) = &cfg.failpoint {
         cmd.env("AGENTRUN_FAILPOINT", fp);
