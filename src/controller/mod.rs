@@ -144,6 +144,7 @@ pub async fn run(
     health: Health,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    failpoints::warn_if_unsupported();
     let runs: Api<DeserializeGuard<AgentRun>> = api_for(&client, &scope);
     let pods_api: Api<Pod> = api_for(&client, &scope);
     let approvals_api: Api<Approval> = api_for(&client, &scope);
