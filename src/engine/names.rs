@@ -156,20 +156,33 @@ pub fn approve_request(name: &str) -> u32 {
     }
 }
 
-/// The Approval asking what an interrupted NonIdempotent attempt did.
+/// The Approval asking what an interrupted NonIdempotent attempt did:
+/// `-reconcile-a<attempt>` for the first request, `-reconcile-a<attempt>-<n>`
+/// for the n-th (the question was superseded while the run still needed it).
 pub fn reconcile_name(
     run: &str,
     run_uid: &str,
     step: &str,
     plan_revision: i64,
     attempt: i32,
+    request: u32,
 ) -> String {
-    child_name(
-        run,
-        run_uid,
-        step,
-        &format!("r{plan_revision}-reconcile-a{attempt}"),
-    )
+    let suffix = match request {
+        0 | 1 => format!("r{plan_revision}-reconcile-a{attempt}"),
+        n => format!("r{plan_revision}-reconcile-a{attempt}-{n}"),
+    };
+    child_name(run, run_uid, step, &suffix)
+}
+
+/// Which request of its attempt's question a Reconcile Approval name is.
+pub fn reconcile_request(name: &str) -> u32 {
+    match name
+        .rsplit_once("-reconcile-a")
+        .map(|(_, rest)| rest.split_once('-'))
+    {
+        Some(Some((_, n))) => n.parse().unwrap_or(1),
+        _ => 1,
+    }
 }
 
 #[cfg(test)]
@@ -249,7 +262,7 @@ mod tests {
             pod_name(&run, "uid", PodRole::Step, &s1, 21, 1000),
             pod_name(&run, "uid", PodRole::Step, &s2, 21, 1000),
             approve_name(&run, "uid", &s1, 21, 1000),
-            reconcile_name(&run, "uid", &s1, 21, 1000),
+            reconcile_name(&run, "uid", &s1, 21, 1000, 99),
         ];
         for n in &names {
             assert!(n.len() <= 63, "{n} has {} characters", n.len());

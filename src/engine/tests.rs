@@ -471,6 +471,48 @@ fn disruptions_do_not_consume_retries() {
     }
 }
 
+/// A Reconcile question superseded while the run still waits on it (a
+/// deposed operator acting on an old copy of the run did this) is asked
+/// again as a Reconcile question; it never turns into an approval gate for a
+/// step that has none (D6).
+#[test]
+fn a_superseded_reconcile_question_is_asked_again_as_one() {
+    let mut w =
+        World::new(AgentRun::test().with_steps([step("a").with_effect(Effect::NonIdempotent)]));
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.evicted(true));
+    w.settle();
+    let first = "run-a-2b8d3c-r1-reconcile-a1";
+    let a = w.approvals.get_mut(first).expect("the Reconcile question");
+    a.status = Some(crate::api::ApprovalStatus {
+        phase: ApprovalPhase::Superseded,
+        ..Default::default()
+    });
+    w.settle();
+    let again = "run-a-2b8d3c-r1-reconcile-a1-2";
+    assert_eq!(
+        w.approvals.keys().map(String::as_str).collect::<Vec<_>>(),
+        [first, again],
+        "no Approve question is opened"
+    );
+    assert_eq!(w.approvals[again].spec.kind, ApprovalKind::Reconcile);
+    let a = cp(&w, "a", 1);
+    assert_eq!(
+        (a.phase, a.effect, a.approval.as_deref()),
+        (
+            StepPhase::WaitingForApproval,
+            Some(EffectOutcome::Unknown),
+            Some(again)
+        )
+    );
+    assert!(w.decide_approval(again, Answer::Retry, "someone"));
+    w.settle();
+    assert_eq!(cp(&w, "a", 1).attempt, 2, "the person's answer is acted on");
+    assert_eq!(w.created.len(), 2);
+}
+
 #[test]
 fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
     let mut w = World::new(

@@ -281,6 +281,25 @@ impl<'a> Machine<'a> {
             // The expiry is written to the Approval first (`sync_approvals`);
             // the watch brings the run back once it is.
             Answer::Expiring { .. } => {}
+            // The question what an interrupted attempt did still stands: ask
+            // it again, as a Reconcile question (D6), never as a gate.
+            Answer::Superseded if reconcile => {
+                self.recorded = true;
+                let again = names::reconcile_name(
+                    self.name,
+                    self.uid,
+                    &step,
+                    cp.plan_revision,
+                    cp.attempt,
+                    names::reconcile_request(&name) + 1,
+                );
+                let cp = &mut self.status.steps[c];
+                cp.approval = Some(again.clone());
+                cp.message = Some(format!(
+                    "Approval {name} was superseded while the run still needed its answer; waiting for Approval {again}"
+                ));
+                self.request_approval(plan, i, c);
+            }
             Answer::Superseded => {
                 self.recorded = true;
                 self.ask_approval(

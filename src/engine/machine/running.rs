@@ -493,7 +493,7 @@ impl<'a> Machine<'a> {
         self.recorded = true;
         if effect == Effect::NonIdempotent && started {
             let approval =
-                names::reconcile_name(&run, &uid, &cp.name, cp.plan_revision, cp.attempt);
+                names::reconcile_name(&run, &uid, &cp.name, cp.plan_revision, cp.attempt, 1);
             let message = format!(
                 "attempt {} was disrupted ({why}) after it started; the step is NonIdempotent and may have acted: waiting for Approval {approval}",
                 cp.attempt
