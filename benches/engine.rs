@@ -3,7 +3,7 @@
 
 use std::hint::black_box;
 
-use agentrun_operator::api::{AgentRun, AgentRunSpec, Effect, StepContainer, StepSpec};
+use agentrun_operator::api::{AgentRun, AgentRunSpec, Effect, StepContainer, StepPhase, StepSpec};
 use agentrun_operator::engine::{Action, Observed, decide};
 use criterion::{Criterion, criterion_group, criterion_main};
 use jiff::Timestamp;
@@ -99,7 +99,12 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
         }
         now = now.checked_add(jiff::SignedDuration::from_secs(1)).unwrap();
         let s = run.status.as_ref().unwrap();
-        if s.steps.len() > DONE && s.steps[DONE].pod_uid.is_some() {
+        // Step DONE is running once its Pod exists (only a NonIdempotent
+        // step's checkpoint records the Pod's UID).
+        if s.steps.len() > DONE
+            && s.steps[DONE].phase == StepPhase::Running
+            && pods.iter().any(|p| p.metadata.name == s.steps[DONE].pod)
+        {
             return (run, pods, now);
         }
     }
