@@ -9,20 +9,20 @@
 //! ```text
 //!            ┌──────────── Observed ────────────┐
 //!            │ AgentRun (spec + committed status)│
-//!            │ step Pods (cache, may lag)       │──decide──▶ Decision { status, actions, requeue_after }
-//!            │ Approvals, now                   │
+//!            │ step Pods (cache, may lag)       │──decide──▶ Decision { status, actions, requeue_after, tally }
+//!            │ Approvals, refusals, now         │
 //!            └──────────────────────────────────┘
-//!   AgentRun ──owns──▶ Pod <run>-<step>-r<rev>-a<n>   finalizer agentrun.dev/result (D5)
-//!            ──owns──▶ Approval <run>-<step>-r<rev>-approve | -reconcile-a<n>   (D10)
+//!   AgentRun ──owns──▶ Pod <run>-<step>-<tag>-r<rev>-a<n>   finalizer agentrun.dev/result (D5)
+//!            ──owns──▶ Approval <run>-<step>-<tag>-r<rev>-approve | -reconcile-a<n>   (D10)
 //! ```
 //!
 //! Commit discipline (D4/D5): the controller writes `status` first and applies
-//! `actions` only if that write succeeded. A decision may record an intent and
-//! emit its effect together ("attempt N launched as Pod X" + `CreatePod(X)`),
-//! but a decision that records a step's outcome never starts anything that
-//! depends on it: the next step starts in a later decision, which sees the
-//! outcome in its input. Finalizers are released only for Pods whose outcome
-//! is already in the input status.
+//! `actions` only once that write is acknowledged. A decision may record an
+//! intent and emit its effect together ("attempt N launched as Pod X" +
+//! `CreatePod(X)`); a step's outcome and the launch of the step after it share
+//! one write, so the next Pod never exists before the checkpoint it depends
+//! on is saved. Finalizers are released only for Pods whose outcome the status
+//! being written holds. The stages of one decision are in [`machine`].
 
 mod approval;
 mod conditions;
