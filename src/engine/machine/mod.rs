@@ -99,6 +99,8 @@ struct Machine<'a> {
     stalled: Option<(Reason, String)>,
     /// What this decision did, for the metrics.
     tally: Tally,
+    /// Checkpoints of recorded attempts whose Pod was never seen.
+    unseen: Vec<usize>,
 }
 
 impl<'a> Machine<'a> {
@@ -125,6 +127,7 @@ impl<'a> Machine<'a> {
             committed: input,
             actions: Vec::new(),
             tally: Tally::default(),
+            unseen: Vec::new(),
             deadlines: Vec::new(),
             recorded: false,
             pods,
@@ -207,6 +210,7 @@ impl<'a> Machine<'a> {
         self.release_accounted_pods();
         self.observe_running(&plan);
         self.enforce_limits();
+        self.create_unseen(&plan);
         if self.failing() {
             self.wind_down(&plan);
         } else if !self.recorded {

@@ -38,6 +38,33 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// Creates the Pods of recorded attempts that were never seen, unless
+    /// the run limits just closed them (the run is failing: `fail_run`
+    /// stopped whatever may exist of them).
+    pub(super) fn create_unseen(&mut self, plan: &Plan<'_>) {
+        let unseen = std::mem::take(&mut self.unseen);
+        if self.failing() {
+            return;
+        }
+        for i in unseen {
+            let cp = self.status.steps[i].clone();
+            let Some(pod) = self.pod_for_step(plan, &cp) else {
+                continue;
+            };
+            let what = format!("step {}", cp.name);
+            if let Some(r) = self.create_pod(&what, pod)
+                && r.cause == RefusalCause::Rejected
+            {
+                // The same Pod would be refused again: a failed attempt.
+                let why = format!(
+                    "attempt {}: the API server refused its Pod {}: {}",
+                    cp.attempt, r.name, r.message
+                );
+                self.on_failure(plan, i, why, TokenUsage::default(), false);
+            }
+        }
+    }
+
     pub(super) fn observe_step(&mut self, plan: &Plan<'_>, i: usize) {
         let cp = self.status.steps[i].clone();
         let pod_name = cp.pod.clone().unwrap_or_default();
@@ -74,19 +101,9 @@ impl<'a> Machine<'a> {
                         );
                     }
                 }
-                if let Some(pod) = self.pod_for_step(plan, &cp) {
-                    let what = format!("step {}", cp.name);
-                    if let Some(r) = self.create_pod(&what, pod)
-                        && r.cause == RefusalCause::Rejected
-                    {
-                        // The same Pod would be refused again: a failed attempt.
-                        let why = format!(
-                            "attempt {}: the API server refused its Pod {}: {}",
-                            cp.attempt, r.name, r.message
-                        );
-                        self.on_failure(plan, i, why, TokenUsage::default(), false);
-                    }
-                }
+                // Created once the run limits are checked: a cancel, deadline
+                // or budget that closes this attempt must not start it.
+                self.unseen.push(i);
             }
             Observation::Live { uid } => {
                 if cp.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, &cp) {
