@@ -1344,6 +1344,30 @@ fn a_timed_out_attempt_still_reports_what_its_pod_says_when_it_stops() {
     assert_eq!(ctx["results"][0]["result"], json!({"refund": "re_123"}));
 }
 
+/// A stopping attempt whose Pod is force-removed has nothing left to report:
+/// the checkpoint stops saying it waits for one.
+#[test]
+fn a_stopping_attempt_whose_pod_is_removed_stops_waiting_for_its_report() {
+    let mut w = World::new(AgentRun::test().with_steps([step("a").with_timeout("1m")]));
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
+    w.advance(62);
+    w.settle();
+    assert!(cp(&w, "a", 1).stopping);
+    w.pods.remove("run-a-2b8d3c-r1-a1");
+    w.settle();
+    let a = cp(&w, "a", 1);
+    assert!(!a.stopping);
+    assert!(
+        a.message
+            .as_deref()
+            .is_some_and(|m| m.ends_with("its Pod was removed before it reported")),
+        "{:?}",
+        a.message
+    );
+    assert_eq!(w.status().phase, Some(RunPhase::Failed));
+}
+
 /// Cancel, deadline and budget close a running attempt the same way: the
 /// tokens its Pod reports while it stops still count (D9).
 #[test]

@@ -52,6 +52,17 @@ impl<'a> Machine<'a> {
             }
             self.stop_and_release(pod, "the attempt is already accounted for");
         }
+        // A stopping attempt's Pod that is gone (its finalizer was stripped)
+        // has nothing left to report.
+        for cp in self.status.steps.iter_mut().filter(|c| c.stopping) {
+            if cp.pod.as_deref().is_none_or(|p| !self.pods.contains_key(p)) {
+                cp.stopping = false;
+                cp.message = Some(format!(
+                    "{}; its Pod was removed before it reported",
+                    cp.message.as_deref().unwrap_or("stopped")
+                ));
+            }
+        }
     }
 
     /// For the Pod of an attempt the operator ended while it still ran
