@@ -168,54 +168,6 @@ impl AsRef<str> for Reason {
     }
 }
 
-impl PartialEq<Reason> for String {
-    fn eq(&self, other: &Reason) -> bool {
-        self == other.as_str()
-    }
-}
-
-impl PartialEq<Reason> for &str {
-    fn eq(&self, other: &Reason) -> bool {
-        *self == other.as_str()
-    }
-}
-
-impl From<Reason> for String {
-    fn from(v: Reason) -> String {
-        v.as_str().to_owned()
-    }
-}
-
-impl serde::Serialize for Reason {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl PartialEq<ConditionType> for String {
-    fn eq(&self, other: &ConditionType) -> bool {
-        self == other.as_str()
-    }
-}
-
-impl PartialEq<ConditionType> for &str {
-    fn eq(&self, other: &ConditionType) -> bool {
-        *self == other.as_str()
-    }
-}
-
-impl From<ConditionType> for String {
-    fn from(v: ConditionType) -> String {
-        v.as_str().to_owned()
-    }
-}
-
-impl serde::Serialize for ConditionType {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
 impl std::str::FromStr for Reason {
     type Err = ();
 
@@ -271,3 +223,35 @@ impl std::str::FromStr for Reason {
         })
     }
 }
+
+/// What both vocabularies share: compared with and turned into the strings
+/// status holds, and serialized as those strings.
+macro_rules! words {
+    ($($t:ty),*) => {$(
+        impl PartialEq<$t> for String {
+            fn eq(&self, other: &$t) -> bool {
+                self == other.as_str()
+            }
+        }
+
+        impl PartialEq<$t> for &str {
+            fn eq(&self, other: &$t) -> bool {
+                *self == other.as_str()
+            }
+        }
+
+        impl From<$t> for String {
+            fn from(v: $t) -> String {
+                v.as_str().to_owned()
+            }
+        }
+
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+    )*};
+}
+
+words!(Reason, ConditionType);
