@@ -45,7 +45,7 @@ struct Entry {
 
 /// Recent Pod writes by (namespace, Pod name).
 #[derive(Default)]
-pub struct Expectations(Mutex<HashMap<Key, Entry>>);
+pub struct Expectations(Mutex<HashMap<Key, Entry>>, Mutex<Option<Vec<Pod>>>);
 
 impl Expectations {
     /// Records a Pod this process created, as the API server returned it,
@@ -100,10 +100,22 @@ impl Expectations {
                 map.remove(&key);
             }
         };
+        // A re-list (after a 410, say) fills the cache only at InitDone:
+        // until then the cache still holds its old content, so a stand-in
+        // must stay until the re-listed copy is really in the cache, or the
+        // Pod would look gone in between (D6: a NonIdempotent step's Pod
+        // seen and then gone asks a person).
+        let mut relist = self.1.lock().unwrap_or_else(|e| e.into_inner());
         match event {
-            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => settle(pod, false),
+            watcher::Event::Apply(pod) => settle(pod, false),
             watcher::Event::Delete(pod) => settle(pod, true),
-            watcher::Event::Init | watcher::Event::InitDone => {}
+            watcher::Event::Init => *relist = Some(Vec::new()),
+            watcher::Event::InitApply(pod) => relist.get_or_insert_with(Vec::new).push(pod.clone()),
+            watcher::Event::InitDone => {
+                for pod in relist.take().unwrap_or_default() {
+                    settle(&pod, false);
+                }
+            }
         }
     }
 
@@ -189,6 +201,21 @@ mod tests {
         assert!(names(&e, "other", "r1").is_empty(), "per namespace");
         assert!(names(&e, "ns", "r2").is_empty(), "per run");
         watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
+        assert!(names(&e, "ns", "r1").is_empty());
+    }
+
+    #[test]
+    fn a_relisted_pod_settles_its_stand_in_only_once_the_cache_holds_it() {
+        let e = Expectations::default();
+        let (store, mut watch) = cache();
+        e.created(pod("p1", "u1", true), &store);
+        // A 410 restarts the watch: the cache keeps its old content until InitDone.
+        watch.deliver(&e, watcher::Event::Init);
+        watch.deliver(&e, watcher::Event::InitApply(pod("p1", "u1", true)));
+        assert!(store.get(&ObjectRef::new("p1").within("ns")).is_none());
+        assert_eq!(names(&e, "ns", "r1"), ["p1"], "not gone in between");
+        watch.deliver(&e, watcher::Event::InitDone);
+        assert!(store.get(&ObjectRef::new("p1").within("ns")).is_some());
         assert!(names(&e, "ns", "r1").is_empty());
     }
 
