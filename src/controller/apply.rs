@@ -49,6 +49,10 @@ pub(super) struct Applied {
     pub refused: Vec<Refusal>,
 }
 
+/// How long a proof that the run is current (the status write, or the
+/// fence's quorum read) stands for the Pod creations that follow it.
+const PROOF_GOOD_FOR: Duration = Duration::from_secs(1);
+
 /// Applies `decision` for `run`.
 pub(super) async fn apply(
     runs: &Api<AgentRun>,
@@ -63,6 +67,9 @@ pub(super) async fn apply(
 
     let current_status = run.status.clone().unwrap_or_default();
     let mut written_run = None;
+    // When the proof that the run is current (the write, or the fence's
+    // read) was asked for: it is no fresher than the request.
+    let mut proven_at = std::time::Instant::now();
     if decision.status != current_status {
         // Server-side apply of the whole owned status, guarded by the
         // resourceVersion we decided on: a stale or deposed operator gets 409.
@@ -118,6 +125,7 @@ pub(super) async fn apply(
         )
     });
     if acts_on_the_world && written_run.is_none() {
+        proven_at = std::time::Instant::now();
         let fresh = runs.get(&name).await.map_err(|source| Error::Reread {
             run: run_ref.clone(),
             source,
@@ -127,6 +135,11 @@ pub(super) async fn apply(
             return Err(Outcome::Stale(Box::new(fresh)));
         }
     }
+
+    // The run as the write (or the fence) proved it current.
+    let proven_rv = written_run
+        .as_ref()
+        .map_or_else(|| run.resource_version(), |w| w.resource_version());
 
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let approvals: Api<Approval> = Api::namespaced(ctx.client.clone(), &ns);
@@ -148,6 +161,21 @@ pub(super) async fn apply(
     for action in creates.into_iter().chain(rest) {
         match action {
             Action::CreatePod(pod) => {
+                // A process paused (or starved) between the proof and this
+                // create — a leader stopped past its lease, resumed — may be
+                // about to start an attempt the run has closed since. Prove
+                // the run current again before creating.
+                if proven_at.elapsed() > PROOF_GOOD_FOR {
+                    proven_at = std::time::Instant::now();
+                    let fresh = runs.get(&name).await.map_err(|source| Error::Reread {
+                        run: run_ref.clone(),
+                        source,
+                    })?;
+                    if fresh.resource_version() != proven_rv {
+                        debug!("the run moved on while this decision was applied; deciding again");
+                        return Err(Outcome::Stale(Box::new(fresh)));
+                    }
+                }
                 let pod_name = pod.name_any();
                 let pp = PostParams {
                     field_manager: Some(labels::FIELD_MANAGER.into()),
