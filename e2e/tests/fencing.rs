@@ -42,14 +42,7 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// that it lost the lease.
 const STALE_WINDOW: Duration = Duration::from_secs(4);
 
-async fn holder(leases: &Api<Lease>) -> Option<String> {
-    leases
-        .get_opt("agentrun-operator")
-        .await
-        .ok()
-        .flatten()
-        .and_then(|l| l.spec?.holder_identity)
-}
+use agentrun_e2e::support::scenario::lease_holder as holder;
 
 async fn wait_holder(leases: &Api<Lease>, identity: &str, logs: &[&Process]) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

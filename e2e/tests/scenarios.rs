@@ -728,14 +728,7 @@ async fn two_operators_one_acts_and_the_standby_takes_over_without_duplicates() 
     let mut a = agentrun_e2e::support::processes::start_operator(&a_cfg);
     // Let A take the lease first.
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = s.env().api();
-    let holder = || async {
-        leases
-            .get_opt("agentrun-operator")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-    };
+    let holder = || agentrun_e2e::support::scenario::lease_holder(&leases);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while holder().await.as_deref() != Some("operator-a") {
         assert!(

@@ -279,3 +279,15 @@ pub fn sim_step(name: &str, effect: &str, sim: Value) -> Value {
         },
     })
 }
+
+/// Who holds the operator's leader Lease (`agentrun-operator`) right now.
+pub async fn lease_holder(
+    leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+) -> Option<String> {
+    leases
+        .get_opt("agentrun-operator")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
