@@ -80,7 +80,7 @@ BENCH_ARGS ?=
 
 bench:
 	$(CARGO) bench --locked --bench engine
-	$(CARGO) test --locked --lib -- engine::tests::status_of_a_finished_500_step_run_stays_under_256_kib --nocapture
+	$(CARGO) test --locked --lib -- engine::tests::d11_bounded_status::status_of_a_500_step_run_with_maximal_names_stays_under_256_kib --exact --nocapture
 	$(CARGO) build --release --locked -p agentrun-operator -p agentrun-e2e --bins
 	$(CLUSTER) build
 	export AGENTRUN_E2E_DIR=$(BENCH_E2E_DIR); unset KUBECONFIG; \

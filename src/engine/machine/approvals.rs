@@ -316,7 +316,7 @@ impl<'a> Machine<'a> {
                         Reason::ApprovalExpired,
                         format!("Approval {name} expired; onTimeout Approve: step {step} runs"),
                     );
-                    self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
+                    self.launch(plan, PodRole::Step, &step, plan.revision, cp.attempt + 1);
                 }
                 OnTimeout::Reject => self.refuse_step(
                     c,
@@ -333,27 +333,26 @@ impl<'a> Machine<'a> {
                 let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
                 let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
                 match (reconcile, decision) {
-                    (false, Answered::Approved) => {
-                        self.event(
-                            EventType::Normal,
-                            Reason::ApprovalGranted,
-                            format!("Approval {name} approved{by}"),
-                        );
-                        self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
+                    (false, Answered::Approved) | (true, Answered::Retry) => {
+                        let (reason, text) = if reconcile {
+                            (
+                                Reason::ReconcileDecided,
+                                format!("Approval {name}: Retry{by}"),
+                            )
+                        } else {
+                            (
+                                Reason::ApprovalGranted,
+                                format!("Approval {name} approved{by}"),
+                            )
+                        };
+                        self.event(EventType::Normal, reason, text);
+                        self.launch(plan, PodRole::Step, &step, plan.revision, cp.attempt + 1);
                     }
                     (false, Answered::Rejected) => self.refuse_step(
                         c,
                         Reason::ApprovalRejected,
                         format!("Approval {name} rejected{by}{comment}"),
                     ),
-                    (true, Answered::Retry) => {
-                        self.event(
-                            EventType::Normal,
-                            Reason::ReconcileDecided,
-                            format!("Approval {name}: Retry{by}"),
-                        );
-                        self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
-                    }
                     (true, Answered::MarkSucceeded) => {
                         let fresh_for = plan::duration(plan.steps[i].fresh_for.as_ref());
                         let now = self.now;
