@@ -335,12 +335,12 @@ impl<'a> Machine<'a> {
             // are checked (`create_unseen`).
             Observation::NotSeen => self.unseen.push(slot),
             Observation::Live { uid } => {
-                self.keep_pod_uid(plan, slot, uid);
+                self.keep_pod_uid(plan, slot, &r, uid);
                 if let Slot::Step(i) = slot {
                     self.check_timeout(plan, i);
                 }
             }
-            Observation::Terminating { uid } => self.keep_pod_uid(plan, slot, uid),
+            Observation::Terminating { uid } => self.keep_pod_uid(plan, slot, &r, uid),
             Observation::Succeeded { message } => match slot {
                 Slot::Step(i) => self.on_success(plan, i, message.as_deref()),
                 Slot::Compensation(k) => self.compensation_succeeded(plan, k, message.as_deref()),
@@ -373,9 +373,8 @@ impl<'a> Machine<'a> {
 
     /// Records the UID of a seen Pod where telling a vanished Pod from one
     /// never created changes the answer (see `may_have_acted_matters`).
-    fn keep_pod_uid(&mut self, plan: &Plan<'_>, slot: Slot, uid: Option<String>) {
-        let r = self.record(slot);
-        if r.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, &r) {
+    fn keep_pod_uid(&mut self, plan: &Plan<'_>, slot: Slot, r: &Record, uid: Option<String>) {
+        if r.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, r) {
             *self.facts(slot).pod_uid = uid;
         }
     }
