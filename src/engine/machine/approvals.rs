@@ -200,7 +200,36 @@ impl<'a> Machine<'a> {
         let pod = reconcile.then(|| cp.pod.clone()).flatten();
         let context = self.approval_context(plan, why, step, &cp.idempotency_key, pod);
         let step_digest = (!reconcile).then(|| cp.step_digest.clone()).flatten();
+        // Who may answer is the gate's: a Reconcile question about a step
+        // goes to the same people as its approval (one answer suffices).
+        let gate = step.approval.clone().unwrap_or_default();
+        let approvers = gate.approvers.map(|mut a| {
+            let ns = self.run.metadata.namespace.clone().unwrap_or_default();
+            for sa in a
+                .service_accounts
+                .iter_mut()
+                .filter(|s| s.namespace.is_empty())
+            {
+                sa.namespace = ns.clone();
+            }
+            a
+        });
+        let requested_by = self
+            .run
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::labels::REQUESTED_BY))
+            .cloned();
         let a = approval::build(approval::Request {
+            approvers,
+            quorum: if reconcile {
+                1
+            } else {
+                gate.quorum.unwrap_or(1)
+            },
+            separate_from_requester: !reconcile && gate.separate_from_requester,
+            requested_by,
             name,
             namespace: self.run.metadata.namespace.clone(),
             owner: self.owner(),
@@ -345,6 +374,8 @@ impl<'a> Machine<'a> {
                                 format!("Approval {name} approved{by}"),
                             )
                         };
+                        // The run's status names who let the step go on (D15).
+                        self.status.steps[c].message = Some(text.clone());
                         self.event(EventType::Normal, reason, text);
                         self.launch(plan, PodRole::Step, &step, plan.revision, cp.attempt + 1);
                     }

@@ -274,3 +274,150 @@ fn approvals_the_run_no_longer_waits_on_are_superseded_and_refuse_decisions() {
     assert!(!w.decide_approval("run-a-2b8d3c-r1-approve", Answer::Approved, "alice"));
     assert!(w.created.is_empty());
 }
+
+fn payments_leads() -> crate::api::Approvers {
+    crate::api::Approvers {
+        users: vec!["alice".into(), "bob".into(), "carol".into()],
+        groups: Vec::new(),
+        service_accounts: vec![crate::api::ServiceAccountRef {
+            namespace: String::new(),
+            name: "refund-bot".into(),
+        }],
+    }
+}
+
+/// The gate's approver policy travels into the Approval, where the API
+/// server's policies read it: approvers (ServiceAccounts resolved to the
+/// run's namespace), quorum, and who created the run.
+#[test]
+fn an_approval_carries_the_gates_approvers_quorum_and_the_runs_creator() {
+    let mut run = AgentRun::test().with_steps([step("a")
+        .with_approval(None, OnTimeout::Reject)
+        .with_approvers(payments_leads(), 2)]);
+    run.spec.steps[0]
+        .approval
+        .as_mut()
+        .unwrap()
+        .separate_from_requester = true;
+    run.metadata.annotations = Some([(labels::REQUESTED_BY.to_owned(), "dave".to_owned())].into());
+    let mut w = World::new(run);
+    w.settle();
+    let a = &w.approvals["run-a-2b8d3c-r1-approve"].spec;
+    let approvers = a.approvers.clone().expect("approvers copied");
+    assert_eq!(approvers.users, ["alice", "bob", "carol"]);
+    assert_eq!(approvers.service_accounts[0].namespace, "default");
+    assert_eq!(
+        (
+            a.quorum,
+            a.separate_from_requester,
+            a.requested_by.as_deref()
+        ),
+        (2, true, Some("dave"))
+    );
+}
+
+/// Quorum 2: one vote leaves the run waiting (the Approval says 1/2); the
+/// second distinct approver's vote releases the step exactly once, also when
+/// the decision is taken again and again (a restart, a requeue).
+#[test]
+fn a_quorum_releases_the_step_once_after_enough_distinct_votes() {
+    let mut w = World::new(
+        AgentRun::test().with_steps([step("a")
+            .with_approval(None, OnTimeout::Reject)
+            .with_approvers(payments_leads(), 2)]),
+    );
+    w.settle();
+    let name = "run-a-2b8d3c-r1-approve";
+    assert!(w.vote(name, "alice", Answer::Approved));
+    w.settle();
+    assert!(w.pods.is_empty(), "one vote of two starts nothing");
+    assert_eq!(w.status().phase, Some(RunPhase::WaitingForApproval));
+    let status = w.approvals[name].status.clone().unwrap();
+    assert_eq!(
+        (status.phase, status.votes.as_deref()),
+        (ApprovalPhase::Pending, Some("1/2"))
+    );
+    // A decision field is not how a quorum is answered: it is not read.
+    w.decide_approval(name, Answer::Approved, "kubectl-patch");
+    w.settle();
+    assert!(
+        w.pods.is_empty(),
+        "spec.decision does not stand in for a vote"
+    );
+    assert!(w.vote(name, "bob", Answer::Approved));
+    let d = w.step();
+    assert_eq!(creates(&d), ["run-a-2b8d3c-r1-a1"]);
+    w.settle();
+    w.settle();
+    assert_eq!(cp(&w, "a", 1).attempt, 1, "released exactly once");
+    assert_eq!(w.status().step_executions, 1);
+    let a = w.approvals[name].status.clone().unwrap();
+    assert_eq!(
+        (a.phase, a.votes.as_deref(), a.decided_by.as_deref()),
+        (ApprovalPhase::Approved, Some("2/2"), Some("alice, bob"))
+    );
+    assert_says(cp(&w, "a", 1).message.as_deref(), "approved by alice, bob");
+}
+
+/// One rejection rejects, whatever the approvals so far.
+#[test]
+fn one_rejecting_vote_rejects_the_step() {
+    let mut w = World::new(
+        AgentRun::test().with_steps([step("a")
+            .with_approval(None, OnTimeout::Reject)
+            .with_approvers(payments_leads(), 2)]),
+    );
+    w.settle();
+    let name = "run-a-2b8d3c-r1-approve";
+    w.vote(name, "alice", Answer::Approved);
+    w.vote(name, "carol", Answer::Rejected);
+    w.settle();
+    assert!(w.pods.is_empty());
+    assert_ended(&w, RunPhase::Failed, Reason::ApprovalRejected);
+    let a = w.approvals[name].status.clone().unwrap();
+    assert_eq!(
+        (a.phase, a.decided_by.as_deref()),
+        (ApprovalPhase::Rejected, Some("carol"))
+    );
+    assert!(
+        !w.vote(name, "bob", Answer::Approved),
+        "decided: no more votes"
+    );
+}
+
+/// The person the API server recorded as the decider is who the Approval,
+/// the Event and the run's status name, not the tool they used (D15).
+#[test]
+fn the_recorded_decider_is_named_not_the_tool() {
+    let mut w =
+        World::new(AgentRun::test().with_steps([step("a").with_approval(None, OnTimeout::Reject)]));
+    w.settle();
+    let name = "run-a-2b8d3c-r1-approve";
+    w.decide_approval(name, Answer::Approved, "kubectl-patch");
+    w.approvals.get_mut(name).unwrap().spec.decided_by = Some("alice".into());
+    let d = w.step();
+    let granted: Vec<String> = d
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event {
+                reason: Reason::ApprovalGranted,
+                message,
+                ..
+            } => Some(message.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(granted, [format!("Approval {name} approved by alice")]);
+    w.settle();
+    assert_eq!(
+        w.approvals[name]
+            .status
+            .as_ref()
+            .unwrap()
+            .decided_by
+            .as_deref(),
+        Some("alice")
+    );
+    assert_says(cp(&w, "a", 1).message.as_deref(), "approved by alice");
+}
