@@ -194,7 +194,7 @@ pub fn desired_status(
         // Waiting: the vote count is all that changes.
         Answer::Pending { .. } if waiting => {
             let votes = tally(a);
-            return (votes != current.votes).then(|| ApprovalStatus { votes, ..current });
+            return (votes != current.votes).then_some(ApprovalStatus { votes, ..current });
         }
         Answer::Pending { .. } => return superseded(),
         // Acted on: the checkpoint went past its wait.
