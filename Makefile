@@ -6,6 +6,7 @@
 #   make cluster-up    build (if needed) and start the local control plane
 #   make cluster-down  stop it
 #   make crds          regenerate crds/ from the Rust types
+#   make policies      regenerate config/policies from the chart
 #   make chaos         the long chaos suite on its own control plane (target/e2e-chaos)
 #   make bench         the engine micro-benchmark, then the cluster benchmark on its own
 #                      control plane (target/e2e-bench); BENCH_ARGS passes flags to it,
@@ -33,6 +34,11 @@ crds:
 	$(CARGO) run --quiet --locked -- crd > crds/agentrun.dev_crds.yaml.tmp
 	mv crds/agentrun.dev_crds.yaml.tmp crds/agentrun.dev_crds.yaml
 	for f in $(CRD_COPIES); do cp crds/agentrun.dev_crds.yaml $$f; done
+
+# config/policies is the chart's admission policies and roles, rendered.
+.PHONY: policies
+policies:
+	e2e/render-policies
 
 # The checked-in CRDs must be exactly what the types generate.
 check-crds:

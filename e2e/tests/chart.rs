@@ -113,8 +113,7 @@ fn chart_schema_refuses_bad_values() {
 fn chart_rbac_grants_exactly_the_operators_verbs() {
     let docs = render("agentrun-operator", "agentrun-system", &[]);
 
-    let cluster_role = one(&docs, "ClusterRole");
-    assert_eq!(cluster_role["metadata"]["name"], "agentrun-operator");
+    let cluster_role = named(&docs, "ClusterRole", "agentrun-operator");
     let granted = grants_of(cluster_role);
     let expected = operator_grants();
     assert_eq!(
@@ -158,10 +157,24 @@ fn chart_watching_one_namespace_grants_a_role_there_only() {
         "agentrun-system",
         &["--set", "watchNamespace=team-a"],
     );
-    assert!(
-        of_kind(&docs, "ClusterRole").is_empty(),
-        "ClusterRole rendered for one namespace"
+    // Only the people's roles are cluster-wide (bound per namespace by
+    // whoever grants them); the operator's own are not.
+    let cluster_roles: Vec<&str> = of_kind(&docs, "ClusterRole")
+        .iter()
+        .filter_map(|r| r["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        cluster_roles,
+        ["agentrun-viewer", "agentrun-approver"],
+        "operator ClusterRole rendered for one namespace"
     );
+    // The policies apply in the watched namespace only.
+    for b in of_kind(&docs, "ValidatingAdmissionPolicyBinding") {
+        assert_eq!(
+            b["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+            "team-a"
+        );
+    }
     assert!(of_kind(&docs, "ClusterRoleBinding").is_empty());
 
     let roles = of_kind(&docs, "Role");
@@ -231,6 +244,10 @@ fn chart_deployment_is_restricted_probed_and_leader_elected() {
             "RoleBinding",
             "Deployment",
             "Service",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "MutatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding",
         ]),
         "default install renders exactly these kinds (ServiceMonitor and PDB are opt-in)"
     );
@@ -452,12 +469,14 @@ fn kustomize_default_is_the_charts_default_install() {
     let charted = render("agentrun-operator", "agentrun-system", &["--include-crds"]);
 
     let key = |d: &Value| {
+        let kind = d["kind"].as_str().unwrap_or_default();
+        let namespace = match CLUSTER_SCOPED.contains(&kind) {
+            true => "",
+            false => d["metadata"]["namespace"].as_str().unwrap_or_default(),
+        };
         (
-            d["kind"].as_str().unwrap_or_default().to_owned(),
-            d["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
+            kind.to_owned(),
+            namespace.to_owned(),
             d["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
@@ -488,6 +507,10 @@ fn kustomize_default_is_the_charts_default_install() {
             "Service" => &["spec"],
             "ServiceAccount" => &["automountServiceAccountToken"],
             "Deployment" => &[],
+            "ValidatingAdmissionPolicy"
+            | "ValidatingAdmissionPolicyBinding"
+            | "MutatingAdmissionPolicy"
+            | "MutatingAdmissionPolicyBinding" => &["spec"],
             other => panic!("unexpected kind {other} in config/default"),
         };
         for f in fields {
@@ -509,11 +532,65 @@ fn kustomize_default_is_the_charts_default_install() {
     }
     // And config/rbac is the same table the chart is checked against.
     assert_eq!(
-        grants_of(one(&kustomized, "ClusterRole")),
+        grants_of(named(&kustomized, "ClusterRole", "agentrun-operator")),
         operator_grants()
     );
     assert_eq!(
         grants_of(one(&kustomized, "Role")),
         lease_rules("agentrun-operator")
+    );
+}
+
+/// The admission policies name the release's own ServiceAccount as the
+/// operator that may never decide; clusters without MutatingAdmissionPolicy
+/// install only the validating half; the people's roles aggregate into the
+/// standard ones.
+#[test]
+fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
+    let docs = render("agentrun-operator", "agentrun-system", &[]);
+    let approvals = named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "agentrun-operator-approvals",
+    );
+    let text = approvals["spec"]["validations"].to_string();
+    assert!(
+        text.contains("system:serviceaccount:agentrun-system:agentrun-operator"),
+        "{text}"
+    );
+    assert_eq!(of_kind(&docs, "MutatingAdmissionPolicy").len(), 2);
+
+    let validating_only = render(
+        "agentrun-operator",
+        "agentrun-system",
+        &["--set", "admissionPolicies.mutating=false"],
+    );
+    assert!(of_kind(&validating_only, "MutatingAdmissionPolicy").is_empty());
+    assert!(of_kind(&validating_only, "MutatingAdmissionPolicyBinding").is_empty());
+    assert_eq!(
+        of_kind(&validating_only, "ValidatingAdmissionPolicy").len(),
+        2
+    );
+
+    let none = render(
+        "agentrun-operator",
+        "agentrun-system",
+        &["--set", "admissionPolicies.enabled=false"],
+    );
+    assert!(of_kind(&none, "ValidatingAdmissionPolicy").is_empty());
+
+    let viewer = named(&docs, "ClusterRole", "agentrun-viewer");
+    assert_eq!(
+        viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"],
+        "true"
+    );
+    let approver = named(&docs, "ClusterRole", "agentrun-approver");
+    assert_eq!(
+        approver["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"],
+        "true"
+    );
+    assert!(
+        approver["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"].is_null(),
+        "viewers do not decide"
     );
 }

@@ -110,6 +110,18 @@ impl Release {
             &self.namespace,
             "--skip-crds",
         ])
+        // Releases side by side: their people's ClusterRoles get their own
+        // names, and their admission policies apply to their own namespace.
+        .arg("--set")
+        .arg(format!(
+            "roles.prefix=agentrun-{}",
+            self.namespace.rsplit('-').next().unwrap_or("x")
+        ))
+        .arg("--set-json")
+        .arg(format!(
+            r#"admissionPolicies.namespaceSelector={{"matchLabels":{{"kubernetes.io/metadata.name":"{}"}}}}"#,
+            self.namespace
+        ))
         .args(extra);
         self.installed = true;
         ok_async(cmd).await

@@ -229,7 +229,7 @@ impl Default for Backoff {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!has(self.quorum) || !has(self.approvers) || size(self.approvers.groups) > 0 || self.quorum <= size(self.approvers.users) + size(self.approvers.serviceAccounts)").message(kube::core::Message::Expression("'approval.quorum: ' + string(self.quorum) + ' distinct approvers are needed but only ' + string(size(self.approvers.users) + size(self.approvers.serviceAccounts)) + ' users and serviceAccounts are listed (and no group)'".into())).field_path(".quorum").reason(Reason::FieldValueInvalid)
+    validation = Rule::new("!has(self.quorum) || !has(self.approvers) || size(self.approvers.groups) > 0 || self.quorum <= size(self.approvers.users) + size(self.approvers.serviceAccounts)").message("approval.quorum: more distinct approvers are needed than the users and serviceAccounts listed, and no group is listed").field_path(".quorum").reason(Reason::FieldValueInvalid)
 )]
 pub struct ApprovalGate {
     /// Whether the approval is required (default true when the block is present).

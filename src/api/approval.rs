@@ -31,9 +31,9 @@ use super::{Approvers, Effect, OnTimeout};
     printcolumn(name = "Step", type_ = "string", json_path = ".spec.step"),
     printcolumn(name = "Kind", type_ = "string", json_path = ".spec.kind"),
     printcolumn(name = "Decision", type_ = "string", json_path = ".spec.decision"),
+    printcolumn(name = "Expires", type_ = "string", json_path = ".spec.expiresAt"),
     printcolumn(name = "Votes", type_ = "string", json_path = ".status.votes"),
     printcolumn(name = "Decided-By", type_ = "string", json_path = ".status.decidedBy"),
-    printcolumn(name = "Expires", type_ = "string", json_path = ".spec.expiresAt"),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -56,7 +56,7 @@ use super::{Approvers, Effect, OnTimeout};
 )]
 #[x_kube(
     validation = Rule::new("!has(self.decidedBy) || has(self.decision)").message("spec.decidedBy is recorded with spec.decision, not alone").field_path(".decidedBy").reason(Reason::FieldValueForbidden),
-    validation = Rule::new("self.votes.all(v, self.votes.exists_one(w, w.user == v.user))").message("spec.votes: each user votes once").field_path(".votes").reason(Reason::FieldValueDuplicate),
+    validation = Rule::new("self.votes.all(v, self.votes.exists_one(w, w.user == v.user))").message("spec.votes: each user votes once").field_path(".votes").reason(Reason::FieldValueForbidden),
     validation = Rule::new("size(self.votes) == 0 || self.kind == 'Approve'").message("spec.votes: only an Approve approval takes votes; a Reconcile approval takes spec.decision").field_path(".votes").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
@@ -144,13 +144,13 @@ pub struct ApprovalSpec {
     #[schemars(length(max = 253))]
     pub decided_by: Option<String>,
     /// The groups of that user at the time.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     #[schemars(length(max = 64))]
     pub decided_by_groups: Vec<String>,
     /// Votes, one per user, append-only: with a quorum above 1 the step runs
     /// once `quorum` distinct approvers voted `Approved`; one `Rejected`
     /// rejects.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     #[schemars(length(max = 32))]
     pub votes: Vec<Vote>,
 }

@@ -235,6 +235,31 @@ pub fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     }
 }
 
+/// The one object of `kind` named `name`.
+pub fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    match of_kind(docs, kind)
+        .into_iter()
+        .filter(|d| d["metadata"]["name"] == name)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [one] => one,
+        other => panic!("expected one {kind} {name}, found {}", other.len()),
+    }
+}
+
+/// Kinds that are not namespaced (kustomize's namespace transformer still
+/// writes a namespace into those it does not know).
+pub const CLUSTER_SCOPED: &[&str] = &[
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+];
+
 pub fn container(deployment: &Value) -> &Value {
     &deployment["spec"]["template"]["spec"]["containers"][0]
 }
