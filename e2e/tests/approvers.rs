@@ -301,7 +301,7 @@ async fn only_an_approver_decides_and_is_recorded_as_the_decider() {
     let out = kubectl_as("dave", &["payments-leads"], &ns, &patch).await;
     assert_refused(
         &out,
-        &format!("dave created run refund and may not approve it (separateFromRequester)"),
+        "dave created run refund and may not approve it (separateFromRequester)",
     );
     let forged = json!({"spec": {"decision": "Approved", "decidedBy": "carol"}}).to_string();
     let out = kubectl_as(
