@@ -613,6 +613,8 @@ async fn kubectl_get_ar_shows_phase_step_progress_and_tokens() {
         &PatchParams::default(),
         &Patch::Merge(json!({ "status": {
             "phase": "Running", "currentStep": "draft-refund", "progress": "1/3", "tokensUsed": 1234,
+            "conditions": [{"type": "Succeeded", "status": "Unknown", "reason": "Running",
+                "message": "1/3 steps done", "lastTransitionTime": "2026-12-01T00:00:00Z"}],
         }})),
     )
     .await
@@ -622,16 +624,25 @@ async fn kubectl_get_ar_shows_phase_step_progress_and_tokens() {
     let rows = table(&out);
     assert_eq!(
         rows[0],
-        ["NAME", "PHASE", "STEP", "PROGRESS", "TOKENS", "AGE"],
+        [
+            "NAME", "PHASE", "REASON", "STEP", "PROGRESS", "TOKENS", "AGE"
+        ],
         "{out}"
     );
     assert_eq!(rows.len(), 2, "{out}");
     assert_eq!(
-        rows[1][..5],
-        ["refund-4711", "Running", "draft-refund", "1/3", "1234"],
+        rows[1][..6],
+        [
+            "refund-4711",
+            "Running",
+            "Running",
+            "draft-refund",
+            "1/3",
+            "1234"
+        ],
         "{out}"
     );
-    assert_eq!(rows[1].len(), 6, "{out}");
+    assert_eq!(rows[1].len(), 7, "{out}");
     env.cleanup().await;
 }
 
@@ -661,6 +672,7 @@ async fn kubectl_get_apv_shows_run_step_kind_decision_and_expiry() {
             "RUN",
             "STEP",
             "KIND",
+            "PHASE",
             "DECISION",
             "EXPIRES",
             "VOTES",
@@ -731,5 +743,25 @@ async fn every_sample_applies_with_server_side_dry_run() {
         "samples refused:\n  {}",
         failures.join("\n  ")
     );
+    env.cleanup().await;
+}
+
+/// `kubectl explain` opens with what the resource is, not a generated stub.
+#[tokio::test]
+async fn kubectl_explain_describes_both_resources() {
+    let env = TestEnv::new("kubectl_explain").await;
+    let run = kubectl_ok(["explain", "agentrun"]).await;
+    assert!(
+        run.contains("A durable AI-agent run: a plan of steps"),
+        "{run}"
+    );
+    let approval = kubectl_ok(["explain", "approval"]).await;
+    assert!(
+        approval.contains("A decision a person owes an AgentRun"),
+        "{approval}"
+    );
+    for out in [&run, &approval] {
+        assert!(!out.contains("Auto-generated"), "{out}");
+    }
     env.cleanup().await;
 }

@@ -268,6 +268,9 @@ fn step_line(cp: &StepCheckpoint, now: Timestamp, full: bool, style: Style) -> S
     } else if cp.result_truncated {
         let _ = writeln!(s, "      result not kept in status");
     }
+    if let Some(by) = &cp.decided_by {
+        let _ = writeln!(s, "      released by {by}");
+    }
     if let Some(m) = &cp.message {
         let m = if full { m.clone() } else { truncate(m, 70) };
         let _ = writeln!(s, "      {m}");

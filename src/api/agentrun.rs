@@ -39,11 +39,13 @@ pub const MAX_CONTEXT_BYTES: i32 = 128 * 1024;
     status = "AgentRunStatus",
     derive = "PartialEq",
     derive = "Default",
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Step", type_ = "string", json_path = ".status.currentStep"),
-    printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress"),
-    printcolumn(name = "Tokens", type_ = "integer", json_path = ".status.tokensUsed"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    doc = "A durable AI-agent run: a plan of steps, each run as one Pod, whose results are checkpointed in status before the next step starts, so a run survives operator crashes, evictions and long waits for a person without repeating a committed step.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Pending, Planning, Running, WaitingForApproval, Compensating, Succeeded, Failed or Cancelled"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Succeeded\")].reason", description = "Why the run is in its phase: the reason of its Succeeded condition"),
+    printcolumn(name = "Step", type_ = "string", json_path = ".status.currentStep", description = "The step running or waiting now"),
+    printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress", description = "Steps succeeded out of the plan's steps"),
+    printcolumn(name = "Tokens", type_ = "integer", json_path = ".status.tokensUsed", description = "Tokens reported by every attempt, failed ones included"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp", description = "Time since the run was created"),
     validation = Rule::new("size(self.metadata.name) <= 63").message("metadata.name: an AgentRun name must be at most 63 characters, because it is a label value on every step Pod"),
 )]
 #[x_kube(
@@ -507,6 +509,11 @@ pub struct StepCheckpoint {
     /// the approval (D14).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_digest: Option<String>,
+    /// Who released the step: the approver(s) of its approval gate, or
+    /// whoever answered its Reconcile question, as the API server recorded
+    /// them (D15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
     /// A person-readable account of the last thing that happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

@@ -359,6 +359,7 @@ impl<'a> Machine<'a> {
                 by,
                 comment,
             } => {
+                self.status.steps[c].decided_by = by.clone();
                 let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
                 let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
                 match (reconcile, decision) {
@@ -374,7 +375,6 @@ impl<'a> Machine<'a> {
                                 format!("Approval {name} approved{by}"),
                             )
                         };
-                        // The run's status names who let the step go on (D15).
                         self.status.steps[c].message = Some(text.clone());
                         self.event(EventType::Normal, reason, text);
                         self.launch(plan, PodRole::Step, &step, plan.revision, cp.attempt + 1);

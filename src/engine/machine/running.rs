@@ -162,6 +162,8 @@ impl<'a> Machine<'a> {
         cp.next_attempt_at = None;
         cp.result = inline;
         cp.result_truncated = truncated;
+        // What the step waited for or went through no longer holds.
+        cp.message = None;
         if role == StepRole::Step {
             let effect = spec.as_ref().map_or(Effect::NonIdempotent, |s| s.effect);
             cp.effect = Some(if effect == Effect::None {

@@ -356,7 +356,14 @@ fn a_quorum_releases_the_step_once_after_enough_distinct_votes() {
         (a.phase, a.votes.as_deref(), a.decided_by.as_deref()),
         (ApprovalPhase::Approved, Some("2/2"), Some("alice, bob"))
     );
-    assert_says(cp(&w, "a", 1).message.as_deref(), "approved by alice, bob");
+    assert_eq!(cp(&w, "a", 1).decided_by.as_deref(), Some("alice, bob"));
+    w.succeed("run-a-2b8d3c-r1-a1", &ok_message(json!(1), 0));
+    assert_eq!(
+        cp(&w, "a", 1).message,
+        None,
+        "a succeeded step no longer says what it waited for"
+    );
+    assert_eq!(cp(&w, "a", 1).decided_by.as_deref(), Some("alice, bob"));
 }
 
 /// One rejection rejects, whatever the approvals so far.
@@ -419,5 +426,5 @@ fn the_recorded_decider_is_named_not_the_tool() {
             .as_deref(),
         Some("alice")
     );
-    assert_says(cp(&w, "a", 1).message.as_deref(), "approved by alice");
+    assert_eq!(cp(&w, "a", 1).decided_by.as_deref(), Some("alice"));
 }
