@@ -6,6 +6,8 @@
 #   make cluster-up    build (if needed) and start the local control plane
 #   make cluster-down  stop it
 #   make crds          regenerate crds/ from the Rust types
+#   make observability the alert, dashboard and GitOps health checks (promtool, lua;
+#                      no control plane)
 #   make chaos         the long chaos suite on its own control plane (target/e2e-chaos)
 #   make bench         the engine micro-benchmark, then the cluster benchmark on its own
 #                      control plane (target/e2e-bench); BENCH_ARGS passes flags to it,
@@ -17,7 +19,7 @@ CARGO ?= cargo
 export AGENTRUN_E2E_DIR ?= $(CURDIR)/target/e2e
 CLUSTER := e2e/cluster
 
-.PHONY: demo demo-stop test lint check-crds crds unit integration cluster-build cluster-up cluster-down tools bench build
+.PHONY: demo demo-stop test observability lint check-crds crds unit integration cluster-build cluster-up cluster-down tools bench build
 
 build:
 	$(CARGO) build --workspace --all-targets --locked
@@ -63,6 +65,12 @@ demo-stop:
 	@for p in operator simkubelet; do f=$(AGENTRUN_E2E_DIR)/demo/$$p.pid; \
 	  if [ -f $$f ]; then kill $$(cat $$f) 2>/dev/null || true; rm -f $$f; fi; done
 
+observability:
+	$(CLUSTER) tools
+	$(CLUSTER) promtool
+	$(CLUSTER) lua
+	eval "$$($(CLUSTER) env)"; $(CARGO) test --locked -p agentrun-e2e --test observability
+
 # Integration tests need the plane; `test` brings it up and always takes it down.
 integration:
 	eval "$$($(CLUSTER) env)"; $(CARGO) test --workspace --locked --test '*'
@@ -71,6 +79,8 @@ test: lint check-crds unit
 	$(CARGO) build --workspace --bins --locked
 	$(CLUSTER) build
 	$(CLUSTER) tools
+	$(CLUSTER) promtool
+	$(CLUSTER) lua
 	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(MAKE) --no-print-directory integration
 
 # The cluster benchmark gets a plane of its own (separate ports and etcd) and
