@@ -371,3 +371,99 @@ pub fn adopt(span: &tracing::Span, uid: &str) {
     };
     span.record("span_id", tracing::field::display(id));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::transitions::{ApprovalWait, AttemptEnded};
+    use opentelemetry_sdk::trace::InMemorySpanExporter;
+
+    fn at(s: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    /// The spans carry the derived ids whichever process emits them: an
+    /// attempt's span id is the one its Pod's TRACEPARENT names, and every
+    /// span hangs from the run's root.
+    #[test]
+    fn spans_take_the_ids_derived_from_the_run() {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_id_generator(DerivedIds::default())
+            .with_simple_exporter(exporter.clone())
+            .build();
+        global::set_tracer_provider(provider.clone());
+
+        let mut run = AgentRun::new("r", Default::default());
+        run.metadata.uid = Some("uid-1".into());
+        run.metadata.namespace = Some("team-a".into());
+        let facts = [
+            Transition::AttemptEnded(AttemptEnded {
+                role: PodRole::Step,
+                step: "fetch".into(),
+                plan_revision: 1,
+                attempt: 2,
+                idempotency_key: "k".into(),
+                pod: Some("r-fetch-a2".into()),
+                outcome: AttemptOutcome::Succeeded,
+                effect: None,
+                tokens: 9,
+                started: at(10),
+                ended: at(20),
+            }),
+            Transition::ApprovalWaitEnded(ApprovalWait {
+                step: "deploy".into(),
+                plan_revision: 1,
+                approval: "r-deploy-approve".into(),
+                then: crate::api::StepPhase::Running,
+                started: at(20),
+                ended: at(80),
+            }),
+            Transition::RunEnded {
+                phase: crate::api::RunPhase::Succeeded,
+                started: Some(at(0)),
+                ended: at(90),
+            },
+        ];
+        record(&run, &Default::default(), &facts);
+        status_write(&run, at(85).into(), at(86).into(), "ok", 2);
+        let _ = provider.force_flush();
+        let spans = exporter.get_finished_spans().unwrap();
+        let _ = provider.shutdown();
+
+        // Independent of the code under test: python3,
+        // hashlib.sha256(b"agentrun.dev/trace\x00uid-1").hexdigest()[:32] and
+        // hashlib.sha256(b"agentrun.dev/run\x00uid-1").hexdigest()[:16].
+        let trace = "63b736e5361b16f7721555f3fbb52da3";
+        let root = "4c2c721a6c3ebdb9";
+        assert_eq!(spans.len(), 4, "{spans:#?}");
+        for s in &spans {
+            assert_eq!(s.span_context.trace_id().to_string(), trace, "{}", s.name);
+        }
+        let named = |n: &str| spans.iter().find(|s| s.name == n).unwrap();
+        let run_span = named("run");
+        assert_eq!(run_span.span_context.span_id().to_string(), root);
+        assert_eq!(run_span.parent_span_id, SpanId::INVALID);
+        assert_eq!(run_span.start_time, SystemTime::from(at(0)));
+        let attempt = named("attempt");
+        assert_eq!(
+            attempt.span_context.span_id().to_string(),
+            ids::hex(&ids::attempt_span_id("uid-1", "step", "fetch", 1, 2))
+        );
+        assert_eq!(
+            crate::telemetry::ids::attempt_traceparent("uid-1", "step", "fetch", 1, 2),
+            format!("00-{trace}-{}-01", attempt.span_context.span_id())
+        );
+        assert_eq!(
+            (attempt.start_time, attempt.end_time),
+            (at(10).into(), at(20).into())
+        );
+        for n in ["attempt", "approval wait", "status write"] {
+            assert_eq!(
+                named(n).parent_span_id.to_string(),
+                root,
+                "{n} hangs from the run"
+            );
+        }
+    }
+}
