@@ -2,7 +2,8 @@
 #
 #   make demo          the product on the local control plane, as a person sees it
 #   make test          everything CI runs: lint, CRD drift, unit tests, and the
-#                      integration tests on a real local control plane
+#                      integration tests on a real local control plane (with promtool,
+#                      lua and Jaeger for the alert, GitOps and trace tests)
 #   make cluster-up    build (if needed) and start the local control plane
 #   make cluster-down  stop it
 #   make crds          regenerate crds/ from the Rust types
@@ -81,6 +82,7 @@ test: lint check-crds unit
 	$(CLUSTER) tools
 	$(CLUSTER) promtool
 	$(CLUSTER) lua
+	$(CLUSTER) jaeger
 	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(MAKE) --no-print-directory integration
 
 # The cluster benchmark gets a plane of its own (separate ports and etcd) and
