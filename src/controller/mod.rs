@@ -288,13 +288,12 @@ fn gauges(
     metrics: Arc<Metrics>,
 ) -> Refresh {
     Arc::new(move || {
-        let runs: Vec<AgentRun> = runs
-            .state()
-            .iter()
-            .filter_map(|r| r.0.as_ref().ok().cloned())
-            .collect();
-        let approvals: Vec<Approval> = approvals.state().iter().map(|a| (**a).clone()).collect();
-        let g = crate::telemetry::gauges::compute(&runs, &approvals, jiff::Timestamp::now());
+        let (runs, approvals) = (runs.state(), approvals.state());
+        let g = crate::telemetry::gauges::compute(
+            runs.iter().filter_map(|r| r.0.as_ref().ok()),
+            approvals.iter().map(|a| a.as_ref()),
+            jiff::Timestamp::now(),
+        );
         for (phase, n) in g.runs_by_phase {
             metrics
                 .runs_by_phase

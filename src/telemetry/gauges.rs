@@ -32,13 +32,18 @@ pub struct Gauges {
     pub progress_age: BTreeMap<String, f64>,
 }
 
-pub fn compute(runs: &[AgentRun], approvals: &[Approval], now: Timestamp) -> Gauges {
+pub fn compute<'a>(
+    runs: impl IntoIterator<Item = &'a AgentRun>,
+    approvals: impl IntoIterator<Item = &'a Approval>,
+    now: Timestamp,
+) -> Gauges {
     let mut g = Gauges::default();
     let mut by_phase: BTreeMap<String, i64> =
         PHASES.iter().map(|p| (format!("{p:?}"), 0)).collect();
     for run in runs {
         let ns = run.metadata.namespace.clone().unwrap_or_default();
-        let status = run.status.clone().unwrap_or_default();
+        let empty = crate::api::AgentRunStatus::default();
+        let status = run.status.as_ref().unwrap_or(&empty);
         let phase = status.phase.unwrap_or(RunPhase::Pending);
         *by_phase.entry(format!("{phase:?}")).or_default() += 1;
         let stalled = status

@@ -106,11 +106,22 @@ fn tokens(t: &Option<crate::api::TokenUsage>) -> i64 {
 /// status holds no time of its own for the end.
 pub fn between(old: &AgentRunStatus, new: &AgentRunStatus, now: Timestamp) -> Vec<Transition> {
     let mut out = Vec::new();
-    let same = |a: &StepCheckpoint, b: &StepCheckpoint| {
-        a.role == b.role && a.name == b.name && a.plan_revision == b.plan_revision
-    };
+    if old == new {
+        return out;
+    }
+    // By (role, name, revision): a 500-step status is looked up, not scanned.
+    let index: std::collections::HashMap<(StepRole, &str, i64), &StepCheckpoint> = new
+        .steps
+        .iter()
+        .map(|n| ((n.role, n.name.as_str(), n.plan_revision), n))
+        .collect();
     for o in &old.steps {
-        let n = new.steps.iter().find(|n| same(o, n));
+        if !matches!(o.phase, StepPhase::Running | StepPhase::WaitingForApproval) {
+            continue;
+        }
+        let n = index
+            .get(&(o.role, o.name.as_str(), o.plan_revision))
+            .copied();
         if o.phase == StepPhase::Running
             && let Some(started) = ts(&o.started_at)
         {
