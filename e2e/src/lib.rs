@@ -20,6 +20,7 @@ pub mod ledger;
 pub mod support {
     pub mod crds;
     pub mod env;
+    pub mod jaeger;
     pub mod kubectl;
     pub mod namespace;
     pub mod pods;
