@@ -385,6 +385,41 @@ mod tests {
     }
 
     #[test]
+    fn a_compensation_attempt_and_a_replan_are_facts_too() {
+        let comp = |phase, attempt, failures| CompensationCheckpoint {
+            name: "pay".into(),
+            plan_revision: 1,
+            attempt,
+            idempotency_key: "ck".into(),
+            pod: Some(format!("run-pay-c{attempt}")),
+            phase,
+            started_at: at(30),
+            failures,
+            ..CompensationCheckpoint::default()
+        };
+        let mut old = status(vec![]);
+        old.plan = Some(crate::api::PlanStatus {
+            revision: 1,
+            ..Default::default()
+        });
+        old.compensations = vec![comp(StepPhase::Running, 1, 0)];
+        let mut new = old.clone();
+        new.compensations = vec![comp(StepPhase::Pending, 1, 1)];
+        new.plan = Some(crate::api::PlanStatus {
+            revision: 2,
+            reason: "step lookup stale".into(),
+            ..Default::default()
+        });
+        let t = between(&old, &new, now());
+        assert!(
+            matches!(&t[..], [Transition::AttemptEnded(e), Transition::Replanned { revision: 2, .. }]
+                if e.role == PodRole::Compensate && e.outcome == AttemptOutcome::Failed
+                    && e.started == at(30).unwrap().0 && e.ended == now()),
+            "{t:?}"
+        );
+    }
+
+    #[test]
     fn the_run_ends_once() {
         let old = status(vec![]);
         let mut new = status(vec![]);
