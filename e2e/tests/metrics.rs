@@ -127,3 +127,51 @@ async fn a_timed_out_attempt_is_counted_once_on_a_real_operator() {
     }
     s.finish().await;
 }
+
+/// `kubectl wait --for=condition=Ready` (kstatus' Ready) returns once a run
+/// succeeded, and not for a run that failed, which says `Ready=False` with the
+/// failure's reason instead.
+#[tokio::test]
+async fn kubectl_wait_for_ready_follows_the_run() {
+    use agentrun_e2e::support::kubectl::{kubectl, kubectl_ok};
+    let s = Scenario::start("ready-condition").await;
+    let ns = s.namespace().to_owned();
+    s.create_run(
+        "good",
+        json!({"steps": [sim_step("only", "None", json!({"runMs": 300}))]}),
+    )
+    .await;
+    s.create_run(
+        "bad",
+        json!({"steps": [sim_step("only", "None", json!({"runMs": 50, "exitCode": 1}))]}),
+    )
+    .await;
+    kubectl_ok([
+        "wait",
+        "--for=condition=Ready",
+        "agentrun/good",
+        "-n",
+        &ns,
+        "--timeout=60s",
+    ])
+    .await;
+    let bad = s.wait_finished("bad", Duration::from_secs(60)).await;
+    assert_eq!(status(&bad).phase, Some(RunPhase::Failed));
+    let waited = kubectl([
+        "wait",
+        "--for=condition=Ready",
+        "agentrun/bad",
+        "-n",
+        &ns,
+        "--timeout=2s",
+    ])
+    .await;
+    assert!(!waited.success(), "a failed run is not Ready");
+    let reason = kubectl_ok([
+        "get", "agentrun/bad", "-n", &ns,
+        "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}/{.status.conditions[?(@.type==\"Ready\")].reason}/{.status.conditions[?(@.type==\"Reconciling\")].status}",
+    ])
+    .await;
+    assert_eq!(reason, "False/StepFailed/False");
+    s.finish().await;
+}
