@@ -7,6 +7,7 @@
 #   make cluster-up    build (if needed) and start the local control plane
 #   make cluster-down  stop it
 #   make crds          regenerate crds/ from the Rust types
+#   make policies      regenerate config/policies from the chart
 #   make observability the alert, dashboard and GitOps health checks (promtool, lua;
 #                      no control plane)
 #   make chaos         the long chaos suite on its own control plane (target/e2e-chaos)
@@ -36,6 +37,11 @@ crds:
 	$(CARGO) run --quiet --locked -- crd > crds/agentrun.dev_crds.yaml.tmp
 	mv crds/agentrun.dev_crds.yaml.tmp crds/agentrun.dev_crds.yaml
 	for f in $(CRD_COPIES); do cp crds/agentrun.dev_crds.yaml $$f; done
+
+# config/policies is the chart's admission policies and roles, rendered.
+.PHONY: policies
+policies:
+	e2e/render-policies
 
 # The checked-in CRDs must be exactly what the types generate.
 check-crds:
@@ -92,7 +98,7 @@ BENCH_ARGS ?=
 
 bench:
 	$(CARGO) bench --locked --bench engine
-	$(CARGO) test --locked --lib -- engine::tests::status_of_a_finished_500_step_run_stays_under_256_kib --nocapture
+	$(CARGO) test --locked --lib -- engine::tests::d11_bounded_status::status_of_a_500_step_run_with_maximal_names_stays_under_256_kib --exact --nocapture
 	$(CARGO) build --release --locked -p agentrun-operator -p agentrun-e2e --bins
 	$(CLUSTER) build
 	export AGENTRUN_E2E_DIR=$(BENCH_E2E_DIR); unset KUBECONFIG; \

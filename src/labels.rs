@@ -18,6 +18,11 @@ pub const IDEMPOTENCY_KEY: &str = "agentrun.dev/idempotency-key";
 pub const CONTEXT: &str = "agentrun.dev/context";
 /// Finalizer on every step Pod, released only after its result is committed (D5).
 pub const RESULT_FINALIZER: &str = "agentrun.dev/result";
+/// Annotation on an AgentRun: the user who created it, stamped by the
+/// chart's mutating admission policy at creation and guarded against change
+/// by its validating policy. An approval gate with `separateFromRequester`
+/// refuses this user's approval.
+pub const REQUESTED_BY: &str = "agentrun.dev/requested-by";
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "agentrun-operator";
 

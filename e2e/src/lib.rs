@@ -18,8 +18,10 @@ pub mod chaos;
 pub mod ledger;
 
 pub mod support {
+    pub mod chart;
     pub mod crds;
     pub mod env;
+    pub mod http;
     pub mod jaeger;
     pub mod kubectl;
     pub mod namespace;
@@ -31,6 +33,7 @@ pub mod support {
 
 pub use support::crds::{FIELD_MANAGER, apply_crd, install_crds};
 pub use support::env::{TestEnv, client, client_as, kubeconfig, repo_root};
+pub use support::http::{get_ok, http_get};
 pub use support::kubectl::{KubectlOutput, kubectl, kubectl_ok};
 pub use support::namespace::TestNamespace;
 pub use support::pods::{set_pod_evicted, set_pod_running, set_pod_terminated};

@@ -656,7 +656,17 @@ async fn kubectl_get_apv_shows_run_step_kind_decision_and_expiry() {
     let rows = table(&out);
     assert_eq!(
         rows[0],
-        ["NAME", "RUN", "STEP", "KIND", "DECISION", "EXPIRES", "AGE"],
+        [
+            "NAME",
+            "RUN",
+            "STEP",
+            "KIND",
+            "DECISION",
+            "EXPIRES",
+            "VOTES",
+            "DECIDED-BY",
+            "AGE"
+        ],
         "{out}"
     );
     assert_eq!(rows.len(), 2, "{out}");

@@ -779,11 +779,7 @@ async fn metrics_count_steps_and_checkpoints() {
     let s = Scenario::start("metrics").await;
     s.create_run("measured", four_steps()).await;
     s.wait_finished("measured", RUN_TIMEOUT).await;
-    let url = format!(
-        "http://127.0.0.1:{}/metrics",
-        s.operator_config.metrics_port
-    );
-    let body = http_get(&url).await;
+    let body = agentrun_e2e::get_ok(s.operator_config.metrics_port, "/metrics").await;
     let value = |name: &str| -> f64 {
         body.lines()
             .find(|l| l.starts_with(name) && !l.starts_with('#'))
@@ -799,27 +795,9 @@ async fn metrics_count_steps_and_checkpoints() {
         "{body}"
     );
     assert_eq!(value("agentrun_leader"), 1.0);
-    let health = http_get(&format!(
-        "http://127.0.0.1:{}/readyz",
-        s.operator_config.health_port
-    ))
-    .await;
+    let health = agentrun_e2e::get_ok(s.operator_config.health_port, "/readyz").await;
     assert_eq!(health.trim(), "ok");
     s.finish().await;
-}
-
-async fn http_get(url: &str) -> String {
-    let out = tokio::process::Command::new("curl")
-        .args(["-sf", "--max-time", "5", url])
-        .output()
-        .await
-        .expect("running curl");
-    assert!(
-        out.status.success(),
-        "GET {url} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// An instance restarted with the same identity (a Pod that restarts in place)

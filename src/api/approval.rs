@@ -9,7 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Effect, OnTimeout};
+use super::{Approvers, Effect, OnTimeout};
 
 /// A decision a person owes an AgentRun.
 // The printer columns repeat `type_ = "string"`, which clippy takes for a
@@ -32,12 +32,15 @@ use super::{Effect, OnTimeout};
     printcolumn(name = "Kind", type_ = "string", json_path = ".spec.kind"),
     printcolumn(name = "Decision", type_ = "string", json_path = ".spec.decision"),
     printcolumn(name = "Expires", type_ = "string", json_path = ".spec.expiresAt"),
+    printcolumn(name = "Votes", type_ = "string", json_path = ".status.votes"),
+    printcolumn(name = "Decided-By", type_ = "string", json_path = ".status.decidedBy"),
     printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
     ),
     validation = Rule::new("!has(self.spec.decision) || has(oldSelf.spec.decision) || !has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Pending'").message(kube::core::Message::Expression("'spec.decision: approval ' + self.metadata.name + ' is ' + oldSelf.status.phase + (has(oldSelf.status.message) ? ' (' + oldSelf.status.message + ')' : '') + ' and can no longer be decided'".into())),
+    validation = Rule::new("size(self.spec.votes) == size(oldSelf.spec.votes) || !has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Pending'").message(kube::core::Message::Expression("'spec.votes: approval ' + self.metadata.name + ' is ' + oldSelf.status.phase + ' and takes no more votes'".into())),
 )]
 #[x_kube(
     validation = Rule::new("!has(self.decision) || (self.kind == 'Approve' ? self.decision in ['Approved', 'Rejected'] : self.decision in ['Retry', 'MarkSucceeded', 'MarkFailed'])").message("spec.decision: an Approve approval takes Approved or Rejected; a Reconcile approval takes Retry, MarkSucceeded or MarkFailed").field_path(".decision").reason(Reason::FieldValueInvalid),
@@ -45,7 +48,16 @@ use super::{Effect, OnTimeout};
     validation = Rule::new("!has(oldSelf.comment) || !has(oldSelf.decision) || (has(self.comment) && self.comment == oldSelf.comment)").message("spec.comment: the comment of a made decision cannot be changed").field_path(".comment").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.expiresAt) == has(oldSelf.expiresAt) && (!has(self.expiresAt) || self.expiresAt == oldSelf.expiresAt)").message("spec.expiresAt is immutable: the deadline was set when the approval was requested").field_path(".expiresAt").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.context) == has(oldSelf.context) && (!has(self.context) || self.context == oldSelf.context)").message("spec.context is immutable").field_path(".context").reason(Reason::FieldValueForbidden),
-    validation = Rule::new("has(self.stepDigest) == has(oldSelf.stepDigest) && (!has(self.stepDigest) || self.stepDigest == oldSelf.stepDigest)").message("spec.stepDigest is immutable: the approval is bound to the step as it was when asked").field_path(".stepDigest").reason(Reason::FieldValueForbidden)
+    validation = Rule::new("has(self.stepDigest) == has(oldSelf.stepDigest) && (!has(self.stepDigest) || self.stepDigest == oldSelf.stepDigest)").message("spec.stepDigest is immutable: the approval is bound to the step as it was when asked").field_path(".stepDigest").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.approvers) == has(oldSelf.approvers) && (!has(self.approvers) || self.approvers == oldSelf.approvers)").message("spec.approvers is immutable: who may decide was set when the approval was requested").field_path(".approvers").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.requestedBy) == has(oldSelf.requestedBy) && (!has(self.requestedBy) || self.requestedBy == oldSelf.requestedBy)").message("spec.requestedBy is immutable").field_path(".requestedBy").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("!has(oldSelf.decidedBy) || (has(self.decidedBy) && self.decidedBy == oldSelf.decidedBy && self.decidedByGroups == oldSelf.decidedByGroups)").message("spec.decidedBy: who decided is final once recorded").field_path(".decidedBy").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("oldSelf.votes.all(v, v in self.votes)").message("spec.votes: votes are append-only; a vote cannot be changed or removed").field_path(".votes").reason(Reason::FieldValueForbidden)
+)]
+#[x_kube(
+    validation = Rule::new("!has(self.decidedBy) || has(self.decision)").message("spec.decidedBy is recorded with spec.decision, not alone").field_path(".decidedBy").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("self.votes.all(v, self.votes.exists_one(w, w.user == v.user))").message("spec.votes: each user votes once").field_path(".votes").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("size(self.votes) == 0 || self.kind == 'Approve'").message("spec.votes: only an Approve approval takes votes; a Reconcile approval takes spec.decision").field_path(".votes").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalSpec {
@@ -106,6 +118,61 @@ pub struct ApprovalSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096))]
     pub comment: Option<String>,
+    /// Who may decide, copied from the step's gate. Unset: anyone whom RBAC
+    /// lets patch this Approval. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvers: Option<Approvers>,
+    /// How many distinct approvers must approve. Above 1 each casts a vote
+    /// in `votes` and `decision` stays unset. Immutable.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 16))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.quorum is immutable"))]
+    pub quorum: i32,
+    /// Whether the run's creator (`requestedBy`) is refused as an approver. Immutable.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.separateFromRequester is immutable"))]
+    pub separate_from_requester: bool,
+    /// Who created the run, as the API server recorded it at creation
+    /// (annotation `agentrun.dev/requested-by`). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub requested_by: Option<String>,
+    /// The user who set `decision`, from the API server's record of the
+    /// request (stamped by the chart's mutating policy, or filled by the
+    /// client and checked by its validating policy). Final once set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub decided_by: Option<String>,
+    /// The groups of that user at the time.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub decided_by_groups: Vec<String>,
+    /// Votes, one per user, append-only: with a quorum above 1 the step runs
+    /// once `quorum` distinct approvers voted `Approved`; one `Rejected`
+    /// rejects.
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub votes: Vec<Vote>,
+}
+
+fn one() -> i32 {
+    1
+}
+
+/// One approver's vote.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.decision in ['Approved', 'Rejected']").message("spec.votes[].decision: a vote is Approved or Rejected").field_path(".decision").reason(Reason::FieldValueInvalid)
+)]
+pub struct Vote {
+    /// The voter: the user who adds the vote (the policies check it).
+    #[schemars(length(min = 1, max = 253))]
+    pub user: String,
+    pub decision: Decision,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub comment: Option<String>,
 }
 
 /// What is being asked.
@@ -161,10 +228,15 @@ pub struct ApprovalStatus {
     pub phase: ApprovalPhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<Time>,
-    /// The field manager that wrote `spec.decision` (e.g. `kubectl-patch`), or
-    /// `agentrun-operator` for an expiry or a supersession.
+    /// The person who decided (`spec.decidedBy`; with a quorum, the voters),
+    /// or `agentrun-operator` for an expiry or a supersession. On a cluster
+    /// without the chart's admission policies, the field manager that wrote
+    /// `spec.decision`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
+    /// Approving votes against the quorum, e.g. `1/2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub votes: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

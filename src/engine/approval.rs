@@ -12,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use sha2::{Digest, Sha256};
 
 use crate::api::{
-    Approval, ApprovalContext, ApprovalKind, ApprovalPhase, ApprovalSpec, ApprovalStatus, Decision,
-    OnTimeout, PodDefaults, StepPhase, StepSpec,
+    Approval, ApprovalContext, ApprovalKind, ApprovalPhase, ApprovalSpec, ApprovalStatus,
+    Approvers, Decision, OnTimeout, PodDefaults, StepPhase, StepSpec,
 };
 use crate::labels;
 
@@ -60,16 +60,16 @@ pub fn answer(a: &Approval, now: Timestamp) -> Answer {
         ApprovalKind::Approve => a.spec.expires_at.as_ref().map(|t| t.0),
         ApprovalKind::Reconcile => None,
     };
-    if let Some(decision) = a.spec.decision {
+    if let Some(d) = decided(a) {
         // The API server's clock says when the decision was stored.
-        return match (deadline, decided_at(a)) {
+        return match (deadline, d.at) {
             (Some(deadline), Some(at)) if at > deadline => Answer::Expiring {
-                late: Some((decision, at)),
+                late: Some((d.decision, at)),
             },
             _ => Answer::Decided {
-                decision,
-                by: decided_by(a),
-                comment: a.spec.comment.clone(),
+                decision: d.decision,
+                by: d.by,
+                comment: d.comment,
             },
         };
     }
@@ -77,6 +77,86 @@ pub fn answer(a: &Approval, now: Timestamp) -> Answer {
         Some(at) if at <= now => Answer::Expiring { late: None },
         expires_at => Answer::Pending { expires_at },
     }
+}
+
+/// What the people asked decided, once they have.
+struct Decided {
+    decision: Decision,
+    by: Option<String>,
+    comment: Option<String>,
+    /// When the API server stored it.
+    at: Option<Timestamp>,
+}
+
+/// Whether the approval is answered by votes: it needs more than one
+/// approver, or someone voted.
+fn by_votes(a: &Approval) -> bool {
+    a.spec.kind == ApprovalKind::Approve && (a.spec.quorum > 1 || !a.spec.votes.is_empty())
+}
+
+/// The distinct users who voted `Approved`, in the order they voted.
+fn approving(a: &Approval) -> Vec<&str> {
+    let mut users: Vec<&str> = Vec::new();
+    for v in a
+        .spec
+        .votes
+        .iter()
+        .filter(|v| v.decision == Decision::Approved)
+    {
+        if !users.contains(&v.user.as_str()) {
+            users.push(&v.user);
+        }
+    }
+    users
+}
+
+/// `1/2`: approving votes against the quorum, for an approval answered by votes.
+pub fn tally(a: &Approval) -> Option<String> {
+    by_votes(a).then(|| format!("{}/{}", approving(a).len(), a.spec.quorum.max(1)))
+}
+
+fn decided(a: &Approval) -> Option<Decided> {
+    if by_votes(a) {
+        // One rejection rejects; `quorum` distinct approvals approve. A
+        // `spec.decision` is not how a quorum is answered (the validating
+        // policy refuses it), so it is not read here.
+        let at = votes_at(a);
+        if let Some(v) = a
+            .spec
+            .votes
+            .iter()
+            .find(|v| v.decision == Decision::Rejected)
+        {
+            return Some(Decided {
+                decision: Decision::Rejected,
+                by: Some(v.user.clone()),
+                comment: v.comment.clone(),
+                at,
+            });
+        }
+        let users = approving(a);
+        if users.len() < a.spec.quorum.max(1) as usize {
+            return None;
+        }
+        let comments: Vec<String> = a
+            .spec
+            .votes
+            .iter()
+            .filter_map(|v| Some(format!("{}: {}", v.user, v.comment.as_deref()?)))
+            .collect();
+        return Some(Decided {
+            decision: Decision::Approved,
+            by: Some(users.join(", ")),
+            comment: (!comments.is_empty()).then(|| comments.join("; ")),
+            at,
+        });
+    }
+    Some(Decided {
+        decision: a.spec.decision?,
+        by: decided_by(a),
+        comment: a.spec.comment.clone(),
+        at: decided_at(a),
+    })
 }
 
 /// The status an Approval should show, if it differs from what it shows.
@@ -105,12 +185,17 @@ pub fn desired_status(
             phase: ApprovalPhase::Superseded,
             decided_at: Some(Time(now)),
             decided_by: operator.clone(),
+            votes: tally(a),
             message: Some(format!("superseded: {why}{unapplied}")),
         })
     };
     let (phase, by, message) = match answer(a, now) {
         Answer::Superseded | Answer::Expired { .. } => return None,
-        Answer::Pending { .. } if waiting => return None,
+        // Waiting: the vote count is all that changes.
+        Answer::Pending { .. } if waiting => {
+            let votes = tally(a);
+            return (votes != current.votes).then_some(ApprovalStatus { votes, ..current });
+        }
         Answer::Pending { .. } => return superseded(),
         // Acted on: the checkpoint went past its wait.
         Answer::Decided { decision, by, .. } if step.is_some() && !waiting => {
@@ -141,6 +226,7 @@ pub fn desired_status(
         phase,
         decided_at: Some(Time(now)),
         decided_by: by,
+        votes: tally(a),
         message: Some(message),
     })
 }
@@ -157,9 +243,32 @@ fn decision_entry(
     })
 }
 
-/// The field manager that wrote `spec.decision`, from managedFields.
+/// Who decided: the person the API server recorded (`spec.decidedBy`), or
+/// on a cluster without the admission policies the field manager that wrote
+/// `spec.decision`.
 fn decided_by(a: &Approval) -> Option<String> {
-    decision_entry(a)?.manager.clone()
+    a.spec
+        .decided_by
+        .clone()
+        .or_else(|| decision_entry(a)?.manager.clone())
+}
+
+/// When the API server stored the last vote: the latest managedFields entry
+/// that owns `spec.votes`. Later than the vote that reached the quorum if
+/// more came after it, never earlier.
+fn votes_at(a: &Approval) -> Option<Timestamp> {
+    a.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:spec")?.get("f:votes"))
+                .is_some()
+        })
+        .filter_map(|m| m.time.as_ref().map(|t| t.0))
+        .max()
 }
 
 /// When the API server stored the decision: the time of the managedFields
@@ -199,6 +308,10 @@ pub struct Request<'a> {
     pub expires_at: Option<Timestamp>,
     pub on_timeout: OnTimeout,
     pub step_digest: Option<String>,
+    pub approvers: Option<Approvers>,
+    pub quorum: i32,
+    pub separate_from_requester: bool,
+    pub requested_by: Option<String>,
 }
 
 pub fn build(r: Request) -> Approval {
@@ -229,6 +342,13 @@ pub fn build(r: Request) -> Approval {
             step_digest: r.step_digest,
             decision: None,
             comment: None,
+            approvers: r.approvers,
+            quorum: r.quorum.max(1),
+            separate_from_requester: r.separate_from_requester,
+            requested_by: r.requested_by,
+            decided_by: None,
+            decided_by_groups: Vec::new(),
+            votes: Vec::new(),
         },
         status: None,
     }

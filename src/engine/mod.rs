@@ -115,7 +115,7 @@ pub struct Decision {
 pub struct Tally {
     /// Attempts launched: steps, planner, compactor and compensations.
     pub started: u64,
-    /// Step, planner and compactor attempts that succeeded.
+    /// Attempts that succeeded, compensations included.
     pub succeeded: u64,
     /// Attempts that failed, counting against their retries.
     pub failed: u64,

@@ -47,6 +47,19 @@ impl PodRole {
     }
 }
 
+impl PodRole {
+    /// The role of a step checkpoint's attempt; `None` for a compensation,
+    /// whose checkpoints are kept apart.
+    pub fn step_role(self) -> Option<StepRole> {
+        match self {
+            PodRole::Step => Some(StepRole::Step),
+            PodRole::Planner => Some(StepRole::Planner),
+            PodRole::Compactor => Some(StepRole::Compactor),
+            PodRole::Compensate => None,
+        }
+    }
+}
+
 impl From<StepRole> for PodRole {
     fn from(role: StepRole) -> Self {
         match role {
@@ -141,10 +154,7 @@ pub fn approve_name(
     plan_revision: i64,
     request: u32,
 ) -> String {
-    let suffix = match request {
-        0 | 1 => format!("r{plan_revision}-approve"),
-        n => format!("r{plan_revision}-approve-{n}"),
-    };
+    let suffix = nth(format!("r{plan_revision}-approve"), request);
     child_name(run, run_uid, step, &suffix)
 }
 
@@ -167,11 +177,17 @@ pub fn reconcile_name(
     attempt: i32,
     request: u32,
 ) -> String {
-    let suffix = match request {
-        0 | 1 => format!("r{plan_revision}-reconcile-a{attempt}"),
-        n => format!("r{plan_revision}-reconcile-a{attempt}-{n}"),
-    };
+    let suffix = nth(format!("r{plan_revision}-reconcile-a{attempt}"), request);
     child_name(run, run_uid, step, &suffix)
+}
+
+/// The n-th request of a question: the first keeps the plain name, later
+/// ones append `-<n>`.
+fn nth(first: String, request: u32) -> String {
+    match request {
+        0 | 1 => first,
+        n => format!("{first}-{n}"),
+    }
 }
 
 /// Which request of its attempt's question a Reconcile Approval name is.

@@ -1318,16 +1318,20 @@ const CURRENT: Lags = Lags {
     approvals: 0,
 };
 
+/// Attempt 1 is recorded; the process dies before creating its Pod.
+fn crash_before_create() -> Ev {
+    Ev::Reconcile {
+        fault: None,
+        crash: Some((0, CURRENT)),
+    }
+}
+
 #[test]
 fn closing_an_unseen_attempt_creates_no_pod() {
     strictly(
         &[plain_step(0, 0, false)],
         vec![
-            // Attempt 1 is recorded; the process dies before creating its Pod.
-            Ev::Reconcile {
-                fault: None,
-                crash: Some((0, CURRENT)),
-            },
+            crash_before_create(),
             // The next decision cancels the run, and creates the Pod.
             Ev::Cancel,
         ],
@@ -1375,11 +1379,7 @@ fn a_force_removed_unrecorded_pod_is_not_rerun_blindly() {
     strictly(
         &[plain_step(2, 0, false)],
         vec![
-            // Attempt 1 is recorded; the process dies before creating its Pod.
-            Ev::Reconcile {
-                fault: None,
-                crash: Some((0, CURRENT)),
-            },
+            crash_before_create(),
             // The next one creates it (no status write) and its container runs.
             Ev::Reconcile {
                 fault: None,

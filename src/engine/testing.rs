@@ -72,7 +72,18 @@ impl StepSpec {
             question: Some(format!("run {}?", self.name)),
             timeout: timeout.map(Duration::from),
             on_timeout,
+            ..ApprovalGate::default()
         });
+        self
+    }
+    /// The approval gate asks these approvers for `quorum` votes.
+    pub fn with_approvers(mut self, approvers: crate::api::Approvers, quorum: i32) -> Self {
+        let gate = self.approval.get_or_insert_with(|| ApprovalGate {
+            required: true,
+            ..ApprovalGate::default()
+        });
+        gate.approvers = Some(approvers);
+        gate.quorum = Some(quorum);
         self
     }
     pub fn with_compensate(mut self) -> Self {
@@ -416,6 +427,37 @@ impl World {
             operation: Some("Update".into()),
             time: Some(Time(now)),
             fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:decision": {}}}))),
+            ..ManagedFieldsEntry::default()
+        }]);
+        a.metadata.resource_version = Some(format!("{}", self.next_uid));
+        self.next_uid += 1;
+        true
+    }
+
+    /// A person votes, as the API server takes it: refused (false) once the
+    /// Approval is no longer pending; the votes stamped with the server's time.
+    pub fn vote(&mut self, name: &str, user: &str, decision: Answer) -> bool {
+        let now = self.now;
+        let a = self
+            .approvals
+            .get_mut(name)
+            .unwrap_or_else(|| panic!("no approval {name}"));
+        if a.status
+            .as_ref()
+            .is_some_and(|s| s.phase != ApprovalPhase::Pending)
+        {
+            return false;
+        }
+        a.spec.votes.push(crate::api::Vote {
+            user: user.into(),
+            decision,
+            comment: Some(format!("{user} says {decision:?}")),
+        });
+        a.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("kubectl-patch".into()),
+            operation: Some("Update".into()),
+            time: Some(Time(now)),
+            fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:votes": {}}}))),
             ..ManagedFieldsEntry::default()
         }]);
         a.metadata.resource_version = Some(format!("{}", self.next_uid));

@@ -67,3 +67,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 {{- end }}
+
+{{/*
+Base name of the cluster-scoped admission policies: the full name, and with
+watchNamespace also that namespace, so one release per namespace (the
+namespace-scoped pattern) gets policies of its own.
+*/}}
+{{- define "agentrun-operator.policyName" -}}
+{{- $name := include "agentrun-operator.fullname" . }}
+{{- if .Values.watchNamespace }}
+{{- printf "%s-%s" $name .Values.watchNamespace }}
+{{- else }}
+{{- $name }}
+{{- end }}
+{{- end }}

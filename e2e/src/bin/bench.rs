@@ -17,12 +17,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentrun_e2e::http_get;
 use agentrun_e2e::ledger::Ledger;
-use agentrun_e2e::support::processes::free_port;
+use agentrun_e2e::support::processes::{Process, free_port};
 use agentrun_e2e::{TestNamespace, install_crds, repo_root};
 use agentrun_operator::api::{AgentRun, RunPhase};
 use agentrun_operator::labels;
@@ -34,10 +34,52 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Config, ResourceExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-type Res<T> = Result<T, String>;
+/// Why the benchmark stopped.
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    /// A file, a child process or the network.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The API server refused a request or did not answer.
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The kubeconfig cannot be read or used.
+    #[error("{what}: {message}")]
+    Config { what: String, message: String },
+    /// A binary the benchmark starts is not built.
+    #[error("{} not found: build it with `cargo build --release -p agentrun-operator -p agentrun-e2e --bins`", .0.display())]
+    NotBuilt(PathBuf),
+    /// A stage did not reach its end in time, or ended wrongly: what was
+    /// awaited and where the logs are.
+    #[error("{0}")]
+    Stage(String),
+}
+
+type Res<T> = Result<T, BenchError>;
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
+    move |source| BenchError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> BenchError {
+    move |source| BenchError::Api {
+        what: what.into(),
+        source,
+    }
+}
 
 #[derive(Parser, Debug, Clone)]
 #[command(name = "bench", about = "agentrun-operator cluster benchmark")]
@@ -131,10 +173,7 @@ async fn bench(args: Args) -> Res<()> {
         if p.exists() {
             Ok(p)
         } else {
-            Err(format!(
-                "{} not found: build it with `cargo build --release -p agentrun-operator -p agentrun-e2e --bins`",
-                p.display()
-            ))
+            Err(BenchError::NotBuilt(p))
         }
     };
     let operator_bin = bin(&args.operator_bin, "agentrun-operator")?;
@@ -142,8 +181,7 @@ async fn bench(args: Args) -> Res<()> {
     let client = connect(&kubeconfig).await?;
     install_crds(&client).await;
     let out_dir = e2e_dir.join("bench");
-    std::fs::create_dir_all(&out_dir)
-        .map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
+    std::fs::create_dir_all(&out_dir).map_err(io(format!("creating {}", out_dir.display())))?;
     let setup = Setup {
         args: args.clone(),
         client,
@@ -182,28 +220,29 @@ async fn bench(args: Args) -> Res<()> {
     let table = summary(&setup, &batches, &resumes, &sizes);
     println!("\n{table}");
     if let Some(path) = &args.report {
-        std::fs::write(path, &table).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        std::fs::write(path, &table).map_err(io(format!("writing {}", path.display())))?;
     }
     Ok(())
 }
 
 async fn connect(kubeconfig: &Path) -> Res<Client> {
-    let file = Kubeconfig::read_from(kubeconfig).map_err(|e| {
-        format!(
-            "reading {}: {e} (is the bench plane up? `AGENTRUN_E2E_DIR=… e2e/cluster up`)",
-            kubeconfig.display()
-        )
+    let file = Kubeconfig::read_from(kubeconfig).map_err(|e| BenchError::Config {
+        what: format!("reading {}", kubeconfig.display()),
+        message: format!("{e} (is the bench plane up? `AGENTRUN_E2E_DIR=… e2e/cluster up`)"),
     })?;
     let mut config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
         .await
-        .map_err(|e| format!("loading {}: {e}", kubeconfig.display()))?;
+        .map_err(|e| BenchError::Config {
+            what: format!("loading {}", kubeconfig.display()),
+            message: e.to_string(),
+        })?;
     // The driver itself lists and watches thousands of objects.
     config.read_timeout = Some(Duration::from_secs(120));
-    let client = Client::try_from(config).map_err(|e| e.to_string())?;
+    let client = Client::try_from(config).map_err(api("building the client"))?;
     client
         .apiserver_version()
         .await
-        .map_err(|e| format!("control plane not reachable: {e}"))?;
+        .map_err(api("control plane not reachable"))?;
     Ok(client)
 }
 
@@ -230,36 +269,8 @@ fn machine_line(setup: &Setup) -> String {
 // ---------------------------------------------------------------------------
 // Child processes
 
-struct Proc {
-    child: Child,
-    pid: u32,
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command, log: &Path) -> Res<Proc> {
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(|e| format!("opening {}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        cmd.stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        let child = cmd.spawn().map_err(|e| format!("spawning: {e}"))?;
-        let pid = child.id().ok_or("child exited at once")?;
-        Ok(Proc { child, pid })
-    }
-
-    async fn kill(mut self) {
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-    }
-}
-
 struct Operator {
-    proc: Proc,
+    proc: Process,
     metrics: SocketAddr,
     health: SocketAddr,
 }
@@ -278,7 +289,8 @@ fn start_operator(setup: &Setup, ns: &str, dir: &Path) -> Res<Operator> {
         .env("RUST_LOG", &setup.args.operator_log)
         .env_remove("AGENTRUN_FAILPOINT")
         .env_remove("AGENTRUN_WATCH_NAMESPACE");
-    let proc = Proc::spawn(cmd, &dir.join("operator.log"))?;
+    let proc = Process::start("operator", cmd, dir.join("operator.log"))
+        .map_err(io("starting the operator"))?;
     Ok(Operator {
         proc,
         metrics,
@@ -286,13 +298,13 @@ fn start_operator(setup: &Setup, ns: &str, dir: &Path) -> Res<Operator> {
     })
 }
 
-fn start_simkubelet(setup: &Setup, ns: &str, dir: &Path) -> Res<Proc> {
+fn start_simkubelet(setup: &Setup, ns: &str, dir: &Path) -> Res<Process> {
     let mut cmd = Command::new(&setup.simkubelet_bin);
     cmd.args(["--namespace", ns, "--default-run-ms", "0", "--ledger"])
         .arg(dir.join("ledger.jsonl"))
         .env("KUBECONFIG", &setup.kubeconfig)
         .env("RUST_LOG", "warn");
-    Proc::spawn(cmd, &dir.join("simkubelet.log"))
+    Process::start("simkubelet", cmd, dir.join("simkubelet.log")).map_err(io("starting simkubelet"))
 }
 
 /// Waits for the operator's `/readyz` (caches listed); returns how long it took.
@@ -303,28 +315,12 @@ async fn wait_ready(op: &Operator, deadline: Duration) -> Res<Duration> {
             return Ok(start.elapsed());
         }
         if start.elapsed() > deadline {
-            return Err(format!("operator not ready after {deadline:?}"));
+            return Err(BenchError::Stage(format!(
+                "operator not ready after {deadline:?}"
+            )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(
-        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((code, body.to_owned()))
 }
 
 /// `VmRSS` and `VmHWM` of a process, in KiB.
@@ -385,7 +381,7 @@ fn parse_labels(s: &str) -> HashMap<&str, &str> {
 /// Scrapes the apiserver's `/metrics` with the admin client certificate.
 async fn apiserver_requests(setup: &Setup) -> Res<Requests> {
     let port = std::fs::read_to_string(setup.e2e_dir.join("state/apiserver.port"))
-        .map_err(|e| format!("reading the apiserver port: {e}"))?;
+        .map_err(io("reading the apiserver port"))?;
     let pki = setup.e2e_dir.join("pki");
     let out = Command::new("curl")
         .arg("-sf")
@@ -400,12 +396,12 @@ async fn apiserver_requests(setup: &Setup) -> Res<Requests> {
         .arg(format!("https://127.0.0.1:{}/metrics", port.trim()))
         .output()
         .await
-        .map_err(|e| format!("curl: {e}"))?;
+        .map_err(io("running curl"))?;
     if !out.status.success() {
-        return Err(format!(
+        return Err(BenchError::Stage(format!(
             "scraping apiserver /metrics failed: {}",
             out.status
-        ));
+        )));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let mut m = Requests::new();
@@ -630,9 +626,9 @@ async fn wait_seen(
         match progress {
             None => return Ok(Instant::now()),
             Some(p) if start.elapsed() > deadline => {
-                return Err(format!(
+                return Err(BenchError::Stage(format!(
                     "aborted: {what} not reached within {deadline:?} ({p})"
-                ));
+                )));
             }
             Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
@@ -690,11 +686,11 @@ async fn create_runs(
                 "metadata": {"name": run_name(i)},
                 "spec": spec,
             }))
-            .map_err(|e| e.to_string())?;
+            .expect("the run manifest matches the AgentRun type");
             api.create(&PostParams::default(), &run)
                 .await
                 .map(|_| ())
-                .map_err(|e| format!("creating run {}: {e}", run_name(i)))
+                .map_err(self::api(format!("creating run {}", run_name(i))))
         }
     }))
     .buffer_unordered(setup.args.create_parallelism.max(1))
@@ -707,7 +703,7 @@ async fn create_runs(
 async fn namespace(setup: &Setup, name: &str) -> Res<(TestNamespace, PathBuf)> {
     let ns = TestNamespace::create(&setup.client, name).await;
     let dir = setup.out_dir.join(ns.name());
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
     // The serviceaccount and root-CA controllers write into a new namespace;
     // let them finish before a measured window opens.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -875,17 +871,17 @@ async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
     let (ns, dir) = namespace(setup, &format!("bench-{n}x{steps}-r{repeat}")).await?;
     let nsname = ns.name().to_owned();
     eprintln!("[bench] batch {n} runs x {steps} steps, repeat {repeat}: namespace {nsname}");
-    let kubelet = start_simkubelet(setup, &nsname, &dir)?;
-    let op = start_operator(setup, &nsname, &dir)?;
+    let mut kubelet = start_simkubelet(setup, &nsname, &dir)?;
+    let mut op = start_operator(setup, &nsname, &dir)?;
     wait_ready(&op, Duration::from_secs(60)).await?;
     let (seen, watch_task) = observe(&setup.client, &nsname);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (rss_idle, _) = rss_kib(op.proc.pid);
+    let (rss_idle, _) = rss_kib(op.proc.pid().unwrap_or(0));
 
     let before = apiserver_requests(setup).await?;
     let mut pids = plane_pids(setup);
-    pids.push(("operator", op.proc.pid));
-    pids.push(("simkubelet", kubelet.pid));
+    pids.push(("operator", op.proc.pid().unwrap_or(0)));
+    pids.push(("simkubelet", kubelet.pid().unwrap_or(0)));
     let cpu_before: Vec<f64> = pids.iter().map(|(_, p)| cpu_ms(*p)).collect();
     let t0 = Instant::now();
     create_runs(setup, &nsname, n, steps, 0).await?;
@@ -894,7 +890,7 @@ async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
         (s.finished.len() < n).then(|| format!("{}/{n} runs finished", s.finished.len()))
     })
     .await;
-    let (rss_end, hwm) = rss_kib(op.proc.pid);
+    let (rss_end, hwm) = rss_kib(op.proc.pid().unwrap_or(0));
     let cpu: BTreeMap<&'static str, f64> = pids
         .iter()
         .zip(cpu_before)
@@ -919,10 +915,10 @@ async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
             .unwrap_or(t0),
         Err(e) => {
             teardown(setup, ns).await?;
-            return Err(format!(
+            return Err(BenchError::Stage(format!(
                 "batch {n}x{steps} repeat {repeat}: {e} (logs in {})",
                 dir.display()
-            ));
+            )));
         }
     };
     // The watch task is stopped: take what it saw.
@@ -981,7 +977,8 @@ async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
         .collect::<Vec<_>>()
         .join(" ")
     );
-    std::fs::write(dir.join("operator-metrics.txt"), &op_metrics).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("operator-metrics.txt"), &op_metrics)
+        .map_err(io("writing operator-metrics.txt"))?;
     teardown(setup, ns).await?;
     Ok(batch)
 }
@@ -1034,11 +1031,11 @@ async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume> {
     let (ns, dir) = namespace(setup, &format!("bench-resume-{n}-r{repeat}")).await?;
     let nsname = ns.name().to_owned();
     eprintln!("[bench] resume {n} runs, repeat {repeat}: namespace {nsname}");
-    let op = start_operator(setup, &nsname, &dir)?;
+    let mut op = start_operator(setup, &nsname, &dir)?;
     wait_ready(&op, Duration::from_secs(60)).await?;
     let (seen, watch_task) = observe(&setup.client, &nsname);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (rss_idle, _) = rss_kib(op.proc.pid);
+    let (rss_idle, _) = rss_kib(op.proc.pid().unwrap_or(0));
     create_runs(setup, &nsname, n, steps, 0).await?;
     let first = step_name(0);
     let second = step_name(1);
@@ -1056,7 +1053,7 @@ async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume> {
     // Settle so the kill lands with no write in flight, then SIGKILL.
     tokio::time::sleep(Duration::from_millis(500)).await;
     op.proc.kill().await;
-    let kubelet = start_simkubelet(setup, &nsname, &dir)?;
+    let mut kubelet = start_simkubelet(setup, &nsname, &dir)?;
     let r = wait_seen(
         &seen,
         "every first Pod succeeded (operator down)",
@@ -1077,7 +1074,7 @@ async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume> {
         return Err(e);
     }
     let restart = Instant::now();
-    let op = start_operator(setup, &nsname, &dir)?;
+    let mut op = start_operator(setup, &nsname, &dir)?;
     let ready = wait_ready(&op, Duration::from_secs(120)).await?;
     let all_next = wait_seen(
         &seen,
@@ -1099,7 +1096,7 @@ async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume> {
         }
         Err(e) => Err(e),
     };
-    let (_, hwm) = rss_kib(op.proc.pid);
+    let (_, hwm) = rss_kib(op.proc.pid().unwrap_or(0));
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let op_metrics = http_get(op.metrics, "/metrics")
         .await
@@ -1110,10 +1107,10 @@ async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume> {
     kubelet.kill().await;
     if let Err(e) = finished {
         teardown(setup, ns).await?;
-        return Err(format!(
+        return Err(BenchError::Stage(format!(
             "resume {n} repeat {repeat}: {e} (logs in {})",
             dir.display()
-        ));
+        )));
     }
     // The watch task is stopped: take what it saw.
     let g = std::mem::take(&mut *lock(&seen));
@@ -1132,7 +1129,8 @@ async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume> {
     }
     let duplicate_pods = per_step.values().map(|k| k - 1).sum::<usize>()
         + g.pods.values().filter(|p| p.attempt != "1").count();
-    let ledger = Ledger::read(dir.join("ledger.jsonl")).map_err(|e| format!("ledger: {e}"))?;
+    let ledger = Ledger::read(dir.join("ledger.jsonl"))
+        .map_err(|e| BenchError::Stage(format!("reading the ledger: {e}")))?;
     let duplicate_executions = ledger
         .executions_by_key()
         .values()
@@ -1203,8 +1201,8 @@ async fn status_size(setup: &Setup, steps: usize, repeat: usize) -> Res<StatusSi
     let (ns, dir) = namespace(setup, &format!("bench-status-{steps}-r{repeat}")).await?;
     let nsname = ns.name().to_owned();
     eprintln!("[bench] status size of a {steps}-step run, repeat {repeat}: namespace {nsname}");
-    let kubelet = start_simkubelet(setup, &nsname, &dir)?;
-    let op = start_operator(setup, &nsname, &dir)?;
+    let mut kubelet = start_simkubelet(setup, &nsname, &dir)?;
+    let mut op = start_operator(setup, &nsname, &dir)?;
     wait_ready(&op, Duration::from_secs(60)).await?;
     let (seen, watch_task) = observe(&setup.client, &nsname);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1229,15 +1227,21 @@ async fn status_size(setup: &Setup, steps: usize, repeat: usize) -> Res<StatusSi
         Ok(t) => t,
         Err(e) => {
             teardown(setup, ns).await?;
-            return Err(format!("status size: {e} (logs in {})", dir.display()));
+            return Err(BenchError::Stage(format!(
+                "status size: {e} (logs in {})",
+                dir.display()
+            )));
         }
     };
     let api: Api<AgentRun> = Api::namespaced(setup.client.clone(), &nsname);
-    let run = api.get(&run_name(0)).await.map_err(|e| e.to_string())?;
+    let run = api
+        .get(&run_name(0))
+        .await
+        .map_err(self::api("reading the run"))?;
     let status_bytes = serde_json::to_vec(&run.status)
-        .map_err(|e| e.to_string())?
+        .expect("a status serializes")
         .len();
-    let object_bytes = serde_json::to_vec(&run).map_err(|e| e.to_string())?.len();
+    let object_bytes = serde_json::to_vec(&run).expect("a run serializes").len();
     // The watch task is stopped: take what it saw.
     let g = std::mem::take(&mut *lock(&seen));
     let h = handoffs(&g, steps);

@@ -82,25 +82,27 @@ pub struct Process {
 }
 
 impl Process {
-    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Process {
+    fn spawn(name: &str, cmd: Command, log: PathBuf) -> Process {
+        Process::start(name, cmd, log).unwrap_or_else(|e| panic!("starting {name}: {e}"))
+    }
+
+    /// Starts `cmd` with stdout and stderr appended to `log`.
+    pub fn start(name: &str, mut cmd: Command, log: PathBuf) -> std::io::Result<Process> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&log)
-            .expect("opening the process log");
-        let err = out.try_clone().expect("cloning the log handle");
+            .open(&log)?;
+        let err = out.try_clone()?;
         cmd.stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        Process {
+        let child = cmd.spawn()?;
+        Ok(Process {
             name: name.to_owned(),
             child: Some(child),
             log,
-        }
+        })
     }
 
     /// SIGKILL and wait: no graceful shutdown, like a node losing power.

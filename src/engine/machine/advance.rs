@@ -4,20 +4,17 @@
 //! with its context.
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 
 use crate::api::{
-    DEFAULT_CONTEXT_BYTES, MAX_CONTEXT_BYTES, PlanSource, RunPhase, StepCheckpoint, StepContainer,
-    StepPhase, StepRole, StepSpec,
+    DEFAULT_CONTEXT_BYTES, MAX_CONTEXT_BYTES, PlanSource, RunPhase, StepPhase, StepRole, StepSpec,
 };
+use crate::engine::EventType;
 use crate::engine::context::{self, Identity, PriorResult};
-use crate::engine::names::{self, PodRole};
+use crate::engine::names::PodRole;
 use crate::engine::plan::{CheckpointIndex, Plan};
-use crate::engine::pods::{self, PodRequest};
 use crate::engine::reasons::Reason;
-use crate::engine::{Action, EventType};
 
 use super::{MAX_CHECKPOINTS, MAX_REPLANS, Machine};
 
@@ -34,11 +31,11 @@ impl<'a> Machine<'a> {
                 .iter()
                 .position(|c| c.role == StepRole::Planner && c.plan_revision == rev)
             {
-                None => self.launch(plan, StepRole::Planner, &planner.name, 1),
+                None => self.launch(plan, PodRole::Planner, &planner.name, rev, 1),
                 Some(i) => {
                     let cp = self.status.steps[i].clone();
                     if cp.phase == StepPhase::Pending && self.due(cp.next_attempt_at.as_ref()) {
-                        self.launch(plan, StepRole::Planner, &planner.name, cp.attempt + 1);
+                        self.launch(plan, PodRole::Planner, &planner.name, rev, cp.attempt + 1);
                     }
                 }
             }
@@ -61,7 +58,7 @@ impl<'a> Machine<'a> {
         let cp = self.status.steps[c].clone();
         match cp.phase {
             StepPhase::Pending if self.due(cp.next_attempt_at.as_ref()) => {
-                self.launch(plan, StepRole::Step, &name, cp.attempt + 1)
+                self.launch(plan, PodRole::Step, &name, plan.revision, cp.attempt + 1)
             }
             StepPhase::WaitingForApproval => self.wait_for_approval(plan, i, c),
             _ => {}
@@ -100,7 +97,7 @@ impl<'a> Machine<'a> {
         }
         let step = plan.steps[i];
         let Some(gate) = step.approval.as_ref().filter(|g| g.required) else {
-            return self.launch(plan, StepRole::Step, &step.name, 1);
+            return self.launch(plan, PodRole::Step, &step.name, plan.revision, 1);
         };
         if self.compaction_blocks(plan, i) {
             return;
@@ -194,7 +191,13 @@ impl<'a> Machine<'a> {
                     StepPhase::Running => true,
                     StepPhase::Pending => {
                         if self.due(cp.next_attempt_at.as_ref()) {
-                            self.launch(plan, StepRole::Compactor, &name, cp.attempt + 1);
+                            self.launch(
+                                plan,
+                                PodRole::Compactor,
+                                &name,
+                                plan.revision,
+                                cp.attempt + 1,
+                            );
                         }
                         true
                     }
@@ -223,7 +226,7 @@ impl<'a> Machine<'a> {
                 {
                     return false;
                 }
-                self.launch(plan, StepRole::Compactor, &name, 1);
+                self.launch(plan, PodRole::Compactor, &name, plan.revision, 1);
                 true
             }
         }
@@ -266,148 +269,5 @@ impl<'a> Machine<'a> {
                     .flatten()
             })
             .collect()
-    }
-
-    /// Starts attempt `attempt` of a step, planner or compactor: records the
-    /// intent in status and emits the Pod (D1, D2).
-    pub(super) fn launch(&mut self, plan: &Plan<'_>, role: StepRole, name: &str, attempt: i32) {
-        if self.run.spec.suspend {
-            return;
-        }
-        if role == StepRole::Step {
-            let Some(i) = plan.steps.iter().position(|s| s.name == name) else {
-                return;
-            };
-            if self.replan_if_stale(plan, i) || self.compaction_blocks(plan, i) {
-                return;
-            }
-        }
-        if let Some(budget) = self
-            .run
-            .spec
-            .budget
-            .as_ref()
-            .and_then(|b| b.step_executions)
-            && self.status.step_executions >= budget
-        {
-            return self.budget_exceeded(
-                Reason::StepExecutionBudgetExceeded,
-                format!(
-                    "{} step Pods created, the budget of {budget} is spent",
-                    self.status.step_executions
-                ),
-            );
-        }
-        let rev = plan.revision;
-        let key = self.key(role.into(), name, rev);
-        if self.live_pod_with_key(&key) {
-            return; // an earlier attempt is still stopping (D2)
-        }
-        let pod_name = names::pod_name(self.name, self.uid, role.into(), name, rev, attempt);
-        let index = CheckpointIndex::new(&self.status.steps);
-        let c = match index.at(&self.status.steps, role, name, rev) {
-            Some(c) => c,
-            None => {
-                self.status.steps.push(StepCheckpoint {
-                    name: name.to_owned(),
-                    role,
-                    plan_revision: rev,
-                    idempotency_key: key,
-                    ..StepCheckpoint::default()
-                });
-                self.status.steps.len() - 1
-            }
-        };
-        let cp = &mut self.status.steps[c];
-        cp.attempt = attempt;
-        cp.pod = Some(pod_name.clone());
-        cp.pod_uid = None;
-        cp.phase = StepPhase::Running;
-        cp.started_at = Some(Time(self.now));
-        cp.next_attempt_at = None;
-        self.status.step_executions = self.status.step_executions.saturating_add(1);
-        self.tally.started += 1;
-        let cp = self.status.steps[c].clone();
-        if let Some(pod) = self.pod_for_step(plan, &cp) {
-            // A new attempt has a new name: nothing was refused for it yet.
-            self.actions.push(Action::CreatePod(Box::new(pod)));
-        }
-        let what = match role {
-            StepRole::Step => format!("step {name}"),
-            StepRole::Planner => format!("planner {name}"),
-            StepRole::Compactor => format!("compactor before step {name}"),
-        };
-        self.event(
-            EventType::Normal,
-            Reason::StepStarted,
-            format!("{what}: attempt {attempt} as Pod {pod_name}"),
-        );
-    }
-
-    /// The Pod of a checkpoint's current attempt, rebuilt deterministically
-    /// from status (the context as of the attempt's start).
-    pub(super) fn pod_for_step(&self, plan: &Plan<'_>, cp: &StepCheckpoint) -> Option<Pod> {
-        let at = cp.started_at.as_ref().map_or(self.now, |t| t.0);
-        let role: PodRole = cp.role.into();
-        let i = plan
-            .steps
-            .iter()
-            .position(|s| s.name == cp.name)
-            .unwrap_or(plan.steps.len());
-        let (container, results, max): (StepContainer, _, usize) = match cp.role {
-            StepRole::Step => {
-                let spec = self.step_spec(plan, &cp.name)?;
-                (
-                    spec.container,
-                    self.prior_results(plan, i, at),
-                    self.max_context_bytes(),
-                )
-            }
-            StepRole::Planner => (
-                self.run.spec.planner.as_ref()?.container.clone(),
-                Vec::new(),
-                self.max_context_bytes(),
-            ),
-            StepRole::Compactor => (
-                self.run.spec.context.as_ref()?.compactor.clone()?,
-                self.prior_results(plan, i, at),
-                MAX_CONTEXT_BYTES as usize,
-            ),
-        };
-        let refs: Vec<PriorResult> = results
-            .iter()
-            .map(|(s, r)| PriorResult { step: s, result: r })
-            .collect();
-        let identity = Identity {
-            run: self.name,
-            run_uid: self.uid,
-            step: &cp.name,
-            role: role.label(),
-            attempt: cp.attempt,
-            idempotency_key: &cp.idempotency_key,
-            plan_revision: cp.plan_revision,
-        };
-        let ctx = context::materialise(&identity, self.status.summary.as_deref(), &refs, max);
-        Some(pods::build(PodRequest {
-            name: names::pod_name(
-                self.name,
-                self.uid,
-                role,
-                &cp.name,
-                cp.plan_revision,
-                cp.attempt,
-            ),
-            namespace: self.run.metadata.namespace.clone(),
-            owner: self.owner(),
-            run: self.name,
-            step: &cp.name,
-            role,
-            plan_revision: cp.plan_revision,
-            attempt: cp.attempt,
-            idempotency_key: &cp.idempotency_key,
-            container: &container,
-            defaults: self.run.spec.pod_template.as_ref(),
-            context_json: ctx.json,
-        }))
     }
 }

@@ -200,7 +200,36 @@ impl<'a> Machine<'a> {
         let pod = reconcile.then(|| cp.pod.clone()).flatten();
         let context = self.approval_context(plan, why, step, &cp.idempotency_key, pod);
         let step_digest = (!reconcile).then(|| cp.step_digest.clone()).flatten();
+        // Who may answer is the gate's: a Reconcile question about a step
+        // goes to the same people as its approval (one answer suffices).
+        let gate = step.approval.clone().unwrap_or_default();
+        let approvers = gate.approvers.map(|mut a| {
+            let ns = self.run.metadata.namespace.clone().unwrap_or_default();
+            for sa in a
+                .service_accounts
+                .iter_mut()
+                .filter(|s| s.namespace.is_empty())
+            {
+                sa.namespace = ns.clone();
+            }
+            a
+        });
+        let requested_by = self
+            .run
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::labels::REQUESTED_BY))
+            .cloned();
         let a = approval::build(approval::Request {
+            approvers,
+            quorum: if reconcile {
+                1
+            } else {
+                gate.quorum.unwrap_or(1)
+            },
+            separate_from_requester: !reconcile && gate.separate_from_requester,
+            requested_by,
             name,
             namespace: self.run.metadata.namespace.clone(),
             owner: self.owner(),
@@ -316,7 +345,7 @@ impl<'a> Machine<'a> {
                         Reason::ApprovalExpired,
                         format!("Approval {name} expired; onTimeout Approve: step {step} runs"),
                     );
-                    self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
+                    self.launch(plan, PodRole::Step, &step, plan.revision, cp.attempt + 1);
                 }
                 OnTimeout::Reject => self.refuse_step(
                     c,
@@ -333,27 +362,28 @@ impl<'a> Machine<'a> {
                 let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
                 let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
                 match (reconcile, decision) {
-                    (false, Answered::Approved) => {
-                        self.event(
-                            EventType::Normal,
-                            Reason::ApprovalGranted,
-                            format!("Approval {name} approved{by}"),
-                        );
-                        self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
+                    (false, Answered::Approved) | (true, Answered::Retry) => {
+                        let (reason, text) = if reconcile {
+                            (
+                                Reason::ReconcileDecided,
+                                format!("Approval {name}: Retry{by}"),
+                            )
+                        } else {
+                            (
+                                Reason::ApprovalGranted,
+                                format!("Approval {name} approved{by}"),
+                            )
+                        };
+                        // The run's status names who let the step go on (D15).
+                        self.status.steps[c].message = Some(text.clone());
+                        self.event(EventType::Normal, reason, text);
+                        self.launch(plan, PodRole::Step, &step, plan.revision, cp.attempt + 1);
                     }
                     (false, Answered::Rejected) => self.refuse_step(
                         c,
                         Reason::ApprovalRejected,
                         format!("Approval {name} rejected{by}{comment}"),
                     ),
-                    (true, Answered::Retry) => {
-                        self.event(
-                            EventType::Normal,
-                            Reason::ReconcileDecided,
-                            format!("Approval {name}: Retry{by}"),
-                        );
-                        self.launch(plan, StepRole::Step, &step, cp.attempt + 1);
-                    }
                     (true, Answered::MarkSucceeded) => {
                         let fresh_for = plan::duration(plan.steps[i].fresh_for.as_ref());
                         let now = self.now;

@@ -8,7 +8,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{CheckpointState, Effect, EffectOutcome, StepPhase, StepRole};
-use crate::engine::conditions::{self as cond, TRUE};
+use crate::engine::conditions::TRUE;
 use crate::engine::observe::{self};
 use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::{Action, EventType};
@@ -54,32 +54,14 @@ impl<'a> Machine<'a> {
     }
 
     pub(super) fn budget_exceeded(&mut self, why: Reason, message: String) {
-        let generation = self.run.metadata.generation;
-        cond::set(
-            &mut self.status.conditions,
-            ConditionType::BudgetExceeded,
-            TRUE,
-            why,
-            message.clone(),
-            generation,
-            self.now,
-        );
+        self.set_condition(ConditionType::BudgetExceeded, TRUE, why, message.clone());
         self.fail_run(why, message);
     }
 
     /// The run is bound to fail (or be cancelled): stop what runs, record
     /// why, and wind down through compensation.
     pub(super) fn fail_run(&mut self, why: Reason, message: String) {
-        let generation = self.run.metadata.generation;
-        cond::set(
-            &mut self.status.conditions,
-            ConditionType::FailureTarget,
-            TRUE,
-            why,
-            message.clone(),
-            generation,
-            self.now,
-        );
+        self.set_condition(ConditionType::FailureTarget, TRUE, why, message.clone());
         self.recorded = true;
         let now = self.now;
         let effects: HashMap<String, Effect> = self

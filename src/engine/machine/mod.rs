@@ -23,8 +23,10 @@
 
 mod advance;
 mod approvals;
+mod attempt;
 mod derive;
 mod finalizers;
+mod gate;
 mod limits;
 mod running;
 mod saga;
@@ -40,7 +42,7 @@ use super::names::{self, PodRole};
 use super::observe::{self};
 use super::plan::{self, Plan};
 use super::reasons::{ConditionType, Reason};
-use super::{Action, Decision, EventType, Observed, Refusal, RefusalCause, Tally};
+use super::{Action, Decision, EventType, Observed, Refusal, Tally};
 use crate::api::{AgentRun, AgentRunStatus, PlanSource, PlanStatus, RunPhase, StepSpec};
 
 /// Largest result kept inline in one checkpoint (serialized bytes): a whole
@@ -100,7 +102,7 @@ struct Machine<'a> {
     /// What this decision did, for the metrics.
     tally: Tally,
     /// Checkpoints of recorded attempts whose Pod was never seen.
-    unseen: Vec<usize>,
+    unseen: Vec<attempt::Slot>,
 }
 
 impl<'a> Machine<'a> {
@@ -257,43 +259,24 @@ impl<'a> Machine<'a> {
         });
     }
 
-    /// Emits the creation of `pod`, unless the API server refused it in this
-    /// reconcile: then the refusal is returned and the run shows it (D16).
-    fn create_pod(&mut self, what: &str, pod: Pod) -> Option<&'a Refusal> {
-        let name = pod.metadata.name.as_deref().unwrap_or("");
-        match self.refused.iter().find(|r| r.name == name) {
-            None => {
-                self.actions.push(Action::CreatePod(Box::new(pod)));
-                None
-            }
-            Some(r) => {
-                self.stall(what, "Pod", r);
-                Some(r)
-            }
-        }
-    }
-
-    /// Records that a creation the run needs was refused: a `Stalled`
-    /// condition and a Warning Event, both with the API server's message.
-    fn stall(&mut self, what: &str, kind: &str, r: &Refusal) {
-        let (why, text) = match r.cause {
-            RefusalCause::NameTaken => (
-                Reason::NameTaken,
-                format!(
-                    "{what}: {kind} {} exists but does not belong to this run; delete or rename it: {}",
-                    r.name, r.message
-                ),
-            ),
-            RefusalCause::Rejected | RefusalCause::Transient => (
-                Reason::FailedCreate,
-                format!(
-                    "{what}: the API server refused {kind} {}: {}",
-                    r.name, r.message
-                ),
-            ),
-        };
-        self.event(EventType::Warning, Reason::FailedCreate, text.clone());
-        self.stalled = Some((why, text));
+    /// Sets a condition of the run at this decision's time and generation.
+    fn set_condition(
+        &mut self,
+        type_: ConditionType,
+        status: &str,
+        reason: Reason,
+        message: String,
+    ) {
+        let generation = self.run.metadata.generation;
+        cond::set(
+            &mut self.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            generation,
+            self.now,
+        );
     }
 
     /// When a backoff of `d` that starts now ends, rounded up to the whole
@@ -370,14 +353,6 @@ impl<'a> Machine<'a> {
             })
             .cloned()
     }
-}
-
-/// Where a failed attempt leaves its step or compensation.
-enum AfterFailure {
-    /// No retries left; the message says why.
-    Exhausted(String),
-    /// Retried at `at`.
-    Retry { at: Time, message: String },
 }
 
 /// `t` truncated to whole seconds, the resolution of `metav1.Time`.

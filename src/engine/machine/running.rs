@@ -8,138 +8,31 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 
 use crate::api::{
-    CheckpointState, Effect, EffectOutcome, PlanSource, PlanStatus, StepCheckpoint, StepPhase,
-    StepRole, StepSpec, TokenUsage,
+    CheckpointState, Effect, EffectOutcome, PlanSource, PlanStatus, StepPhase, StepRole, StepSpec,
+    TokenUsage,
 };
-use crate::engine::approval::{self};
-use crate::engine::conditions::{self as cond, TRUE};
-use crate::engine::names::{self};
-use crate::engine::observe::{self, Observation};
+use crate::engine::conditions::TRUE;
+use crate::engine::names::{self, PodRole};
+use crate::engine::observe::{self};
 use crate::engine::plan::{self, Plan};
 use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::result;
-use crate::engine::{Action, EventType, RefusalCause};
+use crate::engine::{Action, EventType};
 
-use super::{AfterFailure, MAX_INLINE_RESULT, MAX_INLINE_RESULTS, Machine, timeout_text};
+use super::attempt::{Record, Slot};
+use super::{MAX_INLINE_RESULT, MAX_INLINE_RESULTS, Machine, timeout_text};
 
 impl<'a> Machine<'a> {
     pub(super) fn observe_running(&mut self, plan: &Plan<'_>) {
-        let running: Vec<usize> = (0..self.status.steps.len())
+        let steps = (0..self.status.steps.len())
             .filter(|&i| self.status.steps[i].phase == StepPhase::Running)
-            .collect();
-        for i in running {
-            self.observe_step(plan, i);
-        }
-        let running: Vec<usize> = (0..self.status.compensations.len())
-            .filter(|&i| self.status.compensations[i].phase == StepPhase::Running)
-            .collect();
-        for i in running {
-            self.observe_compensation(plan, i);
-        }
-    }
-
-    /// Creates the Pods of recorded attempts that were never seen, unless
-    /// the run limits just closed them (the run is failing: `fail_run`
-    /// stopped whatever may exist of them).
-    pub(super) fn create_unseen(&mut self, plan: &Plan<'_>) {
-        let unseen = std::mem::take(&mut self.unseen);
-        if self.failing() {
-            return;
-        }
-        for i in unseen {
-            let cp = self.status.steps[i].clone();
-            let Some(pod) = self.pod_for_step(plan, &cp) else {
-                continue;
-            };
-            let what = format!("step {}", cp.name);
-            if let Some(r) = self.create_pod(&what, pod)
-                && r.cause == RefusalCause::Rejected
-            {
-                // The same Pod would be refused again: a failed attempt.
-                let why = format!(
-                    "attempt {}: the API server refused its Pod {}: {}",
-                    cp.attempt, r.name, r.message
-                );
-                self.on_failure(plan, i, why, TokenUsage::default(), false);
-            }
-        }
-    }
-
-    pub(super) fn observe_step(&mut self, plan: &Plan<'_>, i: usize) {
-        let cp = self.status.steps[i].clone();
-        let pod_name = cp.pod.clone().unwrap_or_default();
-        let pod = self.pods.get(pod_name.as_str()).copied();
-        match observe::observe(pod, cp.pod_uid.as_deref()) {
-            Observation::NotSeen => {
-                // Intent is in status; the create may not have happened (a
-                // crash between the write and the create) or the cache may
-                // lag. Create-if-absent makes repeating it safe, but a create
-                // made now starts the step now: it must still be allowed to.
-                if self.run.spec.suspend {
-                    return;
-                }
-                if cp.role == StepRole::Step
-                    && cp.plan_revision == plan.revision
-                    && let Some(at) = plan.steps.iter().position(|s| s.name == cp.name)
-                {
-                    if self.replan_if_stale(plan, at) {
-                        return; // D8: never started on inputs that went stale meanwhile
-                    }
-                    let digest =
-                        approval::step_digest(plan.steps[at], self.run.spec.pod_template.as_ref());
-                    if cp.step_digest.as_ref().is_some_and(|d| *d != digest) {
-                        // D14: approved, then changed before its Pod existed.
-                        self.recorded = true;
-                        return self.ask_approval(
-                            plan,
-                            at,
-                            Some(i),
-                            Some(format!(
-                                "step {} changed after it was approved and before its Pod was created",
-                                cp.name
-                            )),
-                        );
-                    }
-                }
-                // Created once the run limits are checked: a cancel, deadline
-                // or budget that closes this attempt must not start it.
-                self.unseen.push(i);
-            }
-            Observation::Live { uid } => {
-                if cp.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, &cp) {
-                    self.status.steps[i].pod_uid = uid;
-                }
-                self.check_timeout(plan, i);
-            }
-            Observation::Terminating { uid } => {
-                if cp.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, &cp) {
-                    self.status.steps[i].pod_uid = uid;
-                }
-            }
-            Observation::Succeeded { message } => self.on_success(plan, i, message.as_deref()),
-            Observation::Failed {
-                exit_code,
-                reason,
-                message,
-            } => {
-                let tokens = result::tokens_best_effort(message.as_deref());
-                let why = format!(
-                    "attempt {} exited with code {exit_code} ({reason})",
-                    cp.attempt
-                );
-                self.on_failure(plan, i, why, tokens, false);
-            }
-            Observation::Disrupted {
-                reason,
-                started,
-                message,
-            } => {
-                let tokens = result::tokens_best_effort(message.as_deref());
-                self.on_disruption(plan, i, &reason, started, tokens);
-            }
-            Observation::Vanished => {
-                self.on_disruption(plan, i, "its Pod vanished", true, TokenUsage::default());
-            }
+            .map(Slot::Step);
+        let compensations = (0..self.status.compensations.len())
+            .filter(|&k| self.status.compensations[k].phase == StepPhase::Running)
+            .map(Slot::Compensation);
+        let running: Vec<Slot> = steps.chain(compensations).collect();
+        for slot in running {
+            self.observe_attempt(plan, slot);
         }
     }
 
@@ -151,10 +44,10 @@ impl<'a> Machine<'a> {
     /// what a disruption leads to anyway. The result finalizer keeps every
     /// deleted or evicted Pod visible until its outcome is committed, so only
     /// a Pod whose finalizer someone stripped can vanish at all.
-    pub(super) fn may_have_acted_matters(&self, plan: &Plan<'_>, cp: &StepCheckpoint) -> bool {
-        cp.role == StepRole::Step
+    pub(super) fn may_have_acted_matters(&self, plan: &Plan<'_>, r: &Record) -> bool {
+        r.role == PodRole::Step
             && self
-                .step_spec(plan, &cp.name)
+                .step_spec(plan, &r.name)
                 .is_none_or(|s| s.effect == Effect::NonIdempotent)
     }
 
@@ -214,22 +107,9 @@ impl<'a> Machine<'a> {
             Reason::StepTimedOut,
             format!("step {}: {why}", cp.name),
         );
-        self.on_failure(plan, i, why, TokenUsage::default(), started);
+        self.attempt_failed(plan, Slot::Step(i), why, TokenUsage::default(), started);
         // What the Pod reports while it stops is still recorded (D9).
         self.status.steps[i].stopping = true;
-    }
-
-    pub(super) fn add_tokens(&mut self, i: usize, t: TokenUsage) {
-        if t.total() == 0 {
-            return;
-        }
-        let cp = &mut self.status.steps[i];
-        let mut sum = cp.tokens.unwrap_or_default();
-        sum.input = sum.input.saturating_add(t.input);
-        sum.output = sum.output.saturating_add(t.output);
-        cp.tokens = Some(sum);
-        self.status.tokens_used = self.status.tokens_used.saturating_add(t.total());
-        self.tally.tokens += t.total().max(0) as u64;
     }
 
     pub(super) fn on_success(&mut self, plan: &Plan<'_>, i: usize, message: Option<&str>) {
@@ -240,7 +120,7 @@ impl<'a> Machine<'a> {
                 let why = format!("attempt {attempt} returned an unusable result: {e}");
                 // Whatever tokens it reported were spent all the same (D9).
                 let tokens = result::tokens_best_effort(message);
-                return self.on_failure(plan, i, why, tokens, true);
+                return self.attempt_failed(plan, Slot::Step(i), why, tokens, true);
             }
         };
         let role = self.status.steps[i].role;
@@ -252,16 +132,13 @@ impl<'a> Machine<'a> {
                     // `retry.limit`, then the run fails for that reason.
                     let name = self.status.steps[i].name.clone();
                     let why = format!("attempt {attempt} returned an invalid plan: {e}");
-                    self.on_failure(plan, i, why, report.tokens, false);
+                    self.attempt_failed(plan, Slot::Step(i), why, report.tokens, false);
                     if self.status.steps[i].phase == StepPhase::Failed {
-                        cond::set(
-                            &mut self.status.conditions,
+                        self.set_condition(
                             ConditionType::FailureTarget,
                             TRUE,
                             Reason::InvalidPlan,
                             format!("planner {name}: {e}"),
-                            self.run.metadata.generation,
-                            self.now,
                         );
                     }
                     return;
@@ -269,7 +146,7 @@ impl<'a> Machine<'a> {
             },
             _ => None,
         };
-        self.add_tokens(i, report.tokens);
+        self.add_tokens(Slot::Step(i), report.tokens);
         let spec = match role {
             StepRole::Step => self.step_spec(plan, &self.status.steps[i].name),
             StepRole::Planner => self.run.spec.planner.clone(),
@@ -376,125 +253,47 @@ impl<'a> Machine<'a> {
         self.event(EventType::Normal, Reason::PlanAdopted, message);
     }
 
-    pub(super) fn retry_limit(
-        &self,
-        plan: &Plan<'_>,
-        cp: &StepCheckpoint,
-    ) -> (i32, Option<crate::api::Backoff>) {
-        let spec = match cp.role {
-            StepRole::Step => self.step_spec(plan, &cp.name),
-            StepRole::Planner => self.run.spec.planner.clone(),
-            StepRole::Compactor => None,
-        };
-        let retry = spec.and_then(|s| s.retry);
-        (
-            retry.as_ref().map_or(0, |r| r.limit.max(0)),
-            retry.and_then(|r| r.backoff),
-        )
-    }
-
-    /// Where a failed attempt leaves its step or compensation, `failures`
-    /// counting this one: retried after its backoff (never early, see
-    /// `backoff_until`) or, past `limit`, failed for good.
-    pub(super) fn after_failure(
-        &self,
-        why: &str,
-        failures: i32,
-        limit: i32,
-        backoff: Option<&crate::api::Backoff>,
-    ) -> AfterFailure {
-        if failures > limit {
-            return AfterFailure::Exhausted(format!("{why}; no retries left (limit {limit})"));
+    /// A step that ran without reporting a failure of its own (timed out,
+    /// or exited 0 with an unusable result) may have acted: its effect is
+    /// `Unknown` (D7) and a compensation covers it. A step that exits
+    /// non-zero reports that it did not act.
+    pub(super) fn effect_unknown(&mut self, plan: &Plan<'_>, i: usize) {
+        if self.status.steps[i].role != StepRole::Step {
+            return;
         }
-        let delay = plan::backoff(backoff, failures);
-        AfterFailure::Retry {
-            at: Time(self.backoff_until(delay)),
-            message: format!(
-                "{why}; retry {failures} of {limit} after {}",
-                timeout_text(delay)
-            ),
+        let effect = self
+            .step_spec(plan, &self.status.steps[i].name)
+            .map_or(Effect::NonIdempotent, |s| s.effect);
+        if effect != Effect::None {
+            self.status.steps[i].effect = Some(EffectOutcome::Unknown);
         }
     }
 
-    /// A failed attempt (exit code, timeout, bad result) consumes the retry
-    /// budget. `may_have_acted`: the attempt ran without reporting a failure
-    /// of its own (timed out, or exited 0 with an unusable result), so its
-    /// effect is `Unknown` (D7) and a compensation covers it; a step that
-    /// exits non-zero reports that it did not act.
-    pub(super) fn on_failure(
-        &mut self,
-        plan: &Plan<'_>,
-        i: usize,
-        why: String,
-        tokens: TokenUsage,
-        may_have_acted: bool,
-    ) {
-        self.tally.failed += 1;
-        self.add_tokens(i, tokens);
-        if may_have_acted && self.status.steps[i].role == StepRole::Step {
-            let effect = self
-                .step_spec(plan, &self.status.steps[i].name)
-                .map_or(Effect::NonIdempotent, |s| s.effect);
-            if effect != Effect::None {
-                self.status.steps[i].effect = Some(EffectOutcome::Unknown);
-            }
-        }
-        let (limit, backoff) = self.retry_limit(plan, &self.status.steps[i]);
-        let failures = self.status.steps[i].failures + 1;
-        let next = self.after_failure(&why, failures, limit, backoff.as_ref());
-        let now = self.now;
+    /// A step, planner or compactor failed with no retries left: its
+    /// checkpoint is final, and the run fails unless it was the compactor.
+    pub(super) fn step_exhausted(&mut self, i: usize, message: String) {
         let cp = &mut self.status.steps[i];
-        cp.failures = failures;
-        cp.pod_uid = None;
-        self.recorded = true;
-        match next {
-            AfterFailure::Exhausted(message) => {
-                cp.phase = StepPhase::Failed;
-                cp.checkpoint = CheckpointState::Committed;
-                cp.finished_at = Some(Time(now));
-                cp.next_attempt_at = None;
-                if cp.role == StepRole::Step && cp.effect.is_none() {
-                    cp.effect = Some(EffectOutcome::NotApplied);
-                }
-                cp.message = Some(message.clone());
-                let (role, name) = (cp.role, cp.name.clone());
-                if role == StepRole::Compactor {
-                    // Without a summary the oldest results are simply left out.
-                    self.event(
-                        EventType::Warning,
-                        Reason::StepFailed,
-                        format!("compactor before {name}: {message}"),
-                    );
-                } else {
-                    self.fail_run(Reason::StepFailed, format!("step {name}: {message}"));
-                }
-            }
-            AfterFailure::Retry { at, message } => {
-                cp.phase = StepPhase::Pending;
-                cp.next_attempt_at = Some(at);
-                cp.message = Some(message.clone());
-                let name = cp.name.clone();
-                self.event(
-                    EventType::Warning,
-                    Reason::StepRetrying,
-                    format!("step {name}: {message}"),
-                );
-            }
+        cp.checkpoint = CheckpointState::Committed;
+        if cp.role == StepRole::Step && cp.effect.is_none() {
+            cp.effect = Some(EffectOutcome::NotApplied);
+        }
+        let (role, name) = (cp.role, cp.name.clone());
+        if role == StepRole::Compactor {
+            // Without a summary the oldest results are simply left out.
+            self.event(
+                EventType::Warning,
+                Reason::StepFailed,
+                format!("compactor before {name}: {message}"),
+            );
+        } else {
+            self.fail_run(Reason::StepFailed, format!("step {name}: {message}"));
         }
     }
 
-    /// A disruption does not consume the retry budget (D6); a NonIdempotent
-    /// step that may have acted asks a person instead of running again (D7).
-    pub(super) fn on_disruption(
-        &mut self,
-        plan: &Plan<'_>,
-        i: usize,
-        why: &str,
-        started: bool,
-        tokens: TokenUsage,
-    ) {
-        self.tally.disrupted += 1;
-        self.add_tokens(i, tokens);
+    /// A disrupted step, after `disrupted` counted it: a NonIdempotent step
+    /// that may have acted asks a person instead of running again (D7);
+    /// any other runs again with the same key.
+    pub(super) fn step_disrupted(&mut self, plan: &Plan<'_>, i: usize, why: &str, started: bool) {
         let effect = match self.status.steps[i].role {
             StepRole::Step => self
                 .step_spec(plan, &self.status.steps[i].name)
@@ -504,11 +303,7 @@ impl<'a> Machine<'a> {
         let run = self.name.to_owned();
         let uid = self.uid.to_owned();
         let cp = &mut self.status.steps[i];
-        cp.disruptions += 1;
-        cp.pod_uid = None;
-        cp.next_attempt_at = None;
-        self.recorded = true;
-        if effect == Effect::NonIdempotent && started {
+        let (type_, reason, message) = if effect == Effect::NonIdempotent && started {
             let approval =
                 names::reconcile_name(&run, &uid, &cp.name, cp.plan_revision, cp.attempt, 1);
             let message = format!(
@@ -518,13 +313,7 @@ impl<'a> Machine<'a> {
             cp.effect = Some(EffectOutcome::Unknown);
             cp.phase = StepPhase::WaitingForApproval;
             cp.approval = Some(approval);
-            cp.message = Some(message.clone());
-            let name = cp.name.clone();
-            self.event(
-                EventType::Warning,
-                Reason::StepOutcomeUnknown,
-                format!("step {name}: {message}"),
-            );
+            (EventType::Warning, Reason::StepOutcomeUnknown, message)
         } else {
             if started && effect != Effect::None && cp.role == StepRole::Step {
                 // It may have acted before it was stopped; the rerun with the
@@ -536,13 +325,10 @@ impl<'a> Machine<'a> {
                 cp.attempt
             );
             cp.phase = StepPhase::Pending;
-            cp.message = Some(message.clone());
-            let name = cp.name.clone();
-            self.event(
-                EventType::Normal,
-                Reason::StepDisrupted,
-                format!("step {name}: {message}"),
-            );
-        }
+            (EventType::Normal, Reason::StepDisrupted, message)
+        };
+        cp.message = Some(message.clone());
+        let text = format!("step {}: {message}", cp.name);
+        self.event(type_, reason, text);
     }
 }

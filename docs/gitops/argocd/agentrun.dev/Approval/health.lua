@@ -8,6 +8,9 @@ if phase == nil or phase == "Pending" then
   hs.status = "Suspended"
   local question = (obj.spec and obj.spec.question) or ""
   hs.message = "Waiting for a decision: " .. question
+  if obj.status ~= nil and obj.status.votes ~= nil and obj.spec ~= nil and (obj.spec.quorum or 1) > 1 then
+    hs.message = hs.message .. " (" .. obj.status.votes .. " approving votes)"
+  end
   if obj.spec ~= nil and obj.spec.expiresAt ~= nil then
     hs.message = hs.message .. " (expires " .. obj.spec.expiresAt .. ")"
   end

@@ -1,0 +1,503 @@
+//! One attempt, whatever it is for: a step, the planner, a compactor or a
+//! compensation. Where its record lives in status (`Slot`), how it starts
+//! (`launch`, through the gate), the Pod it runs as (built from status alone,
+//! so creating it again after a crash creates the same Pod), how its Pod's
+//! outcome is read exactly once (D3) with its tokens (D9), and the one retry
+//! rule: a failure spends the retry budget, a disruption does not (D6).
+//!
+//! What differs by role is dispatched from here: a step's result, effect and
+//! Reconcile question to `running`, a compensation's outcome to `saga`.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::Value;
+
+use crate::api::{
+    CompensationCheckpoint, MAX_CONTEXT_BYTES, StepCheckpoint, StepContainer, StepPhase, StepRole,
+    TokenUsage,
+};
+use crate::engine::EventType;
+use crate::engine::context::{self, Identity, PriorResult};
+use crate::engine::names::{self, PodRole};
+use crate::engine::observe::{self, Observation};
+use crate::engine::plan::{self, CheckpointIndex, Plan};
+use crate::engine::pods::{self, PodRequest};
+use crate::engine::reasons::Reason;
+use crate::engine::result;
+
+use super::gate::Start;
+use super::{Machine, timeout_text};
+
+/// Where an attempt's record lives in status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Slot {
+    /// `status.steps[i]`: a step, the planner or a compactor.
+    Step(usize),
+    /// `status.compensations[k]`.
+    Compensation(usize),
+}
+
+/// What identifies an attempt and its Pod, copied out of its record.
+#[derive(Clone, Debug)]
+pub(super) struct Record {
+    pub role: PodRole,
+    pub name: String,
+    pub plan_revision: i64,
+    pub attempt: i32,
+    pub idempotency_key: String,
+    pub pod: Option<String>,
+    pub pod_uid: Option<String>,
+    pub started_at: Option<Time>,
+}
+
+impl Record {
+    /// How Events and messages name the attempt's step.
+    pub fn what(&self) -> String {
+        let name = &self.name;
+        match self.role {
+            PodRole::Step => format!("step {name}"),
+            PodRole::Planner => format!("planner {name}"),
+            PodRole::Compactor => format!("compactor before step {name}"),
+            PodRole::Compensate => format!("compensation of step {name}"),
+        }
+    }
+}
+
+/// The facts every attempt record holds, borrowed from a step's checkpoint
+/// or a compensation's.
+pub(super) struct Facts<'c> {
+    pub attempt: &'c mut i32,
+    pub pod: &'c mut Option<String>,
+    pub pod_uid: &'c mut Option<String>,
+    pub phase: &'c mut StepPhase,
+    pub started_at: &'c mut Option<Time>,
+    pub finished_at: &'c mut Option<Time>,
+    pub next_attempt_at: &'c mut Option<Time>,
+    pub failures: &'c mut i32,
+    pub disruptions: &'c mut i32,
+    pub tokens: &'c mut Option<TokenUsage>,
+    pub message: &'c mut Option<String>,
+}
+
+trait AttemptRecord {
+    fn facts(&mut self) -> Facts<'_>;
+    fn record(&self) -> Record;
+}
+
+/// Both kinds of checkpoint hold the same attempt fields under the same names.
+macro_rules! attempt_record {
+    ($ty:ty, $role:expr) => {
+        impl AttemptRecord for $ty {
+            fn facts(&mut self) -> Facts<'_> {
+                Facts {
+                    attempt: &mut self.attempt,
+                    pod: &mut self.pod,
+                    pod_uid: &mut self.pod_uid,
+                    phase: &mut self.phase,
+                    started_at: &mut self.started_at,
+                    finished_at: &mut self.finished_at,
+                    next_attempt_at: &mut self.next_attempt_at,
+                    failures: &mut self.failures,
+                    disruptions: &mut self.disruptions,
+                    tokens: &mut self.tokens,
+                    message: &mut self.message,
+                }
+            }
+
+            fn record(&self) -> Record {
+                #[allow(clippy::redundant_closure_call)]
+                Record {
+                    role: ($role)(self),
+                    name: self.name.clone(),
+                    plan_revision: self.plan_revision,
+                    attempt: self.attempt,
+                    idempotency_key: self.idempotency_key.clone(),
+                    pod: self.pod.clone(),
+                    pod_uid: self.pod_uid.clone(),
+                    started_at: self.started_at.clone(),
+                }
+            }
+        }
+    };
+}
+
+attempt_record!(StepCheckpoint, |c: &StepCheckpoint| PodRole::from(c.role));
+attempt_record!(CompensationCheckpoint, |_: &CompensationCheckpoint| {
+    PodRole::Compensate
+});
+
+impl<'a> Machine<'a> {
+    pub(super) fn facts(&mut self, slot: Slot) -> Facts<'_> {
+        match slot {
+            Slot::Step(i) => self.status.steps[i].facts(),
+            Slot::Compensation(k) => self.status.compensations[k].facts(),
+        }
+    }
+
+    pub(super) fn record(&self, slot: Slot) -> Record {
+        match slot {
+            Slot::Step(i) => self.status.steps[i].record(),
+            Slot::Compensation(k) => self.status.compensations[k].record(),
+        }
+    }
+
+    /// The record of `role`'s attempts at `name` in plan revision `rev`.
+    pub(super) fn slot(&self, role: PodRole, name: &str, rev: i64) -> Option<Slot> {
+        match role.step_role() {
+            None => self
+                .status
+                .compensations
+                .iter()
+                .position(|c| c.name == name && c.plan_revision == rev)
+                .map(Slot::Compensation),
+            Some(role) => CheckpointIndex::new(&self.status.steps)
+                .at(&self.status.steps, role, name, rev)
+                .map(Slot::Step),
+        }
+    }
+
+    /// The record for a first attempt, added to status.
+    fn open(&mut self, role: PodRole, name: &str, rev: i64, key: String) -> Slot {
+        match role.step_role() {
+            None => {
+                self.status.compensations.push(CompensationCheckpoint {
+                    name: name.to_owned(),
+                    plan_revision: rev,
+                    idempotency_key: key,
+                    ..CompensationCheckpoint::default()
+                });
+                Slot::Compensation(self.status.compensations.len() - 1)
+            }
+            Some(role) => {
+                self.status.steps.push(StepCheckpoint {
+                    name: name.to_owned(),
+                    role,
+                    plan_revision: rev,
+                    idempotency_key: key,
+                    ..StepCheckpoint::default()
+                });
+                Slot::Step(self.status.steps.len() - 1)
+            }
+        }
+    }
+
+    /// Starts attempt `attempt` of `role` at `name` in plan revision `rev`
+    /// if the launch gate lets it: records the intent in status and emits
+    /// the Pod, which the controller creates once that status is written
+    /// (D1, D2, D4).
+    pub(super) fn launch(
+        &mut self,
+        plan: &Plan<'_>,
+        role: PodRole,
+        name: &str,
+        rev: i64,
+        attempt: i32,
+    ) {
+        let key = self.key(role, name, rev);
+        let start = Start::New {
+            role,
+            name,
+            rev,
+            key: &key,
+        };
+        if self.gate(plan, start).is_err() {
+            return;
+        }
+        let slot = match self.slot(role, name, rev) {
+            Some(slot) => slot,
+            None => self.open(role, name, rev, key),
+        };
+        let pod = names::pod_name(self.name, self.uid, role, name, rev, attempt);
+        let now = Time(self.now);
+        let f = self.facts(slot);
+        *f.attempt = attempt;
+        *f.pod = Some(pod.clone());
+        *f.pod_uid = None;
+        *f.phase = StepPhase::Running;
+        *f.started_at = Some(now);
+        *f.next_attempt_at = None;
+        if role != PodRole::Compensate {
+            self.status.step_executions = self.status.step_executions.saturating_add(1);
+        }
+        self.tally.started += 1;
+        // A new attempt has a new name: nothing was refused for it yet.
+        self.emit_pod(plan, slot);
+        let (reason, what) = match role {
+            PodRole::Compensate => (
+                Reason::CompensationStarted,
+                format!("compensating step {name} (plan revision {rev})"),
+            ),
+            _ => (Reason::StepStarted, self.record(slot).what()),
+        };
+        self.event(
+            EventType::Normal,
+            reason,
+            format!("{what}: attempt {attempt} as Pod {pod}"),
+        );
+    }
+
+    /// The Pod of a record's current attempt, rebuilt deterministically from
+    /// status: the context as of the attempt's start.
+    pub(super) fn attempt_pod(&self, plan: &Plan<'_>, slot: Slot) -> Option<Pod> {
+        let r = self.record(slot);
+        let at = r.started_at.as_ref().map_or(self.now, |t| t.0);
+        let i = plan
+            .steps
+            .iter()
+            .position(|s| s.name == r.name)
+            .unwrap_or(plan.steps.len());
+        let summary = self.status.summary.as_deref();
+        let (container, results, summary, max): (StepContainer, Vec<(String, Value)>, _, usize) =
+            match r.role {
+                PodRole::Step => (
+                    self.step_spec(plan, &r.name)?.container,
+                    self.prior_results(plan, i, at),
+                    summary,
+                    self.max_context_bytes(),
+                ),
+                PodRole::Planner => (
+                    self.run.spec.planner.as_ref()?.container.clone(),
+                    Vec::new(),
+                    summary,
+                    self.max_context_bytes(),
+                ),
+                PodRole::Compactor => (
+                    self.run.spec.context.as_ref()?.compactor.clone()?,
+                    self.prior_results(plan, i, at),
+                    summary,
+                    MAX_CONTEXT_BYTES as usize,
+                ),
+                // A compensation sees the result of the step it undoes.
+                PodRole::Compensate => (
+                    self.step_spec(plan, &r.name)?.compensate?,
+                    self.status
+                        .steps
+                        .iter()
+                        .find(|c| {
+                            c.role == StepRole::Step
+                                && c.name == r.name
+                                && c.plan_revision == r.plan_revision
+                        })
+                        .and_then(|c| c.result.clone())
+                        .map(|v| (r.name.clone(), v))
+                        .into_iter()
+                        .collect(),
+                    None,
+                    self.max_context_bytes(),
+                ),
+            };
+        let refs: Vec<PriorResult> = results
+            .iter()
+            .map(|(s, r)| PriorResult { step: s, result: r })
+            .collect();
+        let identity = Identity {
+            run: self.name,
+            run_uid: self.uid,
+            step: &r.name,
+            role: r.role.label(),
+            attempt: r.attempt,
+            idempotency_key: &r.idempotency_key,
+            plan_revision: r.plan_revision,
+        };
+        let ctx = context::materialise(&identity, summary, &refs, max);
+        Some(pods::build(PodRequest {
+            name: names::pod_name(
+                self.name,
+                self.uid,
+                r.role,
+                &r.name,
+                r.plan_revision,
+                r.attempt,
+            ),
+            namespace: self.run.metadata.namespace.clone(),
+            owner: self.owner(),
+            run: self.name,
+            step: &r.name,
+            role: r.role,
+            plan_revision: r.plan_revision,
+            attempt: r.attempt,
+            idempotency_key: &r.idempotency_key,
+            container: &container,
+            defaults: self.run.spec.pod_template.as_ref(),
+            context_json: ctx.json,
+        }))
+    }
+
+    /// Reads the Pod of a running attempt and records its outcome, once.
+    pub(super) fn observe_attempt(&mut self, plan: &Plan<'_>, slot: Slot) {
+        let r = self.record(slot);
+        let pod = self.pods.get(r.pod.as_deref().unwrap_or("")).copied();
+        match observe::observe(pod, r.pod_uid.as_deref()) {
+            // Intent is in status; the create may not have happened (a crash
+            // between the write and the create) or the cache may lag.
+            // Create-if-absent makes repeating it safe, but a create made now
+            // starts the attempt now: the gate decides, once the run limits
+            // are checked (`create_unseen`).
+            Observation::NotSeen => self.unseen.push(slot),
+            Observation::Live { uid } => {
+                self.keep_pod_uid(plan, slot, &r, uid);
+                if let Slot::Step(i) = slot {
+                    self.check_timeout(plan, i);
+                }
+            }
+            Observation::Terminating { uid } => self.keep_pod_uid(plan, slot, &r, uid),
+            Observation::Succeeded { message } => match slot {
+                Slot::Step(i) => self.on_success(plan, i, message.as_deref()),
+                Slot::Compensation(k) => self.compensation_succeeded(plan, k, message.as_deref()),
+            },
+            Observation::Failed {
+                exit_code,
+                reason,
+                message,
+            } => {
+                let tokens = result::tokens_best_effort(message.as_deref());
+                let why = format!(
+                    "attempt {} exited with code {exit_code} ({reason})",
+                    r.attempt
+                );
+                self.attempt_failed(plan, slot, why, tokens, false);
+            }
+            Observation::Disrupted {
+                reason,
+                started,
+                message,
+            } => {
+                let tokens = result::tokens_best_effort(message.as_deref());
+                self.disrupted(plan, slot, &reason, started, tokens);
+            }
+            Observation::Vanished => {
+                self.disrupted(plan, slot, "its Pod vanished", true, TokenUsage::default());
+            }
+        }
+    }
+
+    /// Records the UID of a seen Pod where telling a vanished Pod from one
+    /// never created changes the answer (see `may_have_acted_matters`).
+    fn keep_pod_uid(&mut self, plan: &Plan<'_>, slot: Slot, r: &Record, uid: Option<String>) {
+        if r.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, r) {
+            *self.facts(slot).pod_uid = uid;
+        }
+    }
+
+    pub(super) fn add_tokens(&mut self, slot: Slot, t: TokenUsage) {
+        if t.total() == 0 {
+            return;
+        }
+        let f = self.facts(slot);
+        let mut sum = f.tokens.unwrap_or_default();
+        sum.input = sum.input.saturating_add(t.input);
+        sum.output = sum.output.saturating_add(t.output);
+        *f.tokens = Some(sum);
+        self.status.tokens_used = self.status.tokens_used.saturating_add(t.total());
+        self.tally.tokens += t.total().max(0) as u64;
+    }
+
+    /// The retry rule of a record: a compensation retries as its step does.
+    fn retry_rule(&self, plan: &Plan<'_>, r: &Record) -> (i32, Option<crate::api::Backoff>) {
+        let spec = match r.role {
+            PodRole::Step | PodRole::Compensate => self.step_spec(plan, &r.name),
+            PodRole::Planner => self.run.spec.planner.clone(),
+            PodRole::Compactor => None,
+        };
+        let retry = spec.and_then(|s| s.retry);
+        (
+            retry.as_ref().map_or(0, |r| r.limit.max(0)),
+            retry.and_then(|r| r.backoff),
+        )
+    }
+
+    /// A failed attempt (exit code, timeout, bad result, a Pod the API
+    /// server refuses) spends the retry budget: retried after its backoff,
+    /// never early (see `backoff_until`), or past `retry.limit` failed for
+    /// good. `may_have_acted`: the attempt ran without reporting a failure
+    /// of its own (timed out, or exited 0 with an unusable result), so a
+    /// step's effect is `Unknown` (D7) and a compensation covers it.
+    pub(super) fn attempt_failed(
+        &mut self,
+        plan: &Plan<'_>,
+        slot: Slot,
+        why: String,
+        tokens: TokenUsage,
+        may_have_acted: bool,
+    ) {
+        self.tally.failed += 1;
+        self.add_tokens(slot, tokens);
+        if may_have_acted && let Slot::Step(i) = slot {
+            self.effect_unknown(plan, i);
+        }
+        let r = self.record(slot);
+        let (limit, backoff) = self.retry_rule(plan, &r);
+        let now = Time(self.now);
+        let f = self.facts(slot);
+        let failures = *f.failures + 1;
+        *f.failures = failures;
+        *f.pod_uid = None;
+        self.recorded = true;
+        if failures > limit {
+            let message = format!("{why}; no retries left (limit {limit})");
+            let f = self.facts(slot);
+            *f.phase = StepPhase::Failed;
+            *f.finished_at = Some(now);
+            *f.next_attempt_at = None;
+            *f.message = Some(message.clone());
+            match slot {
+                Slot::Step(i) => self.step_exhausted(i, message),
+                Slot::Compensation(_) => self.event(
+                    EventType::Warning,
+                    Reason::CompensationFailed,
+                    format!("{}: {why}", r.what()),
+                ),
+            }
+            return;
+        }
+        let delay = plan::backoff(backoff.as_ref(), failures);
+        let at = Time(self.backoff_until(delay));
+        let message = format!(
+            "{why}; retry {failures} of {limit} after {}",
+            timeout_text(delay)
+        );
+        let f = self.facts(slot);
+        *f.phase = StepPhase::Pending;
+        *f.next_attempt_at = Some(at);
+        *f.message = Some(message.clone());
+        if let Slot::Step(_) = slot {
+            self.event(
+                EventType::Warning,
+                Reason::StepRetrying,
+                format!("step {}: {message}", r.name),
+            );
+        }
+    }
+
+    /// A disrupted attempt (evicted, preempted, its node lost, its Pod
+    /// vanished) does not spend the retry budget (D6); what follows depends
+    /// on the role: a step may have acted (see `step_disrupted`), a
+    /// compensation is meant to be repeatable and runs again.
+    pub(super) fn disrupted(
+        &mut self,
+        plan: &Plan<'_>,
+        slot: Slot,
+        why: &str,
+        started: bool,
+        tokens: TokenUsage,
+    ) {
+        self.tally.disrupted += 1;
+        self.add_tokens(slot, tokens);
+        let f = self.facts(slot);
+        *f.disruptions += 1;
+        *f.pod_uid = None;
+        *f.next_attempt_at = None;
+        self.recorded = true;
+        match slot {
+            Slot::Step(i) => self.step_disrupted(plan, i, why, started),
+            Slot::Compensation(k) => {
+                let c = &mut self.status.compensations[k];
+                c.phase = StepPhase::Pending;
+                c.message = Some(format!(
+                    "attempt {} was disrupted; it runs again with the same key",
+                    c.attempt
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The launch gate: the one place that answers "may this Pod start now?",
+//! and the one place a `CreatePod` is emitted. Every start goes through it:
+//! a new attempt (`launch`) and the Pod of a recorded attempt that was never
+//! seen (`create_unseen`), which starts the attempt just as much.
+//!
+//! Keeps D2 (never beside a live attempt with the same key), D8 (never on
+//! stale input: re-plan instead), D9 (the step-execution budget), D11 (the
+//! compactor first), D14 (a step changed after its approval is asked again),
+//! D16 (a creation the API server refused shows on the run), and `suspend`.
+
+use crate::api::TokenUsage;
+use crate::engine::Refusal;
+use crate::engine::approval;
+use crate::engine::names::PodRole;
+use crate::engine::plan::Plan;
+use crate::engine::reasons::Reason;
+use crate::engine::{Action, EventType, RefusalCause};
+
+use super::Machine;
+use super::attempt::Slot;
+
+/// Why a Pod may not start now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hold {
+    /// This decision recorded an outcome that changes what comes next; the
+    /// next decision starts from it once it is committed.
+    Recorded,
+    /// The run is failing: only compensations start.
+    Failing,
+    /// `spec.suspend`.
+    Suspended,
+    /// An input of the step went stale: the run was re-planned (D8), or it
+    /// failed because it cannot be.
+    Stale,
+    /// The step changed after it was approved; it is asked again (D14).
+    ApprovalChanged,
+    /// The compactor runs first (D11).
+    Compacting,
+    /// `budget.stepExecutions` is spent; the run fails (D9).
+    BudgetSpent,
+    /// An earlier attempt with the same key is still stopping (D2).
+    LivePod,
+}
+
+/// What is about to start.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Start<'s> {
+    /// A new attempt of `role` at `name`, revision `rev`, with key `key`.
+    New {
+        role: PodRole,
+        name: &'s str,
+        rev: i64,
+        key: &'s str,
+    },
+    /// The Pod of the attempt recorded in this slot, never seen.
+    Again(Slot),
+}
+
+impl<'a> Machine<'a> {
+    /// Whether the Pod of `start` may be created now, or why not. A hold
+    /// may itself decide what comes instead: a re-plan, the compactor, a new
+    /// approval request, the run's failure.
+    pub(super) fn gate(&mut self, plan: &Plan<'_>, start: Start<'_>) -> Result<(), Hold> {
+        let (role, name, rev, new) = match start {
+            Start::New {
+                role, name, rev, ..
+            } => (role, name.to_owned(), rev, true),
+            Start::Again(slot) => {
+                let r = self.record(slot);
+                (r.role, r.name, r.plan_revision, false)
+            }
+        };
+        if new && self.recorded {
+            return Err(Hold::Recorded);
+        }
+        if role != PodRole::Compensate && self.failing() {
+            // `fail_run` stopped whatever may exist of the run's attempts.
+            return Err(Hold::Failing);
+        }
+        if self.run.spec.suspend {
+            return Err(Hold::Suspended);
+        }
+        let at = (role == PodRole::Step && rev == plan.revision)
+            .then(|| plan.steps.iter().position(|s| s.name == name))
+            .flatten();
+        if let Some(i) = at {
+            if self.replan_if_stale(plan, i) {
+                return Err(Hold::Stale);
+            }
+            if let Start::Again(Slot::Step(c)) = start {
+                let digest =
+                    approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_ref());
+                if self.status.steps[c]
+                    .step_digest
+                    .as_ref()
+                    .is_some_and(|d| *d != digest)
+                {
+                    self.recorded = true;
+                    self.ask_approval(
+                        plan,
+                        i,
+                        Some(c),
+                        Some(format!(
+                            "step {name} changed after it was approved and before its Pod was created"
+                        )),
+                    );
+                    return Err(Hold::ApprovalChanged);
+                }
+            }
+            if new && self.compaction_blocks(plan, i) {
+                return Err(Hold::Compacting);
+            }
+        }
+        let Start::New { key, .. } = start else {
+            return Ok(());
+        };
+        if role != PodRole::Compensate
+            && let Some(budget) = self
+                .run
+                .spec
+                .budget
+                .as_ref()
+                .and_then(|b| b.step_executions)
+            && self.status.step_executions >= budget
+        {
+            self.budget_exceeded(
+                Reason::StepExecutionBudgetExceeded,
+                format!(
+                    "{} step Pods created, the budget of {budget} is spent",
+                    self.status.step_executions
+                ),
+            );
+            return Err(Hold::BudgetSpent);
+        }
+        if self.live_pod_with_key(key) {
+            return Err(Hold::LivePod);
+        }
+        Ok(())
+    }
+
+    /// Creates the Pods of recorded attempts that were never seen, once the
+    /// run limits are checked: a cancel, deadline or budget that closes an
+    /// attempt must not start it.
+    pub(super) fn create_unseen(&mut self, plan: &Plan<'_>) {
+        for slot in std::mem::take(&mut self.unseen) {
+            if self.gate(plan, Start::Again(slot)).is_err() {
+                continue;
+            }
+            if let Some(r) = self.emit_pod(plan, slot)
+                && r.cause == RefusalCause::Rejected
+            {
+                // The same Pod would be refused again: a failed attempt.
+                let why = format!(
+                    "attempt {}: the API server refused its Pod {}: {}",
+                    self.record(slot).attempt,
+                    r.name,
+                    r.message
+                );
+                self.attempt_failed(plan, slot, why, TokenUsage::default(), false);
+            }
+        }
+    }
+
+    /// Emits the creation of the Pod of the attempt in `slot` — the only
+    /// place a `CreatePod` comes from — unless the API server refused it in
+    /// this reconcile: then the refusal is returned and the run shows it
+    /// (D16).
+    pub(super) fn emit_pod(&mut self, plan: &Plan<'_>, slot: Slot) -> Option<&'a Refusal> {
+        let pod = self.attempt_pod(plan, slot)?;
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        match self.refused.iter().find(|r| r.name == name) {
+            None => {
+                self.actions.push(Action::CreatePod(Box::new(pod)));
+                None
+            }
+            Some(r) => {
+                let what = self.record(slot).what();
+                self.stall(&what, "Pod", r);
+                Some(r)
+            }
+        }
+    }
+
+    /// Records that a creation the run needs was refused: a `Stalled`
+    /// condition and a Warning Event, both with the API server's message.
+    pub(super) fn stall(&mut self, what: &str, kind: &str, r: &Refusal) {
+        let (why, text) = match r.cause {
+            RefusalCause::NameTaken => (
+                Reason::NameTaken,
+                format!(
+                    "{what}: {kind} {} exists but does not belong to this run; delete or rename it: {}",
+                    r.name, r.message
+                ),
+            ),
+            RefusalCause::Rejected | RefusalCause::Transient => (
+                Reason::FailedCreate,
+                format!(
+                    "{what}: the API server refused {kind} {}: {}",
+                    r.name, r.message
+                ),
+            ),
+        };
+        self.event(EventType::Warning, Reason::FailedCreate, text.clone());
+        self.stalled = Some((why, text));
+    }
+}
