@@ -8,6 +8,7 @@
 #   make cluster-down  stop it
 #   make crds          regenerate crds/ from the Rust types
 #   make policies      regenerate config/policies from the chart
+#   make plugin        install kubectl-agentrun into $(PREFIX)/bin (default ~/.local/bin)
 #   make observability the alert, dashboard and GitOps health checks (promtool, lua;
 #                      no control plane)
 #   make chaos         the long chaos suite on its own control plane (target/e2e-chaos)
@@ -37,6 +38,13 @@ crds:
 	$(CARGO) run --quiet --locked -- crd > crds/agentrun.dev_crds.yaml.tmp
 	mv crds/agentrun.dev_crds.yaml.tmp crds/agentrun.dev_crds.yaml
 	for f in $(CRD_COPIES); do cp crds/agentrun.dev_crds.yaml $$f; done
+
+# The kubectl plugin (docs/cli.md): `kubectl agentrun …` once the binary is on PATH.
+PREFIX ?= $(HOME)/.local
+.PHONY: plugin
+plugin:
+	$(CARGO) install --locked --path plugin --root $(PREFIX)
+	@echo "installed $(PREFIX)/bin/kubectl-agentrun; try: kubectl agentrun list"
 
 # config/policies is the chart's admission policies and roles, rendered.
 .PHONY: policies

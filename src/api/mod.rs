@@ -11,10 +11,12 @@
 
 mod agentrun;
 mod approval;
+mod approvers;
 mod duration;
 
 pub use agentrun::*;
 pub use approval::*;
+pub use approvers::*;
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -26,6 +26,19 @@ pub fn operator_binary() -> PathBuf {
     path
 }
 
+/// The `kubectl-agentrun` plugin binary.
+pub fn plugin_binary() -> PathBuf {
+    let path = std::env::var_os("AGENTRUN_PLUGIN_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/debug/kubectl-agentrun"));
+    assert!(
+        path.exists(),
+        "plugin binary not found at {}: run `cargo build --workspace --bins` first (make test does)",
+        path.display()
+    );
+    path
+}
+
 /// The simkubelet binary of this crate.
 pub fn simkubelet_binary() -> PathBuf {
     let path = std::env::var_os("AGENTRUN_SIMKUBELET_BIN")

@@ -1,0 +1,416 @@
+//! `kubectl agentrun` against a real operator and simulated kubelet on the
+//! plane, with the chart's admission policies in force: each command does
+//! what it says, as the impersonated user it runs as, and says why when it
+//! does not.
+
+use std::time::Duration;
+
+use agentrun_e2e::support::chart::{CHART, helm_cmd, ok};
+use agentrun_e2e::support::processes::plugin_binary;
+use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_e2e::{kubeconfig, kubectl_ok, repo_root, wait_for};
+use agentrun_operator::api::{Approval, EffectOutcome, RunPhase, StepPhase};
+use kube::api::DeleteParams;
+use serde_json::json;
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the plugin in `ns`, as `user` (none: the admin) with `groups`.
+async fn plugin(ns: &str, user: Option<&str>, groups: &[&str], args: &[&str]) -> Out {
+    let mut cmd = tokio::process::Command::new(plugin_binary());
+    cmd.arg("--kubeconfig").arg(kubeconfig()).args(["-n", ns]);
+    if let Some(u) = user {
+        cmd.args(["--as", u]);
+    }
+    for g in groups {
+        cmd.args(["--as-group", g]);
+    }
+    let out = cmd
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .expect("running kubectl-agentrun");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The chart's policies and roles for this namespace only; removed on drop.
+struct Policies(std::path::PathBuf);
+
+impl Policies {
+    async fn install(ns: &str) -> Policies {
+        let suffix = ns.rsplit('-').next().unwrap();
+        let release = format!("agentrun-plugin-{suffix}");
+        let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+        let yaml = ok(helm_cmd()
+            .current_dir(repo_root())
+            .args(["template", &release, CHART, "--namespace", ns])
+            .args(["--show-only", "templates/admission-policies.yaml"])
+            .args(["--show-only", "templates/roles.yaml"])
+            .arg("--set")
+            .arg(format!("roles.prefix={release}"))
+            .arg("--set-json")
+            .arg(format!("admissionPolicies.namespaceSelector={selector}")));
+        let file = repo_root().join(format!("target/policies-{release}.yaml"));
+        std::fs::write(&file, yaml).unwrap();
+        kubectl_ok(["apply", "--server-side", "-f", file.to_str().unwrap()]).await;
+        let approver = format!("--clusterrole={release}-approver");
+        kubectl_ok([
+            "-n",
+            ns,
+            "create",
+            "rolebinding",
+            "approvers",
+            &approver,
+            "--user=alice",
+            "--user=mallory",
+        ])
+        .await;
+        // Enforced once a forged creator is refused (the policies share informers).
+        let probe = repo_root().join(format!("target/probe-{ns}.json"));
+        let doc = json!({"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": "probe", "annotations": {"agentrun.dev/requested-by": "nobody"}},
+            "spec": {"steps": [sim_step("a", "Idempotent", json!({}))]}});
+        std::fs::write(&probe, doc.to_string()).unwrap();
+        for _ in 0..120 {
+            let out = agentrun_e2e::kubectl([
+                "-n",
+                ns,
+                "create",
+                "--dry-run=server",
+                "-f",
+                probe.to_str().unwrap(),
+            ])
+            .await;
+            if !out.success() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return Policies(file);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        panic!("the admission policies are not enforced after 30 s");
+    }
+}
+
+impl Drop for Policies {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(agentrun_e2e::support::kubectl::kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(kubeconfig())
+            .args(["delete", "--ignore-not-found", "-f"])
+            .arg(&self.0)
+            .output();
+    }
+}
+
+fn gated(step: &str) -> serde_json::Value {
+    let mut s = sim_step(step, "NonIdempotent", json!({}));
+    s["approval"] =
+        json!({"question": format!("May {step} run?"), "approvers": {"users": ["alice"]}});
+    s
+}
+
+async fn approval_of(s: &Scenario, run: &str) -> String {
+    let r = s
+        .wait_run(run, "waiting on an Approval", RUN_TIMEOUT, |r| {
+            status(r).steps.iter().any(|c| c.approval.is_some())
+        })
+        .await;
+    let name = status(&r)
+        .steps
+        .iter()
+        .find_map(|c| c.approval.clone())
+        .unwrap();
+    wait_for(
+        &s.approvals(),
+        &name,
+        |a: Option<&Approval>| a.is_some(),
+        RUN_TIMEOUT,
+    )
+    .await;
+    name
+}
+
+/// With AGENTRUN_CAPTURE_FIXTURES=<dir>, writes the run and its Approvals
+/// as the API server returns them: the plugin's rendering tests
+/// (plugin/tests/render.rs) use such captures as fixtures.
+async fn capture(s: &Scenario, run: &str, file: &str) {
+    let Some(dir) = std::env::var_os("AGENTRUN_CAPTURE_FIXTURES") else {
+        return;
+    };
+    let r = s.runs().get(run).await.unwrap();
+    let uid = r.metadata.uid.clone().unwrap();
+    let approvals: Vec<Approval> = s
+        .approvals()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|a| a.spec.run_uid == uid)
+        .collect();
+    let doc = json!({"run": r, "approvals": approvals});
+    let path = std::path::Path::new(&dir).join(format!("{file}.json"));
+    std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+}
+
+/// approve releases the step and records the person; reject fails the run
+/// and compensates; pending shows what each user may decide; the errors
+/// name the object and the next step; list and describe show the runs.
+#[tokio::test]
+async fn approve_releases_reject_compensates_and_pending_knows_who_may_decide() {
+    let s = Scenario::start("plugin-approve").await;
+    let ns = s.namespace().to_owned();
+    let _policies = Policies::install(&ns).await;
+
+    s.create_run("refund", json!({"steps": [gated("refund")]}))
+        .await;
+    let apv = approval_of(&s, "refund").await;
+
+    capture(&s, "refund", "refund-waiting").await;
+    let pending = plugin(&ns, Some("alice"), &[], &["pending"]).await;
+    assert_eq!(pending.code, 0, "{}", pending.stderr);
+    let row = pending
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&apv))
+        .unwrap_or_else(|| panic!("{}", pending.stdout));
+    assert!(row.ends_with("may decide"), "{row}");
+    let pending = plugin(&ns, Some("mallory"), &[], &["pending"]).await;
+    assert!(
+        pending
+            .stdout
+            .lines()
+            .any(|l| l.starts_with(&apv) && l.ends_with("not an approver")),
+        "{}",
+        pending.stdout
+    );
+
+    let listed = plugin(&ns, None, &[], &["list"]).await;
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    let row = listed
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("refund "))
+        .unwrap_or_else(|| panic!("{}", listed.stdout));
+    assert!(
+        row.contains("WaitingForApproval") && row.contains("(user alice)"),
+        "{row}"
+    );
+    assert!(
+        listed.stdout.lines().all(|l| l.chars().count() <= 120),
+        "{}",
+        listed.stdout
+    );
+
+    let refused = plugin(&ns, Some("mallory"), &[], &["approve", "refund", "--yes"]).await;
+    assert_eq!(refused.code, 1);
+    assert!(
+        refused.stderr.contains(&format!(
+            "approval {apv}: mallory is not an approver; approvers: user alice"
+        )),
+        "{}",
+        refused.stderr
+    );
+    let no_tty = plugin(&ns, Some("alice"), &[], &["approve", "refund"]).await;
+    assert_eq!(
+        no_tty.code, 2,
+        "no confirmation, no terminal: a usage error"
+    );
+    assert!(no_tty.stderr.contains("--yes"), "{}", no_tty.stderr);
+
+    let approved = plugin(
+        &ns,
+        Some("alice"),
+        &[],
+        &["approve", "refund", "--yes", "--comment", "checked"],
+    )
+    .await;
+    assert_eq!(approved.code, 0, "{}", approved.stderr);
+    assert!(
+        approved.stdout.contains("May refund run?"),
+        "shows the question: {}",
+        approved.stdout
+    );
+    assert!(
+        approved
+            .stdout
+            .contains(&format!("approval {apv}: Approved by alice")),
+        "{}",
+        approved.stdout
+    );
+    let done = s.wait_finished("refund", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded));
+    let a = s.approvals().get(&apv).await.unwrap();
+    assert_eq!(a.spec.decided_by.as_deref(), Some("alice"));
+    assert_eq!(a.spec.comment.as_deref(), Some("checked"));
+    let again = plugin(&ns, Some("alice"), &[], &["approve", "refund", "--yes"]).await;
+    assert_eq!(again.code, 1);
+    assert!(
+        again.stderr.contains("has no pending approval")
+            && again.stderr.contains("already decided (Approved) by alice"),
+        "{}",
+        again.stderr
+    );
+
+    capture(&s, "refund", "refund-approved").await;
+    let described = plugin(&ns, None, &[], &["describe", "refund"]).await;
+    assert_eq!(described.code, 0, "{}", described.stderr);
+    for want in [
+        "Run refund in",
+        "Succeeded",
+        "refund  r1 attempt 1",
+        "effect Applied",
+        "decision Approved by alice",
+        "ApprovalGranted",
+    ] {
+        assert!(
+            described.stdout.contains(want),
+            "describe lacks {want:?}:\n{}",
+            described.stdout
+        );
+    }
+
+    let mut reserve = sim_step("reserve", "NonIdempotent", json!({}));
+    reserve["compensate"] = json!({"image": "registry.example/agent-step:1"});
+    s.create_run("charge", json!({"steps": [reserve, gated("charge")]}))
+        .await;
+    approval_of(&s, "charge").await;
+    let rejected = plugin(
+        &ns,
+        Some("alice"),
+        &[],
+        &["reject", "charge", "--yes", "--comment", "fraud"],
+    )
+    .await;
+    assert_eq!(rejected.code, 0, "{}", rejected.stderr);
+    let done = s.wait_finished("charge", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Failed));
+    let st = status(&done);
+    assert_eq!(
+        st.compensations
+            .iter()
+            .map(|c| (c.name.as_str(), c.phase))
+            .collect::<Vec<_>>(),
+        [("reserve", StepPhase::Succeeded)]
+    );
+    capture(&s, "charge", "charge-rejected").await;
+    let missing = plugin(&ns, None, &[], &["describe", "nope"]).await;
+    assert_eq!(missing.code, 1);
+    assert!(
+        missing
+            .stderr
+            .contains("AgentRun nope not found in namespace"),
+        "{}",
+        missing.stderr
+    );
+    s.finish().await;
+}
+
+/// reconcile --retry answers what an interrupted NonIdempotent step did,
+/// shows the key and the Pod first, and the step runs again with the same
+/// key; suspend, resume and cancel steer a run.
+#[tokio::test]
+async fn reconcile_retry_reruns_with_the_same_key_and_cancel_compensates() {
+    let s = Scenario::start("plugin-reconcile").await;
+    let ns = s.namespace().to_owned();
+    let pay = json!({"name": "pay", "effect": "NonIdempotent",
+        "container": {"image": "registry.example/pay:1", "env": [{"name": "SIM_STEP",
+            "value": json!({"attempts": [{"runMs": 30000}, {"runMs": 50, "result": {"paid": true}}]}).to_string()}]}});
+    s.create_run("pay", json!({"steps": [pay]})).await;
+    let running = s
+        .wait_run("pay", "running", RUN_TIMEOUT, |r| {
+            status(r)
+                .steps
+                .iter()
+                .any(|c| c.phase == StepPhase::Running && c.pod_uid.is_some())
+        })
+        .await;
+    let first = status(&running).steps[0].clone();
+    s.pods()
+        .delete(first.pod.as_deref().unwrap(), &DeleteParams::default())
+        .await
+        .expect("deleting the step Pod");
+    s.wait_run("pay", "asking what the step did", RUN_TIMEOUT, |r| {
+        status(r)
+            .steps
+            .iter()
+            .any(|c| c.effect == Some(EffectOutcome::Unknown) && c.approval.is_some())
+    })
+    .await;
+    let usage = plugin(&ns, None, &[], &["reconcile", "pay", "--yes"]).await;
+    assert_eq!(usage.code, 2, "{}", usage.stderr);
+    // The Approval appears right after the run names it.
+    let mut out = plugin(&ns, None, &[], &["reconcile", "pay", "--retry", "--yes"]).await;
+    for _ in 0..50 {
+        if out.code == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        out = plugin(&ns, None, &[], &["reconcile", "pay", "--retry", "--yes"]).await;
+    }
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains(&format!("idempotency key: {}", first.idempotency_key)),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains(&format!("interrupted Pod: {}", first.pod.clone().unwrap())),
+        "{}",
+        out.stdout
+    );
+    let done = s.wait_finished("pay", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded));
+    let after = status(&done).steps[0].clone();
+    assert_eq!(
+        (after.attempt, &after.idempotency_key),
+        (2, &first.idempotency_key)
+    );
+    assert_eq!(
+        s.ledger().executions_by_key().get(&first.idempotency_key),
+        Some(&2)
+    );
+
+    // Steering: suspend starts nothing, resume goes on, cancel compensates.
+    let mut undo = sim_step("book", "NonIdempotent", json!({}));
+    undo["compensate"] = json!({"image": "registry.example/agent-step:1"});
+    s.create_run("trip", json!({"suspend": true, "steps": [undo, sim_step("wait", "None", json!({"runMs": 60000}))]})).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(s.list_pods().await.iter().all(|p| {
+        !p.metadata
+            .name
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("trip-")
+    }));
+    let out = plugin(&ns, None, &[], &["resume", "trip"]).await;
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (0, "agentrun trip resumed"),
+        "{}",
+        out.stderr
+    );
+    s.wait_run("trip", "on its second step", RUN_TIMEOUT, |r| {
+        status(r).current_step.as_deref() == Some("wait")
+    })
+    .await;
+    let out = plugin(&ns, None, &[], &["cancel", "trip", "--yes"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let done = s.wait_finished("trip", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Cancelled));
+    assert_eq!(status(&done).compensations.len(), 1);
+    s.finish().await;
+}

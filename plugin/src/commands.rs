@@ -1,0 +1,701 @@
+//! The commands, each a function of the parsed arguments and a client.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Duration;
+
+use agentrun_operator::api::{AgentRun, Approval, ApprovalKind, Decision, RunPhase};
+use agentrun_operator::labels;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use futures::{AsyncBufReadExt, TryStreamExt};
+use jiff::Timestamp;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config, ResourceExt};
+use serde_json::json;
+
+use crate::identity::Identity;
+use crate::render::{self, Style};
+
+/// `kubectl agentrun`: inspect, answer and steer AgentRuns.
+#[derive(Parser, Debug)]
+#[command(name = "kubectl-agentrun", bin_name = "kubectl agentrun", version)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The flags kubectl users expect on every command.
+#[derive(Args, Debug, Clone, Default)]
+pub struct Global {
+    /// The namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Path to the kubeconfig file (default: $KUBECONFIG or ~/.kube/config).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Act as this user (impersonation, like kubectl --as).
+    #[arg(long = "as", global = true)]
+    pub as_user: Option<String>,
+    /// Act as a member of this group (repeatable, like kubectl --as-group).
+    #[arg(long = "as-group", global = true)]
+    pub as_group: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Output {
+    Json,
+    Yaml,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Runs with phase, current step, progress, tokens and what they wait for.
+    #[command(visible_alias = "ls")]
+    List {
+        /// All namespaces.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// Only runs in this phase (e.g. WaitingForApproval).
+        #[arg(long)]
+        phase: Option<String>,
+        /// Label selector.
+        #[arg(short = 'l', long)]
+        selector: Option<String>,
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<Output>,
+    },
+    /// A readable tree of one run: plan, steps, compensations, approvals, Events.
+    Describe {
+        run: String,
+        /// Whole results and messages, not truncated.
+        #[arg(long)]
+        full: bool,
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<Output>,
+    },
+    /// Approvals that wait for a decision, and which the current user may decide.
+    Pending {
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<Output>,
+    },
+    /// Approve the run's pending approval (or its vote, where a quorum is needed).
+    Approve(DecideArgs),
+    /// Reject the run's pending approval: the run fails and compensates.
+    Reject(DecideArgs),
+    /// Answer what an interrupted NonIdempotent step did.
+    Reconcile {
+        #[command(flatten)]
+        target: DecideArgs,
+        /// The step did not act: run it again with the same idempotency key.
+        #[arg(long, group = "answer")]
+        retry: bool,
+        /// The step acted: record it as succeeded and go on.
+        #[arg(long, group = "answer")]
+        succeeded: bool,
+        /// The step failed: fail the run and compensate.
+        #[arg(long, group = "answer")]
+        failed: bool,
+    },
+    /// Start no new step Pods until resumed.
+    Suspend { run: String },
+    /// Resume a suspended run.
+    Resume { run: String },
+    /// Cancel a run: stop its step and compensate what was applied.
+    Cancel {
+        run: String,
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
+    /// The logs of a run's step Pods, every attempt in order.
+    Logs {
+        run: String,
+        step: Option<String>,
+        /// Only this attempt.
+        #[arg(long)]
+        attempt: Option<i32>,
+        /// Follow the last Pod's log.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// Follow one run until it finishes.
+    Watch { run: String },
+    /// Print the plugin's version and the API it speaks.
+    Version,
+    /// Shell completion script.
+    Completion { shell: clap_complete::Shell },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DecideArgs {
+    pub run: String,
+    /// The step, when the run waits on more than one approval.
+    pub step: Option<String>,
+    /// Why: recorded with the decision.
+    #[arg(long)]
+    pub comment: Option<String>,
+    /// Do not ask for confirmation.
+    #[arg(short = 'y', long)]
+    pub yes: bool,
+}
+
+/// What went wrong; every message names the object and the next step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Refused(String),
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("kubeconfig: {0}")]
+    Config(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// 2 for usage, 1 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let what = what.into();
+    move |source| match &source {
+        kube::Error::Api(s) => Error::Refused(format!("{what}: {}", s.message)),
+        _ => Error::Api { what, source },
+    }
+}
+
+/// The client, and the namespace the command works in.
+pub async fn connect(g: &Global) -> Result<(Client, String), Error> {
+    let opts = KubeConfigOptions {
+        context: g.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = match &g.kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path).map_err(|e| Error::Config(e.to_string()))?;
+            Config::from_custom_kubeconfig(file, &opts).await
+        }
+        None => Config::from_kubeconfig(&opts).await,
+    }
+    .map_err(|e| Error::Config(e.to_string()))?;
+    if let Some(user) = &g.as_user {
+        config.auth_info.impersonate = Some(user.clone());
+    }
+    if !g.as_group.is_empty() {
+        config.auth_info.impersonate_groups = Some(g.as_group.clone());
+    }
+    let namespace = g
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = Client::try_from(config).map_err(|e| Error::Config(e.to_string()))?;
+    Ok((client, namespace))
+}
+
+fn style() -> Style {
+    Style {
+        color: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+    }
+}
+
+fn print_as<T: serde::Serialize>(o: Output, v: &T) -> Result<(), Error> {
+    let text = match o {
+        Output::Json => serde_json::to_string_pretty(v).map_err(|e| Error::Usage(e.to_string()))?,
+        Output::Yaml => serde_yaml::to_string(v).map_err(|e| Error::Usage(e.to_string()))?,
+    };
+    println!("{}", text.trim_end());
+    Ok(())
+}
+
+/// Who the API server says the user is.
+pub async fn whoami(client: &Client) -> Result<Identity, Error> {
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .map_err(api("asking the API server who you are (SelfSubjectReview)"))?;
+    let info = review.status.and_then(|s| s.user_info).unwrap_or_default();
+    Ok(Identity {
+        user: info.username.unwrap_or_default(),
+        groups: info.groups.unwrap_or_default(),
+    })
+}
+
+pub async fn run(cli: Cli) -> Result<(), Error> {
+    if let Command::Version = cli.command {
+        println!(
+            "kubectl-agentrun {} (API agentrun.dev/v1alpha1)",
+            env!("CARGO_PKG_VERSION")
+        );
+        return Ok(());
+    }
+    if let Command::Completion { shell } = cli.command {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        clap_complete::generate(shell, &mut cmd, "kubectl-agentrun", &mut std::io::stdout());
+        return Ok(());
+    }
+    let (client, ns) = connect(&cli.global).await?;
+    let now = Timestamp::now();
+    match cli.command {
+        Command::List {
+            all_namespaces,
+            phase,
+            selector,
+            output,
+        } => {
+            let lp = selector
+                .as_deref()
+                .map_or_else(ListParams::default, |s| ListParams::default().labels(s));
+            let (runs_api, apv_api): (Api<AgentRun>, Api<Approval>) = if all_namespaces {
+                (Api::all(client.clone()), Api::all(client.clone()))
+            } else {
+                (
+                    Api::namespaced(client.clone(), &ns),
+                    Api::namespaced(client.clone(), &ns),
+                )
+            };
+            let mut runs = runs_api
+                .list(&lp)
+                .await
+                .map_err(api("listing AgentRuns"))?
+                .items;
+            if let Some(p) = &phase {
+                runs.retain(|r| {
+                    r.status
+                        .as_ref()
+                        .and_then(|s| s.phase)
+                        .is_some_and(|x| format!("{x:?}").eq_ignore_ascii_case(p))
+                });
+            }
+            if let Some(o) = output {
+                return print_as(o, &runs);
+            }
+            let approvals = apv_api
+                .list(&ListParams::default())
+                .await
+                .map_err(api("listing Approvals"))?
+                .items;
+            if runs.is_empty() {
+                let scope = if all_namespaces {
+                    "any namespace".to_owned()
+                } else {
+                    format!("namespace {ns}")
+                };
+                println!("No AgentRuns in {scope}.");
+                return Ok(());
+            }
+            print!(
+                "{}",
+                render::list(&runs, &approvals, all_namespaces, now, style())
+            );
+        }
+        Command::Describe { run, full, output } => {
+            let (r, approvals) = run_and_approvals(&client, &ns, &run).await?;
+            if let Some(o) = output {
+                return print_as(o, &json!({"run": r, "approvals": approvals}));
+            }
+            let events = events_of(&client, &ns, &run).await?;
+            print!(
+                "{}",
+                render::describe(&r, &approvals, &events, now, full, style())
+            );
+        }
+        Command::Pending {
+            all_namespaces,
+            output,
+        } => {
+            let me = whoami(&client).await?;
+            let apv_api: Api<Approval> = if all_namespaces {
+                Api::all(client.clone())
+            } else {
+                Api::namespaced(client.clone(), &ns)
+            };
+            let approvals = apv_api
+                .list(&ListParams::default())
+                .await
+                .map_err(api("listing Approvals"))?
+                .items;
+            if let Some(o) = output {
+                let pending: Vec<&Approval> =
+                    approvals.iter().filter(|a| render::is_pending(a)).collect();
+                return print_as(o, &pending);
+            }
+            if !approvals.iter().any(render::is_pending) {
+                println!("No Approvals wait for a decision.");
+                return Ok(());
+            }
+            print!("{}", render::pending(&approvals, &me, now, all_namespaces));
+        }
+        Command::Approve(a) => decide(&client, &ns, &a, Decision::Approved).await?,
+        Command::Reject(a) => decide(&client, &ns, &a, Decision::Rejected).await?,
+        Command::Reconcile {
+            target,
+            retry,
+            succeeded,
+            failed,
+        } => {
+            let d = match (retry, succeeded, failed) {
+                (true, _, _) => Decision::Retry,
+                (_, true, _) => Decision::MarkSucceeded,
+                (_, _, true) => Decision::MarkFailed,
+                _ => {
+                    return Err(Error::Usage(
+                        "say what the step did: --retry, --succeeded or --failed".into(),
+                    ));
+                }
+            };
+            decide(&client, &ns, &target, d).await?;
+        }
+        Command::Suspend { run } => {
+            set_spec(&client, &ns, &run, json!({"suspend": true}), "suspended").await?
+        }
+        Command::Resume { run } => {
+            set_spec(&client, &ns, &run, json!({"suspend": false}), "resumed").await?
+        }
+        Command::Cancel { run, yes } => {
+            confirm(
+                yes,
+                &format!("Cancel run {run} and compensate what it applied?"),
+            )?;
+            set_spec(&client, &ns, &run, json!({"cancel": true}), "cancelled").await?
+        }
+        Command::Logs {
+            run,
+            step,
+            attempt,
+            follow,
+        } => logs(&client, &ns, &run, step.as_deref(), attempt, follow).await?,
+        Command::Watch { run } => watch(&client, &ns, &run).await?,
+        Command::Version | Command::Completion { .. } => unreachable!("handled above"),
+    }
+    Ok(())
+}
+
+async fn run_and_approvals(
+    client: &Client,
+    ns: &str,
+    run: &str,
+) -> Result<(AgentRun, Vec<Approval>), Error> {
+    let r = Api::<AgentRun>::namespaced(client.clone(), ns)
+        .get_opt(run)
+        .await
+        .map_err(api(format!("reading AgentRun {run}")))?
+        .ok_or_else(|| {
+            Error::Refused(format!(
+                "AgentRun {run} not found in namespace {ns}; list them with kubectl agentrun list"
+            ))
+        })?;
+    let uid = r.metadata.uid.clone().unwrap_or_default();
+    let approvals = Api::<Approval>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing Approvals"))?
+        .items
+        .into_iter()
+        .filter(|a| a.spec.run_uid == uid)
+        .collect();
+    Ok((r, approvals))
+}
+
+async fn events_of(client: &Client, ns: &str, run: &str) -> Result<Vec<Event>, Error> {
+    let mut events: Vec<Event> = Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing Events"))?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("AgentRun") && r.name.as_deref() == Some(run)
+            })
+        })
+        .collect();
+    events.sort_by_key(|e| {
+        e.event_time
+            .as_ref()
+            .map(|t| t.0)
+            .or_else(|| e.deprecated_last_timestamp.as_ref().map(|t| t.0))
+    });
+    Ok(events)
+}
+
+fn confirm(yes: bool, prompt: &str) -> Result<(), Error> {
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(Error::Usage(format!(
+            "{prompt} Not a terminal: confirm with --yes"
+        )));
+    }
+    print!("{prompt} [y/N] ");
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    if matches!(line.trim(), "y" | "Y" | "yes") {
+        Ok(())
+    } else {
+        Err(Error::Refused("not confirmed; nothing was changed".into()))
+    }
+}
+
+/// Finds the run's pending approval of `kind` (the only one, or the one for
+/// `step`), checks the user may decide it, confirms, and decides or votes.
+async fn decide(client: &Client, ns: &str, a: &DecideArgs, d: Decision) -> Result<(), Error> {
+    let kind = match d {
+        Decision::Approved | Decision::Rejected => ApprovalKind::Approve,
+        _ => ApprovalKind::Reconcile,
+    };
+    let (_, approvals) = run_and_approvals(client, ns, &a.run).await?;
+    let of_kind: Vec<&Approval> = approvals
+        .iter()
+        .filter(|x| x.spec.kind == kind)
+        .filter(|x| a.step.as_deref().is_none_or(|s| x.spec.step == s))
+        .collect();
+    let pending: Vec<&Approval> = of_kind
+        .iter()
+        .copied()
+        .filter(|x| render::is_pending(x))
+        .collect();
+    let target = match pending.as_slice() {
+        [one] => *one,
+        [] => {
+            let me = whoami(client).await?;
+            let why = of_kind.iter().rev().find_map(|x| {
+                me.may_decide_as(x, false)
+                    .err()
+                    .map(|r| r.explain(&me, x.metadata.name.as_deref().unwrap_or("")))
+            });
+            let what = match kind {
+                ApprovalKind::Approve => "approval",
+                ApprovalKind::Reconcile => "Reconcile question",
+            };
+            let step = a
+                .step
+                .as_deref()
+                .map(|s| format!(" for step {s}"))
+                .unwrap_or_default();
+            return Err(Error::Refused(match why {
+                Some(w) => format!("run {} has no pending {what}{step}: {w}", a.run),
+                None => format!(
+                    "run {} has no pending {what}{step}; see kubectl agentrun describe {}",
+                    a.run, a.run
+                ),
+            }));
+        }
+        several => {
+            let names: Vec<String> = several
+                .iter()
+                .map(|x| format!("{} (step {})", x.name_any(), x.spec.step))
+                .collect();
+            return Err(Error::Usage(format!(
+                "run {} waits on several approvals: {}; name the step: kubectl agentrun {} {} STEP",
+                a.run,
+                names.join(", "),
+                if kind == ApprovalKind::Approve {
+                    "approve"
+                } else {
+                    "reconcile"
+                },
+                a.run
+            )));
+        }
+    };
+    let name = target.name_any();
+    let me = whoami(client).await?;
+    let approving = matches!(
+        d,
+        Decision::Approved | Decision::Retry | Decision::MarkSucceeded
+    );
+    me.may_decide_as(target, approving && kind == ApprovalKind::Approve)
+        .map_err(|r| Error::Refused(r.explain(&me, &name)))?;
+    print!("{}", render::question(target));
+    confirm(a.yes, &format!("Answer {d:?} as {}?", me.user))?;
+    let api_: Api<Approval> = Api::namespaced(client.clone(), ns);
+    let by_votes = kind == ApprovalKind::Approve && target.spec.quorum > 1;
+    if by_votes {
+        // The whole list with one vote more, under the resourceVersion read:
+        // a vote that lands meanwhile makes this a conflict, never a loss.
+        let mut votes = serde_json::to_value(&target.spec.votes).unwrap_or_else(|_| json!([]));
+        if let Some(list) = votes.as_array_mut() {
+            let mut vote = json!({"user": me.user, "decision": d});
+            if let Some(c) = &a.comment {
+                vote["comment"] = json!(c);
+            }
+            list.push(vote);
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": target.metadata.resource_version},
+            "spec": {"votes": votes},
+        });
+        api_.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(api(format!("voting on approval {name}")))?;
+        let have = target
+            .spec
+            .votes
+            .iter()
+            .filter(|v| v.decision == Decision::Approved)
+            .count()
+            + usize::from(d == Decision::Approved);
+        println!(
+            "approval {name}: {:?} vote by {} recorded ({have}/{} approvals)",
+            d, me.user, target.spec.quorum
+        );
+    } else {
+        let mut spec = json!({"decision": d, "decidedBy": me.user, "decidedByGroups": me.groups});
+        if let Some(c) = &a.comment {
+            spec["comment"] = json!(c);
+        }
+        api_.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": spec})),
+        )
+        .await
+        .map_err(api(format!("deciding approval {name}")))?;
+        println!("approval {name}: {d:?} by {}", me.user);
+    }
+    Ok(())
+}
+
+async fn set_spec(
+    client: &Client,
+    ns: &str,
+    run: &str,
+    spec: serde_json::Value,
+    done: &str,
+) -> Result<(), Error> {
+    Api::<AgentRun>::namespaced(client.clone(), ns)
+        .patch(
+            run,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": spec})),
+        )
+        .await
+        .map_err(api(format!("updating AgentRun {run}")))?;
+    println!("agentrun {run} {done}");
+    Ok(())
+}
+
+async fn logs(
+    client: &Client,
+    ns: &str,
+    run: &str,
+    step: Option<&str>,
+    attempt: Option<i32>,
+    follow: bool,
+) -> Result<(), Error> {
+    let mut selector = format!("{}={run}", labels::RUN);
+    if let Some(s) = step {
+        selector.push_str(&format!(",{}={s}", labels::STEP));
+    }
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut pods = pods_api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(api("listing step Pods"))?
+        .items;
+    let label = |p: &Pod, k: &str| p.labels().get(k).cloned().unwrap_or_default();
+    pods.retain(|p| attempt.is_none_or(|a| label(p, labels::ATTEMPT) == a.to_string()));
+    pods.sort_by_key(|p| {
+        (
+            p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            label(p, labels::ATTEMPT).parse::<i32>().unwrap_or(0),
+        )
+    });
+    if pods.is_empty() {
+        return Err(Error::Refused(format!(
+            "run {run} has no step Pods{}; finished runs' Pods go with their TTL",
+            step.map(|s| format!(" for step {s}")).unwrap_or_default()
+        )));
+    }
+    let last = pods.len() - 1;
+    for (i, p) in pods.iter().enumerate() {
+        let name = p.name_any();
+        println!(
+            "==> {name} (step {}, attempt {}, {}) <==",
+            label(p, labels::STEP),
+            label(p, labels::ATTEMPT),
+            label(p, labels::ROLE)
+        );
+        if follow && i == last {
+            let stream = pods_api
+                .log_stream(
+                    &name,
+                    &LogParams {
+                        follow: true,
+                        ..LogParams::default()
+                    },
+                )
+                .await
+                .map_err(api(format!("following the logs of Pod {name}")))?;
+            let mut lines = stream.lines();
+            while let Some(line) = lines.try_next().await? {
+                println!("{line}");
+            }
+        } else {
+            match pods_api.logs(&name, &LogParams::default()).await {
+                Ok(text) => print!("{text}"),
+                Err(e) => println!("(no logs: {e})"),
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn watch(client: &Client, ns: &str, run: &str) -> Result<(), Error> {
+    let tty = std::io::stdout().is_terminal();
+    let mut last = String::new();
+    loop {
+        let (r, approvals) = run_and_approvals(client, ns, run).await?;
+        let now = Timestamp::now();
+        let terminal = r
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(RunPhase::is_terminal);
+        if tty {
+            let view = render::describe(&r, &approvals, &[], now, false, style());
+            print!("\x1b[2J\x1b[H{view}");
+            std::io::stdout().flush()?;
+        } else {
+            let s = r.status.clone().unwrap_or_default();
+            let line = format!(
+                "{} {} step {} progress {}",
+                run,
+                s.phase.map(|p| format!("{p:?}")).unwrap_or_default(),
+                s.current_step.unwrap_or_else(|| "-".into()),
+                s.progress.unwrap_or_else(|| "-".into())
+            );
+            if line != last {
+                println!("{line}");
+                last = line;
+            }
+        }
+        if terminal {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

@@ -1,0 +1,8 @@
+//! `kubectl agentrun`: inspect, answer and steer AgentRuns. The commands are
+//! in `commands`; what they print is in `render` (pure, tested on real
+//! status objects); who the user is and what they may decide in `identity`.
+#![forbid(unsafe_code)]
+
+pub mod commands;
+pub mod identity;
+pub mod render;

@@ -1,0 +1,522 @@
+//! What the plugin prints, as pure functions of the objects (and of `now`),
+//! so the output is tested on real status objects without a cluster.
+
+use std::fmt::Write;
+
+use agentrun_operator::api::{
+    AgentRun, Approval, ApprovalKind, ApprovalPhase, EffectOutcome, StepCheckpoint, StepPhase,
+    StepRole,
+};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::events::v1::Event;
+
+use crate::identity::Identity;
+
+/// Colours for a terminal; none when not a TTY or with `NO_COLOR`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Style {
+    pub color: bool,
+}
+
+impl Style {
+    fn paint(&self, code: &str, s: &str) -> String {
+        if self.color {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_owned()
+        }
+    }
+    fn phase(&self, phase: &str) -> String {
+        let code = match phase {
+            "Succeeded" => "32",
+            "Failed" | "Cancelled" => "31",
+            "WaitingForApproval" | "Compensating" => "33",
+            _ => return phase.to_owned(),
+        };
+        self.paint(code, phase)
+    }
+    fn dim(&self, s: &str) -> String {
+        self.paint("2", s)
+    }
+}
+
+/// `5s`, `2m`, `3h`, `4d`, as `kubectl get` prints ages.
+pub fn age(since: Timestamp, now: Timestamp) -> String {
+    short(now.duration_since(since))
+}
+
+/// A duration in kubectl's short form.
+pub fn short(d: SignedDuration) -> String {
+    let s = d.as_secs().max(0);
+    match s {
+        0..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+/// Left-aligned columns separated by three spaces, like `kubectl get`.
+pub fn table(rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..rows.iter().map(Vec::len).max().unwrap_or(0))
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| visible_len(s))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (c, cell) in r.iter().enumerate() {
+            line.push_str(cell);
+            if c + 1 < r.len() {
+                let pad = widths[c] - visible_len(cell) + 3;
+                line.push_str(&" ".repeat(pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn visible_len(s: &str) -> usize {
+    let mut n = 0;
+    let mut in_escape = false;
+    for ch in s.chars() {
+        match (in_escape, ch) {
+            (false, '\x1b') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, _) => n += 1,
+        }
+    }
+    n
+}
+
+/// At most `max` characters of `s`, with `…` when cut.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
+    t.push('…');
+    t
+}
+
+fn name(run: &AgentRun) -> &str {
+    run.metadata.name.as_deref().unwrap_or("")
+}
+
+/// The approval a run waits on, with who may decide it, e.g.
+/// `refund-…-approve (group payments-leads)`.
+pub fn waiting_for(run: &AgentRun, approvals: &[Approval]) -> Option<String> {
+    let status = run.status.as_ref()?;
+    let cp = status
+        .steps
+        .iter()
+        .find(|c| c.phase == StepPhase::WaitingForApproval)?;
+    let apv = cp.approval.clone()?;
+    let who = approvals
+        .iter()
+        .find(|a| a.metadata.name.as_deref() == Some(&apv))
+        .and_then(|a| a.spec.approvers.as_ref())
+        .map(|a| format!(" ({})", a.describe()))
+        .unwrap_or_default();
+    Some(format!("{apv}{who}"))
+}
+
+/// For the list: `approval (user alice)`, or `approval (anyone)`; the
+/// Approval's name is in `describe` and `pending`.
+fn waiting_who(run: &AgentRun, approvals: &[Approval]) -> Option<String> {
+    let status = run.status.as_ref()?;
+    let cp = status
+        .steps
+        .iter()
+        .find(|c| c.phase == StepPhase::WaitingForApproval)?;
+    let apv = cp.approval.as_deref()?;
+    let a = approvals
+        .iter()
+        .find(|a| a.metadata.name.as_deref() == Some(apv));
+    let what = match a.map(|a| a.spec.kind) {
+        Some(ApprovalKind::Reconcile) => "reconcile",
+        _ => "approval",
+    };
+    let who = a
+        .and_then(|a| a.spec.approvers.as_ref())
+        .map(|ap| truncate(&ap.describe(), 30))
+        .unwrap_or_else(|| "anyone".into());
+    Some(format!("{what} ({who})"))
+}
+
+/// `kubectl agentrun list`.
+pub fn list(
+    runs: &[AgentRun],
+    approvals: &[Approval],
+    all_namespaces: bool,
+    now: Timestamp,
+    style: Style,
+) -> String {
+    let mut rows = vec![];
+    let mut head: Vec<String> = vec![];
+    if all_namespaces {
+        head.push("NAMESPACE".into());
+    }
+    head.extend(
+        [
+            "NAME",
+            "PHASE",
+            "STEP",
+            "PROGRESS",
+            "TOKENS",
+            "WAITING-FOR",
+            "AGE",
+        ]
+        .map(String::from),
+    );
+    rows.push(head);
+    for run in runs {
+        let status = run.status.clone().unwrap_or_default();
+        let mut row: Vec<String> = vec![];
+        if all_namespaces {
+            row.push(run.metadata.namespace.clone().unwrap_or_default());
+        }
+        let phase = status.phase.map(|p| format!("{p:?}")).unwrap_or_default();
+        let tokens = match run.spec.budget.as_ref().and_then(|b| b.tokens) {
+            Some(b) => format!("{}/{b}", status.tokens_used),
+            None => status.tokens_used.to_string(),
+        };
+        let created = run
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| age(t.0, now))
+            .unwrap_or_default();
+        row.extend([
+            name(run).to_owned(),
+            style.phase(&phase),
+            status.current_step.unwrap_or_else(|| "-".into()),
+            status.progress.unwrap_or_else(|| "-".into()),
+            tokens,
+            waiting_who(run, approvals).unwrap_or_else(|| "-".into()),
+            created,
+        ]);
+        rows.push(row);
+    }
+    table(&rows)
+}
+
+fn effect(e: Option<EffectOutcome>) -> &'static str {
+    match e {
+        Some(EffectOutcome::Applied) => "Applied",
+        Some(EffectOutcome::NotApplied) => "NotApplied",
+        Some(EffectOutcome::Unknown) => "Unknown",
+        None => "-",
+    }
+}
+
+fn mark(phase: StepPhase) -> &'static str {
+    match phase {
+        StepPhase::Succeeded => "✓",
+        StepPhase::Failed => "✗",
+        StepPhase::Running => "▶",
+        StepPhase::WaitingForApproval => "?",
+        StepPhase::Superseded => "~",
+        StepPhase::Pending => "·",
+    }
+}
+
+fn step_line(cp: &StepCheckpoint, now: Timestamp, full: bool, style: Style) -> String {
+    let mut s = String::new();
+    let role = match cp.role {
+        StepRole::Step => String::new(),
+        StepRole::Planner => " (planner)".into(),
+        StepRole::Compactor => " (compactor)".into(),
+    };
+    let _ = writeln!(
+        s,
+        "  {} {}{role}  r{} attempt {}  {}  effect {}",
+        mark(cp.phase),
+        cp.name,
+        cp.plan_revision,
+        cp.attempt,
+        style.phase(&format!("{:?}", cp.phase)),
+        effect(cp.effect),
+    );
+    let mut facts = vec![format!("key {}", cp.idempotency_key)];
+    if let Some(t) = cp.tokens {
+        facts.push(format!("tokens {}", t.total()));
+    }
+    if let (true, Some(a), Some(b)) = (cp.attempt > 0, &cp.started_at, &cp.finished_at) {
+        facts.push(format!("took {}", short(b.0.duration_since(a.0))));
+    }
+    let _ = writeln!(s, "      {}", style.dim(&facts.join("  ")));
+    if let Some(pod) = &cp.pod {
+        let _ = writeln!(s, "      {}", style.dim(&format!("pod {pod}")));
+    }
+    if let Some(until) = &cp.fresh_until {
+        let stale = if until.0 <= now { " (stale)" } else { "" };
+        let _ = writeln!(s, "      fresh until {}{stale}", until.0);
+    }
+    if let Some(r) = &cp.result {
+        let text = r.to_string();
+        let text = if full { text } else { truncate(&text, 66) };
+        let _ = writeln!(s, "      result {text}");
+    } else if cp.result_truncated {
+        let _ = writeln!(s, "      result not kept in status");
+    }
+    if let Some(m) = &cp.message {
+        let m = if full { m.clone() } else { truncate(m, 70) };
+        let _ = writeln!(s, "      {m}");
+    }
+    s
+}
+
+/// `kubectl agentrun describe RUN`: a readable tree of the run.
+pub fn describe(
+    run: &AgentRun,
+    approvals: &[Approval],
+    events: &[Event],
+    now: Timestamp,
+    full: bool,
+    style: Style,
+) -> String {
+    let status = run.status.clone().unwrap_or_default();
+    let mut s = String::new();
+    let phase = status.phase.map(|p| format!("{p:?}")).unwrap_or("-".into());
+    let _ = writeln!(
+        s,
+        "Run {} in {}: {}",
+        name(run),
+        run.metadata.namespace.as_deref().unwrap_or("default"),
+        style.phase(&phase)
+    );
+    if let Some(p) = &status.plan {
+        let _ = writeln!(
+            s,
+            "Plan: revision {} from {:?} ({})",
+            p.revision, p.source, p.reason
+        );
+    }
+    let budget = run.spec.budget.clone().unwrap_or_default();
+    let of = |n: Option<i64>| n.map(|b| format!(" of {b}")).unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "Tokens: {}{}   Step Pods: {}{}",
+        status.tokens_used,
+        of(budget.tokens),
+        status.step_executions,
+        of(budget.step_executions.map(i64::from)),
+    );
+    if let Some(w) = waiting_for(run, approvals) {
+        let until = status
+            .steps
+            .iter()
+            .find(|c| c.phase == StepPhase::WaitingForApproval)
+            .and_then(|c| c.approval.as_deref())
+            .and_then(|n| {
+                approvals
+                    .iter()
+                    .find(|a| a.metadata.name.as_deref() == Some(n))
+            })
+            .and_then(|a| a.spec.expires_at.as_ref())
+            .map(|t| format!(", until {} (in {})", t.0, short(t.0.duration_since(now))))
+            .unwrap_or_default();
+        let _ = writeln!(s, "Waiting for: Approval {w}{until}");
+    }
+    let _ = writeln!(s, "Steps:");
+    for cp in &status.steps {
+        s.push_str(&step_line(cp, now, full, style));
+    }
+    if !status.compensations.is_empty() {
+        let _ = writeln!(s, "Compensations:");
+        for c in &status.compensations {
+            let _ = writeln!(
+                s,
+                "  {} undo {}  r{} attempt {}  {}  key {}",
+                mark(c.phase),
+                c.name,
+                c.plan_revision,
+                c.attempt,
+                style.phase(&format!("{:?}", c.phase)),
+                c.idempotency_key
+            );
+        }
+    }
+    let mine: Vec<&Approval> = approvals
+        .iter()
+        .filter(|a| Some(a.spec.run_uid.as_str()) == run.metadata.uid.as_deref())
+        .collect();
+    if !mine.is_empty() {
+        let _ = writeln!(s, "Approvals:");
+        for a in mine {
+            s.push_str(&approval_lines(a));
+        }
+    }
+    if !events.is_empty() {
+        let _ = writeln!(s, "Events:");
+        let mut rows = vec![];
+        for e in events.iter().rev().take(8).rev() {
+            let at = e
+                .event_time
+                .as_ref()
+                .map(|t| t.0)
+                .or_else(|| e.deprecated_last_timestamp.as_ref().map(|t| t.0))
+                .map(|t| age(t, now))
+                .unwrap_or_default();
+            rows.push(vec![
+                format!("  {at}"),
+                e.type_.clone().unwrap_or_default(),
+                e.reason.clone().unwrap_or_default(),
+                truncate(e.note.as_deref().unwrap_or(""), 50),
+            ]);
+        }
+        s.push_str(&table(&rows));
+    }
+    s
+}
+
+fn approval_lines(a: &Approval) -> String {
+    let mut s = String::new();
+    let st = a.status.clone().unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "  {}  {:?}  {:?}{}",
+        a.metadata.name.as_deref().unwrap_or(""),
+        a.spec.kind,
+        st.phase,
+        st.votes.map(|v| format!("  votes {v}")).unwrap_or_default()
+    );
+    let mut who = vec![];
+    if let Some(r) = &a.spec.requested_by {
+        who.push(format!("requested by {r}"));
+    }
+    who.push(match &a.spec.approvers {
+        Some(ap) => format!("approvers {}", ap.describe()),
+        None => "approvers: anyone RBAC allows".into(),
+    });
+    if a.spec.quorum > 1 {
+        who.push(format!("quorum {}", a.spec.quorum));
+    }
+    let _ = writeln!(s, "      {}", who.join("; "));
+    for v in &a.spec.votes {
+        let _ = writeln!(
+            s,
+            "      vote {:?} by {}{}",
+            v.decision,
+            v.user,
+            v.comment
+                .as_deref()
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(d) = a.spec.decision {
+        let by = st
+            .decided_by
+            .clone()
+            .or(a.spec.decided_by.clone())
+            .map(|b| format!(" by {b}"))
+            .unwrap_or_default();
+        let at = st
+            .decided_at
+            .map(|t| format!(" at {}", t.0))
+            .unwrap_or_default();
+        let _ = writeln!(s, "      decision {d:?}{by}{at}");
+    } else if st.phase != ApprovalPhase::Pending {
+        let by = st
+            .decided_by
+            .map(|b| format!(" by {b}"))
+            .unwrap_or_default();
+        let _ = writeln!(s, "      {:?}{by}", st.phase);
+    }
+    s
+}
+
+/// `kubectl agentrun pending`: approvals waiting for a decision, and
+/// whether the current user may decide each.
+pub fn pending(
+    approvals: &[Approval],
+    me: &Identity,
+    now: Timestamp,
+    all_namespaces: bool,
+) -> String {
+    let mut rows = vec![];
+    let mut head: Vec<String> = vec![];
+    if all_namespaces {
+        head.push("NAMESPACE".into());
+    }
+    head.extend(["APPROVAL", "RUN", "STEP", "KIND", "VOTES", "EXPIRES", "YOU"].map(String::from));
+    rows.push(head);
+    for a in approvals.iter().filter(|a| is_pending(a)) {
+        let mut row: Vec<String> = vec![];
+        if all_namespaces {
+            row.push(a.metadata.namespace.clone().unwrap_or_default());
+        }
+        let you = match me.may_decide(a) {
+            Ok(()) => "may decide".to_owned(),
+            Err(why) => why.short(),
+        };
+        row.extend([
+            a.metadata.name.clone().unwrap_or_default(),
+            a.spec.run_name.clone(),
+            a.spec.step.clone(),
+            match a.spec.kind {
+                ApprovalKind::Approve => "Approve".into(),
+                ApprovalKind::Reconcile => "Reconcile".into(),
+            },
+            a.status
+                .as_ref()
+                .and_then(|s| s.votes.clone())
+                .unwrap_or_else(|| "-".into()),
+            a.spec
+                .expires_at
+                .as_ref()
+                .map(|t| format!("in {}", short(t.0.duration_since(now))))
+                .unwrap_or_else(|| "never".into()),
+            you,
+        ]);
+        rows.push(row);
+    }
+    table(&rows)
+}
+
+/// Waiting for a decision: `Pending` and undecided.
+pub fn is_pending(a: &Approval) -> bool {
+    a.status
+        .as_ref()
+        .is_none_or(|s| s.phase == ApprovalPhase::Pending)
+        && a.spec.decision.is_none()
+}
+
+/// What a person sees before confirming a decision.
+pub fn question(a: &Approval) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Approval {} ({:?}) for run {}, step {}:",
+        a.metadata.name.as_deref().unwrap_or(""),
+        a.spec.kind,
+        a.spec.run_name,
+        a.spec.step
+    );
+    let _ = writeln!(s, "  {}", a.spec.question);
+    if let Some(c) = &a.spec.context {
+        if !c.reason.is_empty() {
+            let _ = writeln!(s, "  why: {}", c.reason);
+        }
+        if let Some(k) = &c.idempotency_key {
+            let _ = writeln!(s, "  idempotency key: {k}");
+        }
+        if let Some(p) = &c.pod {
+            let _ = writeln!(s, "  interrupted Pod: {p}");
+        }
+        for done in &c.completed_steps {
+            let _ = writeln!(s, "  done: {}", truncate(done, 72));
+        }
+    }
+    s
+}

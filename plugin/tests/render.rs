@@ -1,0 +1,164 @@
+//! What the plugin prints, on objects captured from a real run on the plane
+//! (`fixtures/`, written by e2e/tests/plugin.rs with
+//! AGENTRUN_CAPTURE_FIXTURES), against golden files (`golden/`). After a
+//! deliberate change of the output: `UPDATE_GOLDEN=1 cargo test -p kubectl-agentrun`,
+//! then read the diff.
+
+use std::path::PathBuf;
+
+use agentrun_operator::api::{AgentRun, Approval};
+use jiff::{SignedDuration, Timestamp};
+use kubectl_agentrun::identity::Identity;
+use kubectl_agentrun::render::{self, Style};
+
+fn dir(sub: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(sub)
+}
+
+fn fixture(name: &str) -> (AgentRun, Vec<Approval>) {
+    let text = std::fs::read_to_string(dir("fixtures").join(format!("{name}.json")))
+        .unwrap_or_else(|e| panic!("fixture {name}: {e}"));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    (
+        serde_json::from_value(v["run"].clone()).unwrap(),
+        serde_json::from_value(v["approvals"].clone()).unwrap(),
+    )
+}
+
+/// Five minutes after the run was created: ages and expiries stay fixed.
+fn now(run: &AgentRun) -> Timestamp {
+    run.metadata.creation_timestamp.as_ref().unwrap().0 + SignedDuration::from_mins(5)
+}
+
+fn golden(name: &str, got: &str) {
+    let path = dir("golden").join(format!("{name}.txt"));
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(dir("golden")).unwrap();
+        std::fs::write(&path, got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "golden {}: {e}; write it with UPDATE_GOLDEN=1",
+            path.display()
+        )
+    });
+    assert_eq!(
+        got,
+        want,
+        "output of {name} differs from {}",
+        path.display()
+    );
+}
+
+fn fits_80_columns(text: &str) {
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "wider than 80 columns: {line:?}"
+        );
+    }
+}
+
+fn alice() -> Identity {
+    Identity {
+        user: "alice".into(),
+        groups: vec!["system:authenticated".into()],
+    }
+}
+
+#[test]
+fn list_shows_phase_step_progress_tokens_and_who_may_decide() {
+    let (waiting, approvals) = fixture("refund-waiting");
+    let (done, done_approvals) = fixture("charge-rejected");
+    let mut all = approvals.clone();
+    all.extend(done_approvals);
+    let out = render::list(
+        &[waiting.clone(), done],
+        &all,
+        false,
+        now(&waiting),
+        Style::default(),
+    );
+    golden("list", &out);
+    assert!(
+        out.contains("WaitingForApproval") && out.contains("(user alice)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn describe_a_run_waiting_for_approval() {
+    let (run, approvals) = fixture("refund-waiting");
+    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    golden("describe-waiting", &out);
+    fits_80_columns(&out);
+    assert!(out.contains("Waiting for: Approval"), "{out}");
+}
+
+#[test]
+fn describe_an_approved_run_names_the_decider() {
+    let (run, approvals) = fixture("refund-approved");
+    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    golden("describe-approved", &out);
+    fits_80_columns(&out);
+    assert!(out.contains("decision Approved by alice"), "{out}");
+}
+
+#[test]
+fn describe_a_rejected_run_shows_its_compensation() {
+    let (run, approvals) = fixture("charge-rejected");
+    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    golden("describe-rejected", &out);
+    fits_80_columns(&out);
+    assert!(out.contains("Compensations:\n  ✓ undo reserve"), "{out}");
+}
+
+#[test]
+fn pending_says_who_may_decide() {
+    let (run, approvals) = fixture("refund-waiting");
+    let out = render::pending(&approvals, &alice(), now(&run), false);
+    golden("pending-alice", &out);
+    assert!(
+        out.lines()
+            .nth(1)
+            .is_some_and(|l| l.ends_with("may decide")),
+        "{out}"
+    );
+    let mallory = Identity {
+        user: "mallory".into(),
+        groups: vec![],
+    };
+    let out = render::pending(&approvals, &mallory, now(&run), false);
+    assert!(
+        out.lines()
+            .nth(1)
+            .is_some_and(|l| l.ends_with("not an approver")),
+        "{out}"
+    );
+}
+
+#[test]
+fn colour_only_when_asked() {
+    let (run, approvals) = fixture("refund-approved");
+    let plain = render::describe(
+        &run,
+        &approvals,
+        &[],
+        now(&run),
+        false,
+        Style { color: false },
+    );
+    assert!(!plain.contains('\x1b'));
+    let coloured = render::describe(
+        &run,
+        &approvals,
+        &[],
+        now(&run),
+        false,
+        Style { color: true },
+    );
+    assert!(coloured.contains("\x1b[32mSucceeded\x1b[0m"));
+}
