@@ -82,6 +82,11 @@ struct Pair {
 
 impl Pair {
     async fn start(s: &Scenario) -> Pair {
+        Pair::start_with(s, None).await
+    }
+
+    /// Like `start`, with `failpoint` (AGENTRUN_FAILPOINT) for operator A.
+    async fn start_with(s: &Scenario, failpoint: Option<&str>) -> Pair {
         let leases: Api<Lease> = s.env().api();
         let mut proxies = Vec::new();
         let mut cfgs = Vec::new();
@@ -107,6 +112,9 @@ impl Pair {
             c.identity = id.into();
             c.metrics_port = free_port();
             c.health_port = free_port();
+            if id == "operator-a" {
+                c.failpoint = failpoint.map(str::to_owned);
+            }
             cfgs.push(c);
         }
         let mut ops: Vec<Option<Process>> = vec![Some(start_operator(&cfgs[0])), None];
@@ -455,6 +463,91 @@ async fn a_resumed_leader_with_a_stale_run_cache_leaves_a_live_reconcile_approva
         outcomes,
         [(1, Some(Outcome::Killed)), (2, Some(Outcome::Succeeded))],
         "charged at most once more, and only after the Retry"
+    );
+    pair.stop().await;
+    s.finish().await;
+}
+
+/// Whether the process is stopped (SIGSTOP): state `T` in /proc.
+fn stopped(p: &Process) -> bool {
+    let Some(pid) = p.pid() else { return false };
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+        .unwrap_or(false)
+}
+
+async fn wait_stopped(p: &Process, what: &str) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while !stopped(p) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the operator never stopped {what}\n{}",
+            p.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A leader stopped while the read that proves the run current is in
+/// flight wakes to an answer from before its sleep. Meanwhile the standby
+/// took over, ran the attempt and committed it, and the attempt's Pod is
+/// gone. The resumed leader must not take that old answer as a proof: the
+/// proof is only as fresh as the request it was asked in.
+///
+/// ```text
+///   A: write launch of attempt 1 ── SIGSTOP 1.5 s ── proof read ── SIGSTOP … SIGCONT ─▶ must not create
+///   B:                                                  takes the Lease, creates attempt 1, commits it
+///   driver:                                             deletes attempt 1's finished Pod
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_during_its_proof_read_creates_no_pod_for_a_closed_attempt() {
+    let s = Scenario::start_without_operator("fenced-proof-read").await;
+    let mut pair = Pair::start_with(
+        &s,
+        Some("after-status-write:1:stop,after-proof-read:1:stop"),
+    )
+    .await;
+    s.create_run(
+        RUN,
+        json!({"steps": [sim_step("charge", "NonIdempotent", json!({}))]}),
+    )
+    .await;
+    // A recorded the launch and stopped before creating the Pod; long enough
+    // asleep that it proves the run current again before the create.
+    let a = pair.ops[0].take().expect("operator-a runs");
+    wait_stopped(&a, "after writing the launch").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // From here on A does not hear of the Lease: it keeps believing it leads.
+    pair.proxies[0].stall("/leases", false, Duration::from_secs(300));
+    assert!(a.resume(), "SIGCONT operator-a");
+    wait_stopped(&a, "after its proof read").await;
+
+    wait_holder(&pair.leases, "operator-b", &[pair.ops[1].as_ref().unwrap()]).await;
+    let done = s.wait_finished(RUN, TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded), "{:?}", done.status);
+    let cp = status(&done).steps[0].clone();
+    let pod = cp.pod.clone().expect("attempt 1's Pod");
+    let pods = s.pods();
+    pods.delete(&pod, &DeleteParams::default())
+        .await
+        .expect("deleting attempt 1's finished Pod");
+    agentrun_e2e::wait_for_deleted(&pods, &pod, TIMEOUT).await;
+
+    // A wakes to the answer of its proof read, from before its sleep.
+    let after = pair.resume(0, a).await;
+    assert!(
+        pods.get_opt(&pod).await.unwrap().is_none(),
+        "operator-a created attempt 1's Pod again after it was committed:\n{after}"
+    );
+    let runs = s.ledger().executions_by_key();
+    assert_eq!(
+        runs.get(&cp.idempotency_key),
+        Some(&1),
+        "the committed attempt ran again: {runs:?}\n{after}"
     );
     pair.stop().await;
     s.finish().await;

@@ -200,8 +200,18 @@ pub(super) async fn apply(
                         run: run_ref.clone(),
                         source,
                     })?;
+                    failpoints::hit("after-proof-read");
                     if fresh.resource_version() != proven_rv {
                         debug!("the run moved on while this decision was applied; deciding again");
+                        return Err(Outcome::Stale(Box::new(fresh)));
+                    }
+                    // The proof is only as fresh as the request it was asked
+                    // in: an answer that took longer than PROOF_GOOD_FOR to
+                    // arrive (a process stopped while it waited in the
+                    // socket) proves nothing about now. Decide again; what
+                    // that decision does is proven again in turn.
+                    if proven_at.elapsed() > PROOF_GOOD_FOR {
+                        debug!("the proof that the run is current came too late; deciding again");
                         return Err(Outcome::Stale(Box::new(fresh)));
                     }
                 }

@@ -1,6 +1,8 @@
-//! Crash points for the fault tests: `AGENTRUN_FAILPOINT=<point>:<n>` makes
-//! the process abort (no cleanup, like SIGKILL) right after the n-th time it
-//! passes `<point>`. Unset in production; reading it costs one atomic load.
+//! Crash and pause points for the fault tests: `AGENTRUN_FAILPOINT` holds
+//! one or more `<point>:<n>[:stop]`, comma-separated. At the n-th time it
+//! passes `<point>` the process aborts (no cleanup, like SIGKILL), or with
+//! `:stop` sends itself SIGSTOP (like a paused node; the test sends SIGCONT).
+//! Unset in production; reading it costs one atomic load.
 //!
 //! Compiled in only with the `failpoints` feature, which the e2e crate turns
 //! on for the binaries its tests start; without it `hit` does nothing and a
@@ -8,7 +10,9 @@
 //!
 //! Points: `after-create-pod` (a step Pod was just created),
 //! `after-checkpoint` (a status write that commits a step outcome succeeded,
-//! before any finalizer is released), `after-status-write` (any status write).
+//! before any finalizer is released), `after-status-write` (any status write),
+//! `after-proof-read` (the read that proves a run current before a Pod
+//! create returned).
 
 #[cfg(feature = "failpoints")]
 use std::sync::OnceLock;
@@ -19,39 +23,56 @@ use std::sync::atomic::{AtomicU64, Ordering};
 struct Failpoint {
     point: String,
     after: u64,
+    stop: bool,
     hits: AtomicU64,
 }
 
 #[cfg(feature = "failpoints")]
-fn configured() -> Option<&'static Failpoint> {
-    static FAILPOINT: OnceLock<Option<Failpoint>> = OnceLock::new();
-    FAILPOINT
-        .get_or_init(|| {
-            let spec = std::env::var("AGENTRUN_FAILPOINT").ok()?;
-            let (point, after) = match spec.split_once(':') {
-                Some((p, n)) => (p.to_owned(), n.parse().ok()?),
-                None => (spec, 1),
-            };
-            Some(Failpoint {
-                point,
-                after,
-                hits: AtomicU64::new(0),
+fn configured() -> &'static [Failpoint] {
+    static FAILPOINTS: OnceLock<Vec<Failpoint>> = OnceLock::new();
+    FAILPOINTS.get_or_init(|| {
+        let spec = std::env::var("AGENTRUN_FAILPOINT").unwrap_or_default();
+        spec.split(',')
+            .filter(|s| !s.trim().is_empty())
+            .filter_map(|one| {
+                let mut parts = one.trim().split(':');
+                let point = parts.next()?.to_owned();
+                let after = match parts.next() {
+                    Some(n) => n.parse().ok()?,
+                    None => 1,
+                };
+                let stop = parts.next() == Some("stop");
+                Some(Failpoint {
+                    point,
+                    after,
+                    stop,
+                    hits: AtomicU64::new(0),
+                })
             })
-        })
-        .as_ref()
+            .collect()
+    })
 }
 
-/// Aborts the process if `point` is the configured failpoint and this is its n-th hit.
+/// Aborts (or stops) the process if `point` is a configured failpoint and
+/// this is its n-th hit.
 #[cfg(feature = "failpoints")]
 pub(super) fn hit(point: &str) {
-    let Some(fp) = configured() else { return };
-    if fp.point != point {
-        return;
-    }
-    let n = fp.hits.fetch_add(1, Ordering::SeqCst) + 1;
-    if n == fp.after {
-        eprintln!("failpoint {point}:{n} reached: aborting");
-        std::process::abort();
+    for fp in configured().iter().filter(|fp| fp.point == point) {
+        let n = fp.hits.fetch_add(1, Ordering::SeqCst) + 1;
+        if n != fp.after {
+            continue;
+        }
+        if fp.stop {
+            eprintln!("failpoint {point}:{n} reached: stopping (SIGSTOP)");
+            // The whole process stops, as a paused node would; the test
+            // resumes it with SIGCONT.
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &std::process::id().to_string()])
+                .status();
+        } else {
+            eprintln!("failpoint {point}:{n} reached: aborting");
+            std::process::abort();
+        }
     }
 }
 
