@@ -24,6 +24,7 @@ pub mod support {
     pub mod http;
     pub mod kubectl;
     pub mod namespace;
+    pub mod node;
     pub mod pods;
     pub mod processes;
     pub mod scenario;

@@ -160,8 +160,13 @@ def main():
     p.add_argument("--add", action="append", default=[], help="SRC=DEST (file or directory)")
     p.add_argument("--workdir", default="/")
     p.add_argument("--env", action="append", default=[])
-    p.add_argument("entrypoint", nargs="*")
-    a = p.parse_args()
+    argv = sys.argv[1:]
+    entrypoint = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, entrypoint = argv[:i], argv[i + 1:]
+    a = p.parse_args(argv)
+    a.entrypoint = entrypoint
 
     if a.kind == "pause":
         layer = Layer()
