@@ -29,7 +29,7 @@ def main():
     step = Step.load()
 
     if a.cmd == "context":
-        step.succeed({"steps": [{"name": s.get("name"), "result": s.get("result")} for s in step.steps],
+        step.succeed({"results": step.results,
                       "idempotencyKey": step.idempotency_key, "attempt": step.attempt})
     elif a.cmd == "logs":
         for i in range(1, a.lines + 1):

@@ -145,3 +145,25 @@ impl Payments {
         Ok(body.to_owned())
     }
 }
+
+/// A scenario whose step Pods run on the real node: namespace and operator, no simkubelet.
+/// Panics first if the node is not there.
+pub async fn node_scenario(test_name: &str) -> super::scenario::Scenario {
+    let env = super::env::TestEnv::new(test_name).await;
+    require_node(&env.client()).await;
+    let ns = env.namespace().to_owned();
+    let operator_config = super::processes::OperatorConfig::new(&ns);
+    let operator = Some(super::processes::start_operator(&operator_config));
+    super::scenario::Scenario {
+        ledger_path: log_dir(&ns).join("ledger.jsonl"),
+        env: Some(env),
+        operator,
+        operator_config,
+        simkubelet: None,
+    }
+}
+
+/// A step container of one of the node's images (never pulled: imported by `node up`).
+pub fn container(image: &str, args: &[&str], env: Value) -> Value {
+    json!({"image": image, "imagePullPolicy": "IfNotPresent", "args": args, "env": env})
+}

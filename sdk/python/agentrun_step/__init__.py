@@ -107,13 +107,14 @@ class Step:
         self.traceparent = env.get(ENV_TRACEPARENT) or None
         self.tracestate = env.get(ENV_TRACESTATE) or None
         self.message_path = message_path or env.get(ENV_MESSAGE_PATH) or DEFAULT_MESSAGE_PATH
-        run = context.get("run") or {}
-        me = context.get("step") or {}
-        self.namespace = run.get("namespace")
-        self.run_uid = run.get("uid")
-        self.role = me.get("role", "step")
+        # The context's identity duplicates the environment; the environment wins.
+        self.run_uid = context.get("runUid")
+        self.role = context.get("role", "step")
         self.summary = context.get("summary")
-        self.steps = list(context.get("steps") or [])
+        #: Earlier steps' committed results, oldest first: [{"step": name, "result": ...}].
+        self.results = list(context.get("results") or [])
+        #: How many older results were left out to stay within spec.context.maxBytes.
+        self.omitted_results = int(context.get("omittedResults") or 0)
         self.written = False
 
     @classmethod
@@ -150,14 +151,14 @@ class Step:
             raise StepError(f"{name} must be an integer, got {v!r}") from None
 
     def result_of(self, name, default=None):
-        """The committed result of an earlier step, by name (the newest plan revision)."""
-        for s in reversed(self.steps):
-            if s.get("name") == name:
-                return s.get("result")
+        """The committed result of an earlier step, by name (the newest one listed)."""
+        for r in reversed(self.results):
+            if r.get("step") == name:
+                return r.get("result")
         if default is not None:
             return default
         raise StepError(f"no result of step {name!r} in the context "
-                        f"(has: {', '.join(s.get('name', '?') for s in self.steps) or 'none'})")
+                        f"(has: {', '.join(r.get('step', '?') for r in self.results) or 'none'})")
 
     def headers(self):
         """Headers for a request that changes an external system: the idempotency key, and

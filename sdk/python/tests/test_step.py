@@ -7,15 +7,20 @@ from contextlib import redirect_stderr
 
 from agentrun_step import (MAX_MESSAGE_BYTES, MessageTooLarge, Step, StepError, encode_message)
 
+# The layout the operator writes (src/engine/context.rs).
 CONTEXT = {
-    "run": {"name": "refund-order-4711", "namespace": "support", "uid": "6f1c2b9e"},
-    "step": {"name": "issue-refund", "role": "step", "planRevision": 1, "attempt": 2,
-             "idempotencyKey": "9f3c6e1d0a7b4c28e5d1f6a0b3c9e7d2"},
-    "summary": None,
-    "steps": [
-        {"name": "lookup-order", "planRevision": 1, "result": {"orderId": 4711}},
-        {"name": "draft-refund", "planRevision": 1, "result": {"amount": "23.90 EUR"}},
+    "run": "refund-order-4711",
+    "runUid": "6f1c2b9e",
+    "step": "issue-refund",
+    "role": "step",
+    "attempt": 2,
+    "idempotencyKey": "9f3c6e1d0a7b4c28e5d1f6a0b3c9e7d2",
+    "planRevision": 1,
+    "results": [
+        {"step": "lookup-order", "result": {"orderId": 4711}},
+        {"step": "draft-refund", "result": {"amount": "23.90 EUR"}},
     ],
+    "someFutureField": True,
 }
 
 
@@ -48,7 +53,7 @@ class StepTest(unittest.TestCase):
         self.assertEqual(s.idempotency_key, "9f3c6e1d0a7b4c28e5d1f6a0b3c9e7d2")
         self.assertEqual((s.run, s.step, s.attempt, s.plan_revision),
                          ("refund-order-4711", "issue-refund", 2, 1))
-        self.assertEqual((s.namespace, s.run_uid, s.role), ("support", "6f1c2b9e", "step"))
+        self.assertEqual((s.run_uid, s.role, s.omitted_results), ("6f1c2b9e", "step", 0))
 
     def test_result_of_an_earlier_step(self):
         s = self.load()

@@ -114,49 +114,35 @@ pub struct Tokens {
     pub output: u64,
 }
 
-/// One committed result in the context (`steps[]`).
+/// One earlier step's committed result in the context (`results[]`).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PriorStep {
-    pub name: String,
-    #[serde(default)]
-    pub plan_revision: Option<i64>,
+pub struct PriorResult {
+    pub step: String,
     #[serde(default)]
     pub result: Value,
-    #[serde(default)]
-    pub finished_at: Option<String>,
-    #[serde(default)]
-    pub fresh_until: Option<String>,
 }
 
-/// The context file: unknown fields are ignored, as the contract asks.
+/// The context file as the operator writes it (src/engine/context.rs); unknown fields are
+/// ignored, as the contract asks. Its identity fields repeat the environment's.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Context {
     #[serde(default)]
-    pub run: RunRef,
+    pub run: Option<String>,
     #[serde(default)]
-    pub step: StepRef,
+    pub run_uid: Option<String>,
     #[serde(default)]
-    pub summary: Option<String>,
-    #[serde(default)]
-    pub steps: Vec<PriorStep>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-pub struct RunRef {
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub namespace: Option<String>,
-    #[serde(default)]
-    pub uid: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-pub struct StepRef {
+    pub step: Option<String>,
     #[serde(default)]
     pub role: Option<String>,
+    #[serde(default)]
+    pub summary: Option<String>,
+    /// Earlier steps' results, oldest first.
+    #[serde(default)]
+    pub results: Vec<PriorResult>,
+    /// How many older results were left out to stay within `spec.context.maxBytes`.
+    #[serde(default)]
+    pub omitted_results: usize,
 }
 
 #[derive(Serialize)]
@@ -256,14 +242,14 @@ impl Step {
     /// The committed result of an earlier step, by name (the newest one listed).
     pub fn result_of(&self, name: &str) -> Result<&Value> {
         self.context
-            .steps
+            .results
             .iter()
             .rev()
-            .find(|s| s.name == name)
-            .map(|s| &s.result)
+            .find(|r| r.step == name)
+            .map(|r| &r.result)
             .ok_or_else(|| Error::NoResult {
                 name: name.to_owned(),
-                have: self.context.steps.iter().map(|s| s.name.clone()).collect(),
+                have: self.context.results.iter().map(|r| r.step.clone()).collect(),
             })
     }
 
@@ -347,12 +333,12 @@ mod tests {
             std::fs::write(
                 dir.join("context.json"),
                 json!({
-                    "run": {"name": "refund-order-4711", "namespace": "support", "uid": "6f1c"},
-                    "step": {"name": "issue-refund", "role": "step", "attempt": 2},
-                    "summary": null,
-                    "steps": [
-                        {"name": "lookup-order", "planRevision": 1, "result": {"orderId": 4711}},
-                        {"name": "draft-refund", "planRevision": 1, "result": {"amount": "23.90 EUR"}}
+                    "run": "refund-order-4711", "runUid": "6f1c", "step": "issue-refund",
+                    "role": "step", "attempt": 2, "planRevision": 1,
+                    "idempotencyKey": "9f3c6e1d0a7b4c28e5d1f6a0b3c9e7d2",
+                    "results": [
+                        {"step": "lookup-order", "result": {"orderId": 4711}},
+                        {"step": "draft-refund", "result": {"amount": "23.90 EUR"}}
                     ],
                     "someFutureField": true
                 })
@@ -403,7 +389,7 @@ mod tests {
             (s.run.as_str(), s.step.as_str(), s.attempt, s.plan_revision),
             ("refund-order-4711", "issue-refund", 2, 1)
         );
-        assert_eq!(s.context.run.namespace.as_deref(), Some("support"));
+        assert_eq!(s.context.run_uid.as_deref(), Some("6f1c"));
         assert_eq!(s.result_of("draft-refund").unwrap(), &json!({"amount": "23.90 EUR"}));
         let err = s.result_of("notify").unwrap_err().to_string();
         assert_eq!(
