@@ -54,30 +54,26 @@ async fn finished(s: &Scenario, name: &str) -> AgentRun {
     s.wait_finished(name, RUN_TIMEOUT).await
 }
 
+/// config/samples/agentrun_refund.yaml as it is, with the example image, against the
+/// example payments service (its URL in the ConfigMap the sample reads).
 #[tokio::test]
-async fn refund_agent_runs_to_completion_on_the_real_node() {
+async fn refund_sample_runs_to_completion_on_the_real_node() {
     let s = node_scenario("node-refund").await;
     let payments = Payments::start(s.namespace(), 0.0).await;
-    s.create_run(
-        "refund-4711",
-        json!({
-            "podTemplate": pod_template(),
-            "steps": [
-                {"name": "lookup-order", "effect": "None", "timeout": "60s",
-                 "container": agent(&["lookup-order", "--order-id=4711"], &payments)},
-                {"name": "draft-refund", "effect": "None", "timeout": "60s",
-                 "container": agent(&["draft-refund"], &payments)},
-                {"name": "issue-refund", "effect": "NonIdempotent", "timeout": "60s",
-                 "approval": {"required": true, "question": "Issue the refund?", "timeout": "1h"},
-                 "container": agent(&["issue-refund", "--from-context=draft-refund"], &payments)},
-                {"name": "notify-customer", "effect": "Idempotent", "timeout": "60s",
-                 "container": agent(&["notify-customer", "--template=refund-issued"], &payments)},
-            ],
-        }),
-    )
-    .await;
+    let configmap = serde_json::to_string(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "refund-agent", "namespace": s.namespace()},
+        "data": {"PAYMENTS_API_URL": payments.url()},
+    }))
+    .expect("json");
+    let cm_file = agentrun_e2e::support::processes::log_dir(s.namespace()).join("configmap.json");
+    std::fs::write(&cm_file, configmap).expect("writing the ConfigMap");
+    let sample = agentrun_e2e::repo_root().join("config/samples/agentrun_refund.yaml");
+    for f in [&cm_file, &sample] {
+        kubectl_ok(["apply".as_ref(), "-n".as_ref(), s.namespace().as_ref(), "-f".as_ref(), f.as_os_str()]).await;
+    }
     let waiting = s
-        .wait_run("refund-4711", "waiting for approval", RUN_TIMEOUT, |r| {
+        .wait_run("refund-order-4711", "waiting for approval", RUN_TIMEOUT, |r| {
             phase(r) == Some(RunPhase::WaitingForApproval)
         })
         .await;
@@ -85,7 +81,7 @@ async fn refund_agent_runs_to_completion_on_the_real_node() {
         .approval
         .expect("issue-refund names its Approval");
     s.decide(&approval, "Approved", "checked the photos").await;
-    let run = finished(&s, "refund-4711").await;
+    let run = finished(&s, "refund-order-4711").await;
     assert_succeeded(&run);
 
     assert_eq!(

@@ -73,7 +73,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "payments/0.1"
 
     def log_message(self, fmt, *args):
-        print("payments:", self.address_string(), fmt % args, flush=True)
+        print("payments:", time.strftime("%H:%M:%S"), self.address_string(), fmt % args, flush=True)
 
     def _send(self, status, body, replayed=False):
         data = json.dumps(body).encode()

@@ -76,11 +76,15 @@ def issue_refund(step, a):
           f"for key {step.idempotency_key}", flush=True)
     # A refund settles asynchronously; the step reports it once it has.
     deadline = time.monotonic() + a.settle_timeout
+    # Polling is a read: a failed poll is retried until the deadline.
     while refund["state"] == "pending":
         if time.monotonic() > deadline:
             raise StepError(f"refund {refund['id']} still pending after {a.settle_timeout}s")
         time.sleep(0.5)
-        refund, _ = call("GET", f"{api()}/refunds/{refund['id']}")
+        try:
+            refund, _ = call("GET", f"{api()}/refunds/{refund['id']}", timeout=5)
+        except StepError as e:
+            print(f"polling refund {refund['id']}: {e}; retrying", flush=True)
     return {"refundId": refund["id"], "orderId": refund["orderId"], "amount": refund["amount"],
             "state": refund["state"], "replayed": replayed}, None
 
