@@ -70,12 +70,22 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
     std::fs::write(&cm_file, configmap).expect("writing the ConfigMap");
     let sample = agentrun_e2e::repo_root().join("config/samples/agentrun_refund.yaml");
     for f in [&cm_file, &sample] {
-        kubectl_ok(["apply".as_ref(), "-n".as_ref(), s.namespace().as_ref(), "-f".as_ref(), f.as_os_str()]).await;
+        kubectl_ok([
+            "apply".as_ref(),
+            "-n".as_ref(),
+            s.namespace().as_ref(),
+            "-f".as_ref(),
+            f.as_os_str(),
+        ])
+        .await;
     }
     let waiting = s
-        .wait_run("refund-order-4711", "waiting for approval", RUN_TIMEOUT, |r| {
-            phase(r) == Some(RunPhase::WaitingForApproval)
-        })
+        .wait_run(
+            "refund-order-4711",
+            "waiting for approval",
+            RUN_TIMEOUT,
+            |r| phase(r) == Some(RunPhase::WaitingForApproval),
+        )
         .await;
     let approval = step(&waiting, "issue-refund")
         .approval
@@ -86,27 +96,38 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
 
     assert_eq!(
         step(&run, "lookup-order").result,
-        Some(json!({"orderId": 4711, "amount": "23.90 EUR", "status": "delivered",
-                    "customer": "c-1029", "note": "item arrived damaged"}))
+        Some(
+            json!({"orderId": 4711, "amount": "23.90 EUR", "status": "delivered",
+                    "customer": "c-1029", "note": "item arrived damaged"})
+        )
     );
     // draft-refund read lookup-order's result from its context file.
     assert_eq!(
         step(&run, "draft-refund").result,
-        Some(json!({"orderId": 4711, "amount": "23.90 EUR", "reason": "item arrived damaged",
-                    "confidence": 0.92}))
+        Some(
+            json!({"orderId": 4711, "amount": "23.90 EUR", "reason": "item arrived damaged",
+                    "confidence": 0.92})
+        )
     );
     let issue = step(&run, "issue-refund");
     assert_eq!(
         issue.result,
-        Some(json!({"refundId": "re_0001", "orderId": 4711, "amount": "23.90 EUR",
-                    "state": "succeeded", "replayed": false}))
+        Some(
+            json!({"refundId": "re_0001", "orderId": 4711, "amount": "23.90 EUR",
+                    "state": "succeeded", "replayed": false})
+        )
     );
     assert_eq!(
         step(&run, "notify-customer").result,
         Some(json!({"messageId": "msg-00001", "channel": "email"}))
     );
-    let draft_tokens = step(&run, "draft-refund").tokens.expect("draft-refund reported tokens");
-    assert!(draft_tokens.input > 0 && draft_tokens.output > 0, "{draft_tokens:?}");
+    let draft_tokens = step(&run, "draft-refund")
+        .tokens
+        .expect("draft-refund reported tokens");
+    assert!(
+        draft_tokens.input > 0 && draft_tokens.output > 0,
+        "{draft_tokens:?}"
+    );
     assert_eq!(status(&run).tokens_used, draft_tokens.total());
 
     // What the payments service saw: one refund, made with the step's key.
@@ -117,8 +138,15 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
     assert_eq!(ledger["requestsByKey"][&issue.idempotency_key], json!(1));
 
     // The Pods really ran on the node.
-    let pod = s.pods().get(issue.pod.as_deref().expect("pod")).await.expect("issue-refund pod");
-    assert_eq!(pod.spec.and_then(|p| p.node_name).as_deref(), Some(NODE_NAME));
+    let pod = s
+        .pods()
+        .get(issue.pod.as_deref().expect("pod"))
+        .await
+        .expect("issue-refund pod");
+    assert_eq!(
+        pod.spec.and_then(|p| p.node_name).as_deref(),
+        Some(NODE_NAME)
+    );
     s.finish().await;
 }
 
@@ -172,12 +200,20 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
         }),
     )
     .await;
-    let (before, pod) = s.wait_step_running("evict", "issue-refund", RUN_TIMEOUT).await;
+    let (before, pod) = s
+        .wait_step_running("evict", "issue-refund", RUN_TIMEOUT)
+        .await;
     let key = step(&before, "issue-refund").idempotency_key.clone();
     // Evict once the refund exists: the effect has happened, the step has not finished.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while payments.ledger()["refunds"].as_array().is_none_or(|r| r.is_empty()) {
-        assert!(tokio::time::Instant::now() < deadline, "no refund was requested");
+    while payments.ledger()["refunds"]
+        .as_array()
+        .is_none_or(|r| r.is_empty())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no refund was requested"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     s.pods()
@@ -215,16 +251,29 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
     assert_succeeded(&run);
     let issue = step(&run, "issue-refund");
     assert_eq!(issue.idempotency_key, key, "same key after the eviction");
-    assert_eq!((issue.disruptions, issue.failures, issue.attempt), (1, 0, 2));
-    assert_ne!(issue.pod.as_deref(), Some(pod.as_str()), "a new Pod for attempt 2");
+    assert_eq!(
+        (issue.disruptions, issue.failures, issue.attempt),
+        (1, 0, 2)
+    );
+    assert_ne!(
+        issue.pod.as_deref(),
+        Some(pod.as_str()),
+        "a new Pod for attempt 2"
+    );
     assert_eq!(
         issue.result,
-        Some(json!({"refundId": "re_0001", "orderId": 4711, "amount": "23.90 EUR",
-                    "state": "succeeded", "replayed": true}))
+        Some(
+            json!({"refundId": "re_0001", "orderId": 4711, "amount": "23.90 EUR",
+                    "state": "succeeded", "replayed": true})
+        )
     );
     // Two requests carried the key; the payments service refunded once.
     let ledger = payments.ledger();
-    assert_eq!(ledger["refunds"].as_array().map(Vec::len), Some(1), "ledger: {ledger}");
+    assert_eq!(
+        ledger["refunds"].as_array().map(Vec::len),
+        Some(1),
+        "ledger: {ledger}"
+    );
     assert_eq!(ledger["requestsByKey"][&key], json!(2), "ledger: {ledger}");
     s.finish().await;
 }
@@ -249,7 +298,10 @@ async fn oom_killed_step_is_a_failure_with_that_reason() {
     assert_eq!(hog.phase, StepPhase::Failed);
     assert_eq!(hog.failures, 1);
     let message = hog.message.unwrap_or_default();
-    assert!(message.contains("OOMKilled"), "checkpoint message: {message}");
+    assert!(
+        message.contains("OOMKilled"),
+        "checkpoint message: {message}"
+    );
     s.finish().await;
 }
 
@@ -282,7 +334,11 @@ async fn non_zero_exit_with_a_partial_message_is_a_failure_that_counts_its_token
     // Tokens of a failed attempt still count (D9): read from the partial message.
     assert_eq!(status(&run).tokens_used, 15);
     // The kubelet delivered the partial message in the container's terminated state.
-    let pod = s.pods().get(pages.pod.as_deref().expect("pod")).await.expect("the step Pod");
+    let pod = s
+        .pods()
+        .get(pages.pod.as_deref().expect("pod"))
+        .await
+        .expect("the step Pod");
     let term = pod
         .status
         .and_then(|st| st.container_statuses)
@@ -290,7 +346,10 @@ async fn non_zero_exit_with_a_partial_message_is_a_failure_that_counts_its_token
         .and_then(|c| c.state)
         .and_then(|st| st.terminated)
         .expect("a terminated container");
-    assert_eq!((term.exit_code, term.message.as_deref()), (3, Some(PARTIAL)));
+    assert_eq!(
+        (term.exit_code, term.message.as_deref()),
+        (3, Some(PARTIAL))
+    );
     s.finish().await;
 }
 

@@ -96,11 +96,7 @@ impl Payments {
             .arg(format!("{GATEWAY}:{port}"))
             .arg("--settle-seconds")
             .arg(settle_seconds.to_string());
-        let process = Process::spawn(
-            "payments",
-            cmd,
-            log_dir(namespace).join("payments.log"),
-        );
+        let process = Process::spawn("payments", cmd, log_dir(namespace).join("payments.log"));
         let p = Payments { process, port };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while p.try_get("/healthz").is_err() {
@@ -140,7 +136,9 @@ impl Payments {
             .split_once("\r\n\r\n")
             .ok_or_else(|| std::io::Error::other("no HTTP header"))?;
         if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
-            return Err(std::io::Error::other(head.lines().next().unwrap_or("").to_owned()));
+            return Err(std::io::Error::other(
+                head.lines().next().unwrap_or("").to_owned(),
+            ));
         }
         Ok(body.to_owned())
     }

@@ -249,7 +249,12 @@ impl Step {
             .map(|r| &r.result)
             .ok_or_else(|| Error::NoResult {
                 name: name.to_owned(),
-                have: self.context.results.iter().map(|r| r.step.clone()).collect(),
+                have: self
+                    .context
+                    .results
+                    .iter()
+                    .map(|r| r.step.clone())
+                    .collect(),
             })
     }
 
@@ -325,10 +330,8 @@ mod tests {
 
     impl Fixture {
         fn new(name: &str) -> Fixture {
-            let dir = std::env::temp_dir().join(format!(
-                "agentrun-step-{}-{name}",
-                std::process::id()
-            ));
+            let dir =
+                std::env::temp_dir().join(format!("agentrun-step-{}-{name}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(
                 dir.join("context.json"),
@@ -390,7 +393,10 @@ mod tests {
             ("refund-order-4711", "issue-refund", 2, 1)
         );
         assert_eq!(s.context.run_uid.as_deref(), Some("6f1c"));
-        assert_eq!(s.result_of("draft-refund").unwrap(), &json!({"amount": "23.90 EUR"}));
+        assert_eq!(
+            s.result_of("draft-refund").unwrap(),
+            &json!({"amount": "23.90 EUR"})
+        );
         let err = s.result_of("notify").unwrap_err().to_string();
         assert_eq!(
             err,
