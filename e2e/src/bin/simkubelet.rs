@@ -886,6 +886,26 @@ mod tests {
     }
 
     #[test]
+    fn pods_for_the_real_node_are_left_to_its_kubelet() {
+        let pod = |spec: Value| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+        };
+        let containers = json!([{"name": "step", "image": "i"}]);
+        assert!(!for_a_real_node(&pod(json!({"containers": containers}))));
+        assert!(!for_a_real_node(&pod(json!({
+            "containers": containers,
+            "tolerations": [{"key": "other", "operator": "Exists"}],
+        }))));
+        assert!(for_a_real_node(&pod(json!({
+            "containers": containers,
+            "tolerations": [{"key": "agentrun.dev/node", "operator": "Exists", "effect": "NoSchedule"}],
+        }))));
+        assert!(for_a_real_node(&pod(json!({
+            "containers": containers, "nodeName": "agentrun-node",
+        }))));
+    }
+
+    #[test]
     fn no_sim_step_succeeds_after_the_default_with_an_empty_result() {
         let b = SimStep::default().behaviour(Duration::from_millis(100));
         assert_eq!(b.run, Duration::from_millis(100));
