@@ -220,32 +220,41 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
         .evict(&pod, &EvictParams::default())
         .await
         .expect("eviction accepted");
-    // The kubelet stops the container and reports the disruption (the operator's finalizer
-    // keeps the Pod until its outcome is recorded).
-    let evicted = agentrun_e2e::wait_for(
+    // The kubelet stops the container and reports the disruption; the watch sees that
+    // update before the Pod goes (the operator's finalizer holds it until its outcome is
+    // recorded).
+    let p = agentrun_e2e::wait_for(
         &s.pods(),
         &pod,
         |p: Option<&Pod>| {
-            p.is_none()
-                || p.and_then(|p| p.status.as_ref())
-                    .and_then(|st| st.phase.as_deref())
-                    == Some("Failed")
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|st| st.phase.as_deref())
+                == Some("Failed")
         },
         Duration::from_secs(60),
     )
-    .await;
-    if let Some(p) = evicted {
-        let cond = p
-            .status
-            .as_ref()
-            .and_then(|st| st.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "DisruptionTarget").cloned())
-            .expect("the evicted Pod carries DisruptionTarget");
-        assert_eq!(
-            (cond.status.as_str(), cond.reason.as_deref()),
-            ("True", Some("EvictionByEvictionAPI"))
-        );
-    }
+    .await
+    .expect("the evicted Pod, Failed");
+    let cond = p
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "DisruptionTarget").cloned())
+        .expect("the evicted Pod carries DisruptionTarget");
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_deref()),
+        ("True", Some("EvictionByEvictionAPI"))
+    );
+    // SIGTERM reached the agent, which stopped at once (the SDK's handler: 128 + 15),
+    // rather than being killed after the grace period (137).
+    let exit = p
+        .status
+        .and_then(|st| st.container_statuses)
+        .and_then(|cs| cs.into_iter().next())
+        .and_then(|c| c.state)
+        .and_then(|st| st.terminated)
+        .map(|t| t.exit_code);
+    assert_eq!(exit, Some(143));
 
     let run = finished(&s, "evict").await;
     assert_succeeded(&run);

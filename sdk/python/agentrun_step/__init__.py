@@ -18,10 +18,11 @@ message over that limit with ``MessageTooLarge`` before anything is written.
 
 import json
 import os
+import signal
 import sys
 
-__all__ = ["Step", "StepError", "MessageTooLarge", "MAX_MESSAGE_BYTES", "encode_message",
-           "write_message"]
+__all__ = ["Step", "StepError", "MessageTooLarge", "Terminated", "MAX_MESSAGE_BYTES",
+           "encode_message", "write_message", "exit_on_sigterm"]
 
 #: What the kubelet keeps of a termination message.
 MAX_MESSAGE_BYTES = 4096
@@ -56,6 +57,30 @@ class MessageTooLarge(StepError):
             "instead of the data")
         self.size = size
         self.limit = limit
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived (eviction, deletion, timeout): the attempt stops without a result."""
+
+    def __init__(self):
+        super().__init__(128 + signal.SIGTERM)
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def exit_on_sigterm():
+    """Makes SIGTERM end the process (exit 143) by raising ``Terminated``.
+
+    A container's first process is PID 1 of its namespace, and the kernel does not apply a
+    signal's default action to PID 1: without a handler, SIGTERM is ignored and the kubelet
+    kills the step only after the grace period (exit 137). ``Step.load`` installs this.
+    """
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave signals to the program
+        pass
 
 
 def _tokens(tokens):
@@ -118,8 +143,11 @@ class Step:
         self.written = False
 
     @classmethod
-    def load(cls, env=None, message_path=None):
-        """Reads the environment and the context file it names."""
+    def load(cls, env=None, message_path=None, handle_sigterm=True):
+        """Reads the environment and the context file it names; with ``handle_sigterm``
+        (the default) SIGTERM then ends the step promptly (see ``exit_on_sigterm``)."""
+        if handle_sigterm:
+            exit_on_sigterm()
         env = os.environ if env is None else env
         path = env.get(ENV_CONTEXT_FILE) or DEFAULT_CONTEXT_FILE
         try:

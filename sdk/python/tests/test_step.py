@@ -5,7 +5,11 @@ import tempfile
 import unittest
 from contextlib import redirect_stderr
 
-from agentrun_step import (MAX_MESSAGE_BYTES, MessageTooLarge, Step, StepError, encode_message)
+import signal
+import time
+
+from agentrun_step import (MAX_MESSAGE_BYTES, MessageTooLarge, Step, StepError, Terminated,
+                           encode_message)
 
 # The layout the operator writes (src/engine/context.rs).
 CONTEXT = {
@@ -42,7 +46,7 @@ class StepTest(unittest.TestCase):
         }
 
     def load(self, **extra):
-        return Step.load({**self.env, **extra}, message_path=self.msg)
+        return Step.load({**self.env, **extra}, message_path=self.msg, handle_sigterm=False)
 
     def written(self):
         with open(self.msg, "rb") as f:
@@ -121,6 +125,26 @@ class StepTest(unittest.TestCase):
         tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         self.assertEqual(self.load(TRACEPARENT=tp).headers(),
                          {"Idempotency-Key": "9f3c6e1d0a7b4c28e5d1f6a0b3c9e7d2", "traceparent": tp})
+
+
+class SigtermTest(unittest.TestCase):
+    def test_sigterm_ends_the_step_with_exit_143_and_no_message(self):
+        before = signal.getsignal(signal.SIGTERM)
+        self.addCleanup(signal.signal, signal.SIGTERM, before)
+        with tempfile.TemporaryDirectory() as d:
+            ctx = os.path.join(d, "context.json")
+            with open(ctx, "w") as f:
+                json.dump(CONTEXT, f)
+            env = {"AGENTRUN_IDEMPOTENCY_KEY": "k", "AGENTRUN_RUN": "r", "AGENTRUN_STEP": "s",
+                   "AGENTRUN_ATTEMPT": "1", "AGENTRUN_PLAN_REVISION": "1",
+                   "AGENTRUN_CONTEXT_FILE": ctx}
+            msg = os.path.join(d, "termination-log")
+            Step.load(env, message_path=msg)
+            with self.assertRaises(Terminated) as e:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises before this returns
+            self.assertEqual(e.exception.code, 143)
+            self.assertFalse(os.path.exists(msg))
 
 
 if __name__ == "__main__":
