@@ -131,7 +131,7 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
     assert_eq!(status(&run).tokens_used, draft_tokens.total());
 
     // What the payments service saw: one refund, made with the step's key.
-    let ledger = payments.ledger();
+    let ledger = payments.ledger().await;
     let refunds = ledger["refunds"].as_array().expect("refunds");
     assert_eq!(refunds.len(), 1, "ledger: {ledger}");
     assert_eq!(refunds[0]["idempotencyKey"], json!(issue.idempotency_key));
@@ -206,7 +206,7 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
     let key = step(&before, "issue-refund").idempotency_key.clone();
     // Evict once the refund exists: the effect has happened, the step has not finished.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while payments.ledger()["refunds"]
+    while payments.ledger().await["refunds"]
         .as_array()
         .is_none_or(|r| r.is_empty())
     {
@@ -277,7 +277,7 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
         )
     );
     // Two requests carried the key; the payments service refunded once.
-    let ledger = payments.ledger();
+    let ledger = payments.ledger().await;
     assert_eq!(
         ledger["refunds"].as_array().map(Vec::len),
         Some(1),

@@ -12,8 +12,7 @@
 //! two never report the same Pod. Without a node every helper here panics and says how to
 //! start one: node tests never pass by skipping.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -23,6 +22,7 @@ use serde_json::{Value, json};
 use tokio::process::Command;
 
 use super::env::repo_root;
+use super::http::http_get;
 use super::processes::{Process, log_dir};
 
 pub const NODE_NAME: &str = "agentrun-node";
@@ -96,10 +96,11 @@ impl Payments {
             .arg(format!("{GATEWAY}:{port}"))
             .arg("--settle-seconds")
             .arg(settle_seconds.to_string());
-        let process = Process::spawn("payments", cmd, log_dir(namespace).join("payments.log"));
+        let process = Process::start("payments", cmd, log_dir(namespace).join("payments.log"))
+            .unwrap_or_else(|e| panic!("starting payments.py: {e}"));
         let p = Payments { process, port };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while p.try_get("/healthz").is_err() {
+        while p.get("/healthz").await.is_err() {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "payments service did not start\n{}",
@@ -116,31 +117,22 @@ impl Payments {
     }
 
     /// Everything the service recorded: refunds, notifications, requests per key.
-    pub fn ledger(&self) -> Value {
+    pub async fn ledger(&self) -> Value {
         let body = self
-            .try_get("/ledger")
+            .get("/ledger")
+            .await
             .unwrap_or_else(|e| panic!("GET /ledger: {e}\n{}", self.process.log_tail(20)));
         serde_json::from_str(&body).expect("the ledger is JSON")
     }
 
-    fn try_get(&self, path: &str) -> std::io::Result<String> {
-        let mut s = TcpStream::connect((GATEWAY, self.port))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            s,
-            "GET {path} HTTP/1.0\r\nHost: {GATEWAY}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut out = String::new();
-        s.read_to_string(&mut out)?;
-        let (head, body) = out
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| std::io::Error::other("no HTTP header"))?;
-        if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
-            return Err(std::io::Error::other(
-                head.lines().next().unwrap_or("").to_owned(),
-            ));
+    async fn get(&self, path: &str) -> Result<String, String> {
+        let addr = SocketAddr::new(GATEWAY.parse().expect("an IPv4 address"), self.port);
+        match tokio::time::timeout(Duration::from_secs(5), http_get(addr, path)).await {
+            Ok(Ok((200, body))) => Ok(body),
+            Ok(Ok((code, body))) => Err(format!("HTTP {code}: {body}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within 5 s".into()),
         }
-        Ok(body.to_owned())
     }
 }
 
