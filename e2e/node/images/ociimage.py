@@ -6,7 +6,9 @@
 
 Each tarball is an OCI image layout (oci-layout, index.json, blobs/) whose index names the
 image in the annotation containerd reads (`io.containerd.image.name`), so
-`ctr -n k8s.io images import OUT.tar` makes the image known to the CRI plugin under N.
+`ctr -n k8s.io images import OUT.tar` makes the image known to the CRI plugin under N; a
+manifest.json gives the same blobs the docker-archive shape (`docker load`, `kind load
+image-archive`).
 Layers are plain, uncompressed tars written with fixed owners and times, so the same
 inputs give the same digests. Every image runs as the numeric user 65532 (step Pods run
 with runAsNonRoot) except pause, which runs as 65535 like the upstream pause image.
@@ -135,6 +137,13 @@ def write_image(out, name, layers, config):
             t.addfile(_info(path, 0o644, size=len(data)), io.BytesIO(data))
         add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
         add("index.json", index)
+        # The docker-archive view of the same blobs (as `docker save` writes since 25):
+        # `docker load` and tools that read manifest.json accept the tarball too.
+        add("manifest.json", json.dumps([{
+            "Config": "blobs/sha256/" + cfg_digest.split(":", 1)[1],
+            "RepoTags": [name],
+            "Layers": ["blobs/sha256/" + d["digest"].split(":", 1)[1] for d in layer_descs],
+        }]).encode())
         for d, data in sorted(blobs.items()):
             add("blobs/sha256/" + d.split(":", 1)[1], data)
     os.replace(tmp, out)
