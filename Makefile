@@ -2,7 +2,8 @@
 #
 #   make demo          the product on the local control plane, as a person sees it
 #   make test          everything CI runs: lint, CRD drift, unit tests, and the
-#                      integration tests on a real local control plane
+#                      integration tests on a real local control plane (with promtool,
+#                      lua and Jaeger for the alert, GitOps and trace tests)
 #   make cluster-up    build (if needed) and start the local control plane
 #   make cluster-down  stop it (and the node, if one is up)
 #   make node-up       the plane plus a real node (kubelet, containerd, runc; root)
@@ -11,6 +12,8 @@
 #   make crds          regenerate crds/ from the Rust types
 #   make policies      regenerate config/policies from the chart
 #   make plugin        install kubectl-agentrun into $(PREFIX)/bin (default ~/.local/bin)
+#   make observability the alert, dashboard and GitOps health checks (promtool, lua;
+#                      no control plane)
 #   make chaos         the long chaos suite on its own control plane (target/e2e-chaos)
 #   make bench         the engine micro-benchmark, then the cluster benchmark on its own
 #                      control plane (target/e2e-bench); BENCH_ARGS passes flags to it,
@@ -22,7 +25,7 @@ CARGO ?= cargo
 export AGENTRUN_E2E_DIR ?= $(CURDIR)/target/e2e
 CLUSTER := e2e/cluster
 
-.PHONY: demo demo-stop test lint check-crds crds unit integration cluster-build cluster-up cluster-down tools bench build
+.PHONY: demo demo-stop test observability lint check-crds crds unit integration cluster-build cluster-up cluster-down tools bench build
 
 build:
 	$(CARGO) build --workspace --all-targets --locked
@@ -80,6 +83,12 @@ demo-stop:
 	@for p in operator simkubelet; do f=$(AGENTRUN_E2E_DIR)/demo/$$p.pid; \
 	  if [ -f $$f ]; then kill $$(cat $$f) 2>/dev/null || true; rm -f $$f; fi; done
 
+observability:
+	$(CLUSTER) tools
+	$(CLUSTER) promtool
+	$(CLUSTER) lua
+	eval "$$($(CLUSTER) env)"; $(CARGO) test --locked -p agentrun-e2e --test observability
+
 # Integration tests need the plane; `test` brings it up and always takes it down.
 integration:
 	eval "$$($(CLUSTER) env)"; $(CARGO) test --workspace --locked --test '*'
@@ -89,6 +98,9 @@ test: lint check-crds unit sdk-test
 	$(CLUSTER) build
 	$(CLUSTER) node build
 	$(CLUSTER) tools
+	$(CLUSTER) promtool
+	$(CLUSTER) lua
+	$(CLUSTER) jaeger
 	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(CLUSTER) node up; $(MAKE) --no-print-directory integration
 
 # The cluster benchmark gets a plane of its own (separate ports and etcd) and

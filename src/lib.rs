@@ -5,6 +5,7 @@
 //! - [`controller`]: the kube-runtime wiring: observe, decide, apply.
 //! - [`labels`]: the names put on the objects the operator creates.
 //! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`.
+//! - [`telemetry`]: what each committed write changed, and the run's trace.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -12,3 +13,4 @@ pub mod controller;
 pub mod engine;
 pub mod labels;
 pub mod metrics;
+pub mod telemetry;

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use agentrun_operator::controller::{self, Scope};
 use agentrun_operator::metrics::{Health, Metrics, serve_health, serve_metrics};
+use agentrun_operator::telemetry;
 
 #[derive(Parser)]
 #[command(
@@ -87,14 +88,39 @@ struct RunArgs {
     health_addr: std::net::SocketAddr,
 }
 
-fn init_tracing(format: LogFormat) {
+/// Logs (text or JSON; inside a reconcile each line carries the run's
+/// `trace_id` and the reconcile's `span_id`) and, when `OTEL_*` asks for
+/// them, trace spans over OTLP. Returns the provider to flush on exit.
+fn init_tracing(
+    format: LogFormat,
+) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, String> {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_lease_manager=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let fmt = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer().boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer().json().boxed(),
+    };
+    let provider = telemetry::trace::init().map_err(|e| format!("OTLP trace exporter: {e}"))?;
+    // Only the run's own spans go to OpenTelemetry (target agentrun::trace);
+    // the rest of the tracing spans stay in the logs.
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("agentrun-operator"))
+            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                meta.target() == telemetry::trace::TARGET
+            }))
+    });
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .init();
+    Ok(provider)
 }
 
 fn default_identity() -> String {
@@ -272,14 +298,29 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Command::Run(args) => {
-            init_tracing(args.log_format);
-            match run(args).await {
+            let provider = match init_tracing(args.log_format) {
+                Ok(provider) => provider,
+                Err(err) => {
+                    eprintln!("agentrun-operator: {err}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            };
+            if provider.is_some() {
+                info!("exporting traces over OTLP");
+            }
+            let code = match run(args).await {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(err) => {
                     tracing::error!(error = %err, "operator stopped");
                     std::process::ExitCode::FAILURE
                 }
+            };
+            if let Some(provider) = provider {
+                // Export what is batched; a SIGKILL loses at most one batch
+                // (OTEL_BSP_SCHEDULE_DELAY), never a span's identity.
+                let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
             }
+            code
         }
     }
 }

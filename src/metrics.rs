@@ -1,9 +1,14 @@
 //! What the operator tells Prometheus (`/metrics`) and the kubelet
 //! (`/healthz`, `/readyz`), served on two ports of their own.
 //!
-//! Counters move where the controller acts; gauges of runs by phase and
-//! pending approvals are computed from the caches at scrape time, so they can
-//! never drift from what the operator sees.
+//! Counters move where the controller acts, from what the engine decided (the
+//! decision's [`Tally`]) once the status write holding it is acknowledged;
+//! histograms of durations come from the same write (the facts of
+//! [`crate::telemetry::transitions`], timed from status); gauges of runs by
+//! phase and pending approvals are computed from the caches at scrape time, so
+//! they can never drift from what the operator sees. No label carries a run,
+//! step or Pod name: every label has a small, fixed set of values (namespaces
+//! are as many as the cluster has).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +22,11 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
+
+use crate::engine::Tally;
+use crate::telemetry::transitions::Transition;
 
 /// Label set `{category="…"}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,6 +40,46 @@ pub struct PhaseLabel {
     pub phase: String,
 }
 
+/// Label set `{namespace="…"}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabel {
+    pub namespace: String,
+}
+
+/// Label set `{role="…", outcome="…"}` of an attempt.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// `step`, `planner`, `compactor` or `compensate`.
+    pub role: String,
+    /// `Succeeded`, `Failed`, `Disrupted` or `Stopped`.
+    pub outcome: String,
+}
+
+/// Label set `{outcome="…"}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
+}
+
+/// Label set `{result="…"}` of a status write: `ok`, `conflict` or `error`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+/// Label set of `agentrun_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Seconds, 0.5 s to about 9 h: steps, approval waits and runs.
+fn long_durations() -> Histogram {
+    Histogram::new(exponential_buckets(0.5, 2.0, 16))
+}
+
 /// Every metric the operator exports.
 pub struct Metrics {
     pub reconcile_duration: Histogram,
@@ -42,10 +91,20 @@ pub struct Metrics {
     pub checkpoint_write_duration: Histogram,
     pub status_conflicts: Counter,
     pub replans: Counter,
-    pub tokens: Counter,
+    pub tokens: Family<NamespaceLabel, Counter>,
     pub duplicate_creates_suppressed: Counter,
+    pub status_writes: Family<ResultLabel, Counter>,
+    pub step_duration: HistogramFamily<AttemptLabels>,
+    pub handoff_latency: Histogram,
+    pub approval_wait: Histogram,
+    pub run_duration: HistogramFamily<OutcomeLabel>,
+    pub workqueue_depth: Gauge,
+    pub reconciles_in_flight: Gauge,
     pub runs_by_phase: Family<PhaseLabel, Gauge>,
     pub approvals_pending: Gauge,
+    pub approval_expiry: Family<NamespaceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub runs_stalled: Family<NamespaceLabel, Gauge>,
+    pub progress_age: Family<NamespaceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub leader: Gauge,
     /// Sets the cache-derived gauges; installed by the controller once its caches exist.
     refresh: std::sync::Mutex<Option<Refresh>>,
@@ -64,10 +123,20 @@ impl Metrics {
             checkpoint_write_duration: Histogram::new(exponential_buckets(0.001, 2.0, 12)),
             status_conflicts: Counter::default(),
             replans: Counter::default(),
-            tokens: Counter::default(),
+            tokens: Family::default(),
             duplicate_creates_suppressed: Counter::default(),
+            status_writes: Family::default(),
+            step_duration: Family::new_with_constructor(long_durations),
+            handoff_latency: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            approval_wait: long_durations(),
+            run_duration: Family::new_with_constructor(long_durations),
+            workqueue_depth: Gauge::default(),
+            reconciles_in_flight: Gauge::default(),
             runs_by_phase: Family::default(),
             approvals_pending: Gauge::default(),
+            approval_expiry: Family::default(),
+            runs_stalled: Family::default(),
+            progress_age: Family::default(),
             leader: Gauge::default(),
             refresh: std::sync::Mutex::new(None),
         };
@@ -119,8 +188,50 @@ impl Metrics {
         );
         r.register(
             "tokens",
-            "Tokens reported by step attempts, failed ones included (D9)",
+            "Tokens reported by step attempts, failed ones included (D9), by namespace",
             m.tokens.clone(),
+        );
+        r.register(
+            "build",
+            "The operator's version",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            }),
+        );
+        r.register(
+            "status_writes",
+            "Run status writes by result: ok, conflict (409, re-decided) or error",
+            m.status_writes.clone(),
+        );
+        r.register(
+            "step_duration_seconds",
+            "One attempt, from its launch to the checkpoint of its outcome, by role and outcome",
+            m.step_duration.clone(),
+        );
+        r.register(
+            "handoff_latency_seconds",
+            "From a committed step outcome to the API server's acknowledgement of the next step's Pod",
+            m.handoff_latency.clone(),
+        );
+        r.register(
+            "approval_wait_seconds",
+            "A step's wait for a person, from the request to the decision seen by the operator",
+            m.approval_wait.clone(),
+        );
+        r.register(
+            "run_duration_seconds",
+            "A run from its start to its end, by outcome (Succeeded, Failed, Cancelled)",
+            m.run_duration.clone(),
+        );
+        r.register(
+            "workqueue_depth",
+            "Reconciles due and waiting for one of the concurrent reconcile slots",
+            m.workqueue_depth.clone(),
+        );
+        r.register(
+            "reconciles_in_flight",
+            "Reconciles holding a slot",
+            m.reconciles_in_flight.clone(),
         );
         r.register(
             "duplicate_creates_suppressed",
@@ -138,11 +249,91 @@ impl Metrics {
             m.approvals_pending.clone(),
         );
         r.register(
+            "approval_expiry_soonest_seconds",
+            "Seconds until the first pending Approval with an expiry expires, by namespace (negative: overdue)",
+            m.approval_expiry.clone(),
+        );
+        r.register(
+            "runs_stalled",
+            "Runs whose Stalled condition is True (they cannot progress by themselves), by namespace",
+            m.runs_stalled.clone(),
+        );
+        r.register(
+            "run_progress_age_seconds_max",
+            "Among active runs (not finished, not waiting for a person, not suspended), the longest time since one made progress (a step launched or ended), by namespace",
+            m.progress_age.clone(),
+        );
+        r.register(
             "leader",
             "1 while this instance holds the leader lease",
             m.leader.clone(),
         );
         Arc::new(m)
+    }
+
+    /// Counts what one decision did; called once its status write (if any)
+    /// is acknowledged, so a decision dropped on a conflict counts nothing.
+    pub fn count(&self, namespace: &str, tally: &Tally) {
+        self.steps_started.inc_by(tally.started);
+        self.steps_succeeded.inc_by(tally.succeeded);
+        self.steps_failed.inc_by(tally.failed);
+        self.steps_disrupted.inc_by(tally.disrupted);
+        self.replans.inc_by(tally.replans);
+        if tally.tokens > 0 {
+            self.tokens
+                .get_or_create(&NamespaceLabel {
+                    namespace: namespace.to_owned(),
+                })
+                .inc_by(tally.tokens);
+        }
+    }
+
+    /// Observes the durations a committed write ended.
+    pub fn observe(&self, transitions: &[Transition]) {
+        for t in transitions {
+            match t {
+                Transition::AttemptEnded(e) => self
+                    .step_duration
+                    .get_or_create(&AttemptLabels {
+                        role: e.role.label().to_owned(),
+                        outcome: e.outcome.as_str().to_owned(),
+                    })
+                    .observe(seconds(e.started, e.ended)),
+                Transition::ApprovalWaitEnded(w) => {
+                    self.approval_wait.observe(seconds(w.started, w.ended))
+                }
+                Transition::RunEnded {
+                    phase,
+                    started: Some(started),
+                    ended,
+                } => self
+                    .run_duration
+                    .get_or_create(&OutcomeLabel {
+                        outcome: format!("{phase:?}"),
+                    })
+                    .observe(seconds(*started, *ended)),
+                Transition::RunEnded { started: None, .. } | Transition::Replanned { .. } => {}
+            }
+        }
+    }
+
+    /// A status write's result.
+    pub fn status_write(&self, result: &'static str) {
+        self.status_writes
+            .get_or_create(&ResultLabel {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a reconcile waiting for a slot until the guard is dropped.
+    pub fn queued(self: &Arc<Self>) -> GaugeGuard {
+        GaugeGuard::new(self.workqueue_depth.clone())
+    }
+
+    /// Counts a reconcile holding a slot until the guard is dropped.
+    pub fn in_flight(self: &Arc<Self>) -> GaugeGuard {
+        GaugeGuard::new(self.reconciles_in_flight.clone())
     }
 
     /// Installs the function that computes the cache-derived gauges.
@@ -159,6 +350,28 @@ impl Metrics {
         if let Some(refresh) = refresh {
             refresh();
         }
+    }
+}
+
+/// Seconds from `a` to `b`, never negative (clocks of two writers may differ).
+fn seconds(a: jiff::Timestamp, b: jiff::Timestamp) -> f64 {
+    b.duration_since(a).as_secs_f64().max(0.0)
+}
+
+/// Holds one unit of a gauge; gives it back when dropped (a reconcile
+/// cancelled while it waits counts down too).
+pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    fn new(gauge: Gauge) -> Self {
+        gauge.inc();
+        GaugeGuard(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -242,4 +455,152 @@ pub async fn serve_health(
         )
         .with_state(health);
     axum::serve(listener, app).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::testing::{PodExt, World, ok_message, step};
+    use crate::telemetry::transitions;
+    use serde_json::json;
+
+    /// Drives `w` to rest the way the controller does: every decision whose
+    /// status differs is "acknowledged", then counted and observed.
+    fn settle_counted(w: &mut World, m: &Metrics) {
+        for _ in 0..50 {
+            let old = w.status();
+            let d = w.decide();
+            if d.status == old && d.actions.is_empty() {
+                return;
+            }
+            if d.status != old {
+                m.count("team-a", &d.tally);
+                m.observe(&transitions::between(&old, &d.status, w.now));
+            }
+            w.commit(&d);
+        }
+        panic!("the run did not settle: {:#?}", w.status());
+    }
+
+    fn scrape(registry: &Registry) -> String {
+        let mut body = String::new();
+        prometheus_client::encoding::text::encode(&mut body, registry).unwrap();
+        body
+    }
+
+    /// The value of the sample line that starts with `series ` exactly.
+    fn sample(body: &str, series: &str) -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no sample {series}:\n{body}"))
+    }
+
+    /// A step that times out once, whose stopped Pod then reports, and whose
+    /// retry succeeds: one failure, three successes, four launches. The
+    /// failure used to be counted twice (once per Event it caused).
+    #[test]
+    fn a_timed_out_attempt_is_one_failure_in_metrics() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let mut w = World::new(crate::api::AgentRun::test().with_steps([
+            step("a"),
+            step("b").with_timeout("1m").with_retry(1, "1s", "1s"),
+            step("c"),
+        ]));
+        settle_counted(&mut w, &m);
+        w.update_pod("run-a-2b8d3c-r1-a1", |p| {
+            p.succeeded(&ok_message(json!(1), 7))
+        });
+        settle_counted(&mut w, &m);
+        w.update_pod("run-b-59c772-r1-a1", |p| p.running());
+        settle_counted(&mut w, &m);
+        w.advance(62);
+        settle_counted(&mut w, &m);
+        // The stopped Pod ends (SIGTERM) and reports its tokens.
+        w.update_pod("run-b-59c772-r1-a1", |p| {
+            p.exited(143, &ok_message(json!(null), 5))
+        });
+        settle_counted(&mut w, &m);
+        w.advance(2);
+        settle_counted(&mut w, &m);
+        let retry = w.status().steps[1].pod.clone().expect("b's retry launched");
+        assert_ne!(retry, "run-b-59c772-r1-a1");
+        w.update_pod(&retry, |p| p.succeeded(&ok_message(json!(2), 11)));
+        settle_counted(&mut w, &m);
+        let c = w.status().steps[2].pod.clone().expect("c launched");
+        w.update_pod(&c, |p| p.succeeded(&ok_message(json!(3), 1)));
+        settle_counted(&mut w, &m);
+        assert_eq!(
+            w.status().phase,
+            Some(crate::api::RunPhase::Succeeded),
+            "{:#?}",
+            w.status()
+        );
+
+        let body = scrape(&registry);
+        assert_eq!(sample(&body, "agentrun_steps_failed_total"), 1.0, "{body}");
+        assert_eq!(sample(&body, "agentrun_steps_started_total"), 4.0);
+        assert_eq!(sample(&body, "agentrun_steps_succeeded_total"), 3.0);
+        assert_eq!(sample(&body, "agentrun_steps_disrupted_total"), 0.0);
+        assert_eq!(
+            sample(&body, r#"agentrun_tokens_total{namespace="team-a"}"#),
+            24.0
+        );
+        let attempts = |outcome: &str| {
+            sample(
+                &body,
+                &format!(
+                    r#"agentrun_step_duration_seconds_count{{role="step",outcome="{outcome}"}}"#
+                ),
+            )
+        };
+        assert_eq!(attempts("Failed"), 1.0);
+        assert_eq!(attempts("Succeeded"), 3.0);
+        // b's first attempt ran from its launch to the timeout: 62 s.
+        assert_eq!(
+            sample(
+                &body,
+                r#"agentrun_step_duration_seconds_sum{role="step",outcome="Failed"}"#
+            ),
+            62.0
+        );
+        assert_eq!(
+            sample(
+                &body,
+                r#"agentrun_run_duration_seconds_count{outcome="Succeeded"}"#
+            ),
+            1.0
+        );
+    }
+
+    #[test]
+    fn build_info_names_the_version() {
+        let mut registry = Registry::default();
+        let _m = Metrics::register(&mut registry);
+        let body = scrape(&registry);
+        assert!(
+            body.contains(&format!(
+                "agentrun_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn gauge_guards_give_back_what_they_hold() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let a = m.queued();
+        let b = m.queued();
+        assert_eq!(m.workqueue_depth.get(), 2);
+        drop(a);
+        let _slot = m.in_flight();
+        drop(b);
+        assert_eq!(
+            (m.workqueue_depth.get(), m.reconciles_in_flight.get()),
+            (0, 1)
+        );
+    }
 }

@@ -22,6 +22,7 @@ pub mod support {
     pub mod crds;
     pub mod env;
     pub mod http;
+    pub mod jaeger;
     pub mod kubectl;
     pub mod namespace;
     pub mod node;

@@ -15,8 +15,9 @@ use super::error::Error;
 use super::reconcile::World;
 use super::{Context, failpoints};
 use crate::api::{AgentRun, AgentRunStatus, Approval, CheckpointState};
-use crate::engine::{Action, Decision, EventType, Reason, Refusal, RefusalCause, Tally};
+use crate::engine::{Action, Decision, EventType, PodRole, Reason, Refusal, RefusalCause};
 use crate::labels;
+use crate::telemetry::{trace, transitions};
 
 /// Why applying a decision stopped.
 pub(super) enum Outcome {
@@ -84,24 +85,52 @@ pub(super) async fn apply(
         });
         let params = PatchParams::apply(labels::FIELD_MANAGER).force();
         let started = std::time::Instant::now();
+        let started_at = std::time::SystemTime::now();
         let written = runs
             .patch_status(&name, &params, &Patch::Apply(&patch))
             .await;
         ctx.metrics
             .checkpoint_write_duration
             .observe(started.elapsed().as_secs_f64());
+        let write_span = |result: &str| {
+            let committed = decision
+                .status
+                .steps
+                .iter()
+                .filter(|c| c.checkpoint == CheckpointState::Committed)
+                .count();
+            trace::status_write(
+                run,
+                started_at,
+                std::time::SystemTime::now(),
+                result,
+                committed,
+            );
+        };
         match written {
             Ok(written) => {
                 debug!("status committed");
                 written_run = Some(written);
-                count(ctx, &decision.tally);
+                ctx.metrics.status_write("ok");
+                ctx.metrics.count(&ns, &decision.tally);
+                let facts =
+                    transitions::between(&current_status, &decision.status, jiff::Timestamp::now());
+                ctx.metrics.observe(&facts);
+                write_span("ok");
+                trace::record(run, &decision.status, &facts);
                 failpoints::hit("after-status-write");
                 if commits_an_outcome(&current_status, &decision.status) {
                     failpoints::hit("after-checkpoint");
                 }
             }
-            Err(err) if is_status(&err, 409) => return Err(Outcome::Conflict),
+            Err(err) if is_status(&err, 409) => {
+                ctx.metrics.status_write("conflict");
+                write_span("conflict");
+                return Err(Outcome::Conflict);
+            }
             Err(source) => {
+                ctx.metrics.status_write("error");
+                write_span("error");
                 return Err(Error::WriteStatus {
                     run: run_ref,
                     source,
@@ -184,6 +213,7 @@ pub(super) async fn apply(
                 match pods.create(&pp, &pod).await {
                     Ok(created) => {
                         info!(pod = %pod_name, "created step pod");
+                        observe_handoff(ctx, &decision.status, &created);
                         ctx.expectations.created(created, &ctx.pods);
                         failpoints::hit("after-create-pod");
                     }
@@ -406,16 +436,20 @@ pub(super) async fn release_finalizer(
     }
 }
 
-/// Counts what the decision did; called once its status write (if any) is
-/// acknowledged, so a decision dropped on a conflict counts nothing.
-fn count(ctx: &Context, tally: &Tally) {
-    let m = &ctx.metrics;
-    m.steps_started.inc_by(tally.started);
-    m.steps_succeeded.inc_by(tally.succeeded);
-    m.steps_failed.inc_by(tally.failed);
-    m.steps_disrupted.inc_by(tally.disrupted);
-    m.replans.inc_by(tally.replans);
-    m.tokens.inc_by(tally.tokens);
+/// The hand-off to a step's first attempt: from the outcome it waited for
+/// (committed in `status`) to the API server's acknowledgement of its Pod.
+fn observe_handoff(ctx: &Context, status: &AgentRunStatus, pod: &Pod) {
+    let label = |k: &str| pod.labels().get(k).cloned().unwrap_or_default();
+    let (Some(role), Ok(attempt)) = (
+        PodRole::from_label(&label(labels::ROLE)),
+        label(labels::ATTEMPT).parse::<i32>(),
+    ) else {
+        return;
+    };
+    if let Some(since) = transitions::handoff_start(status, role, &label(labels::STEP), attempt) {
+        let secs = jiff::Timestamp::now().duration_since(since).as_secs_f64();
+        ctx.metrics.handoff_latency.observe(secs.max(0.0));
+    }
 }
 
 /// Whether `new` commits a step outcome that `old` did not have.

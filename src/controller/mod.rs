@@ -35,7 +35,7 @@ use tracing::{info, warn};
 
 use crate::api::{AgentRun, Approval};
 use crate::labels;
-use crate::metrics::{Health, Metrics, PhaseLabel, Refresh};
+use crate::metrics::{Health, Metrics, NamespaceLabel, PhaseLabel, Refresh};
 
 pub use error::{Category, Error, Result};
 
@@ -280,50 +280,48 @@ fn mark_synced<K>(
     }
 }
 
-/// Sets the cache-derived gauges: runs by phase and pending approvals.
+/// Sets the cache-derived gauges: runs by phase, stalled runs, progress,
+/// pending approvals and their expiry.
 fn gauges(
     runs: Store<DeserializeGuard<AgentRun>>,
     approvals: Store<Approval>,
     metrics: Arc<Metrics>,
 ) -> Refresh {
-    use crate::api::{ApprovalPhase, RunPhase};
     Arc::new(move || {
-        let phases = [
-            RunPhase::Pending,
-            RunPhase::Planning,
-            RunPhase::Running,
-            RunPhase::WaitingForApproval,
-            RunPhase::Compensating,
-            RunPhase::Succeeded,
-            RunPhase::Failed,
-            RunPhase::Cancelled,
-        ];
-        let mut counts: HashMap<RunPhase, i64> = phases.iter().map(|p| (*p, 0)).collect();
-        for run in runs.state() {
-            let phase = run
-                .0
-                .as_ref()
-                .ok()
-                .and_then(|r| r.status.as_ref())
-                .and_then(|s| s.phase)
-                .unwrap_or(RunPhase::Pending);
-            *counts.entry(phase).or_default() += 1;
-        }
-        for (phase, n) in counts {
+        let (runs, approvals) = (runs.state(), approvals.state());
+        let g = crate::telemetry::gauges::compute(
+            runs.iter().filter_map(|r| r.0.as_ref().ok()),
+            approvals.iter().map(|a| a.as_ref()),
+            jiff::Timestamp::now(),
+        );
+        for (phase, n) in g.runs_by_phase {
             metrics
                 .runs_by_phase
-                .get_or_create(&PhaseLabel {
-                    phase: format!("{phase:?}"),
-                })
+                .get_or_create(&PhaseLabel { phase })
                 .set(n);
         }
-        let pending = approvals
-            .state()
-            .iter()
-            .filter(|a| {
-                a.status.as_ref().map(|s| s.phase).unwrap_or_default() == ApprovalPhase::Pending
-            })
-            .count();
-        metrics.approvals_pending.set(pending as i64);
+        metrics.approvals_pending.set(g.approvals_pending);
+        // Namespaces come and go: only the ones with something to say are exported.
+        metrics.approval_expiry.clear();
+        for (namespace, secs) in g.approval_expiry {
+            metrics
+                .approval_expiry
+                .get_or_create(&NamespaceLabel { namespace })
+                .set(secs);
+        }
+        metrics.runs_stalled.clear();
+        for (namespace, n) in g.runs_stalled {
+            metrics
+                .runs_stalled
+                .get_or_create(&NamespaceLabel { namespace })
+                .set(n);
+        }
+        metrics.progress_age.clear();
+        for (namespace, secs) in g.progress_age {
+            metrics
+                .progress_age
+                .get_or_create(&NamespaceLabel { namespace })
+                .set(secs);
+        }
     })
 }

@@ -14,7 +14,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{debug, instrument, warn};
+use tracing::{Instrument as _, debug, instrument, warn};
 
 use super::Context;
 use super::apply;
@@ -107,11 +107,14 @@ pub(super) async fn reconcile(
     ctx.caches_synced().await;
     // Wait for a slot in arrival order, then decide on the run as the watch
     // shows it now: the copy this reconcile was started with may be older.
+    let queued = ctx.metrics.queued();
     let _slot = ctx
         .slots
         .acquire()
         .await
         .expect("the semaphore is never closed");
+    drop(queued);
+    let _in_flight = ctx.metrics.in_flight();
     let Some(guard) = ctx.runs.get(&ObjectRef::from_obj(run.as_ref())) else {
         return Ok(Action::await_change()); // deleted meanwhile
     };
@@ -123,7 +126,17 @@ pub(super) async fn reconcile(
     // Boxed: a reconcile waiting for its slot then stays a few hundred bytes
     // instead of the size of the whole decide-and-apply state machine, which
     // matters with a thousand runs in line.
-    let result = Box::pin(reconcile_inner(run, &ctx)).await;
+    // The run's trace: this reconcile's span (and its logs) belong to it.
+    let span = tracing::info_span!(
+        target: crate::telemetry::trace::TARGET,
+        "reconcile",
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    if let Some(uid) = run.metadata.uid.as_deref() {
+        crate::telemetry::trace::adopt(&span, uid);
+    }
+    let result = Box::pin(reconcile_inner(run, &ctx)).instrument(span).await;
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());

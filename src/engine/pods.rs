@@ -24,6 +24,8 @@ use crate::api::{PodDefaults, StepContainer};
 use crate::labels;
 
 const CONTEXT_VOLUME: &str = "agentrun-context";
+/// Set by the operator for every attempt; a step's own values are dropped.
+const TRACE_ENV: [&str; 2] = ["TRACEPARENT", "OTEL_RESOURCE_ATTRIBUTES"];
 
 /// Everything that makes one attempt's Pod.
 pub struct PodRequest<'a> {
@@ -66,9 +68,30 @@ pub fn build(r: PodRequest) -> Pod {
         .container
         .env
         .iter()
-        .filter(|e| !e.name.starts_with("AGENTRUN_"))
+        .filter(|e| !e.name.starts_with("AGENTRUN_") && !TRACE_ENV.contains(&e.name.as_str()))
         .cloned()
         .collect();
+    // The attempt's span in the run's trace (docs/step-contract.md, "Traces").
+    let role = r.role.label();
+    let trace = [
+        (
+            "TRACEPARENT",
+            crate::telemetry::ids::attempt_traceparent(
+                &r.owner.uid,
+                role,
+                r.step,
+                r.plan_revision,
+                r.attempt,
+            ),
+        ),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            format!(
+                "agentrun.run={},agentrun.step={},agentrun.role={role},agentrun.plan_revision={},agentrun.attempt={},agentrun.idempotency_key={}",
+                r.run, r.step, r.plan_revision, r.attempt, r.idempotency_key
+            ),
+        ),
+    ];
     for (name, value) in [
         (labels::env::IDEMPOTENCY_KEY, r.idempotency_key.to_owned()),
         (labels::env::RUN, r.run.to_owned()),
@@ -76,7 +99,10 @@ pub fn build(r: PodRequest) -> Pod {
         (labels::env::ATTEMPT, r.attempt.to_string()),
         (labels::env::PLAN_REVISION, r.plan_revision.to_string()),
         (labels::env::CONTEXT_FILE, labels::CONTEXT_PATH.to_owned()),
-    ] {
+    ]
+    .into_iter()
+    .chain(trace)
+    {
         env.push(EnvVar {
             name: name.to_owned(),
             value: Some(value),

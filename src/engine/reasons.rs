@@ -92,6 +92,12 @@ vocabulary! {
         /// refuses a Pod or Approval it needs, or a foreign object holds its name
         /// (D16). The message is the API server's own.
         Stalled,
+        /// True once the run succeeded; the reason and message are `Succeeded`'s
+        /// (kstatus, `kubectl wait --for=condition=Ready`).
+        Ready,
+        /// True while the run is under way and not stalled (kstatus reads it as
+        /// "in progress").
+        Reconciling,
     }
 }
 

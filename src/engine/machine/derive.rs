@@ -164,6 +164,27 @@ impl<'a> Machine<'a> {
                 now,
             ),
         }
+        // kstatus (Flux) and `kubectl wait --for=condition=Ready`: Ready once
+        // the run succeeded; Reconciling while it is under way and not stalled.
+        let (ready, reason, message) = cond::get(conds, ConditionType::Succeeded).map_or(
+            (FALSE, String::new(), String::new()),
+            |c| {
+                let ready = if c.status == TRUE { TRUE } else { FALSE };
+                (ready, c.reason.clone(), c.message.clone())
+            },
+        );
+        cond::set(conds, ConditionType::Ready, ready, &reason, message, g, now);
+        let reconciling = !phase.is_terminal() && !cond::is_true(conds, ConditionType::Stalled);
+        let status = if reconciling { TRUE } else { FALSE };
+        cond::set(
+            conds,
+            ConditionType::Reconciling,
+            status,
+            &reason,
+            String::new(),
+            g,
+            now,
+        );
         if let Some(plan_status) = &self.status.plan
             && let Some(from) = &plan_status.rerun_from
         {
