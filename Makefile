@@ -5,7 +5,10 @@
 #                      integration tests on a real local control plane (with promtool,
 #                      lua and Jaeger for the alert, GitOps and trace tests)
 #   make cluster-up    build (if needed) and start the local control plane
-#   make cluster-down  stop it
+#   make cluster-down  stop it (and the node, if one is up)
+#   make node-up       the plane plus a real node (kubelet, containerd, runc; root)
+#   make node-down     stop the node only
+#   make sdk-test      the Python step SDK's tests (the Rust SDK's run with `unit`)
 #   make crds          regenerate crds/ from the Rust types
 #   make policies      regenerate config/policies from the chart
 #   make plugin        install kubectl-agentrun into $(PREFIX)/bin (default ~/.local/bin)
@@ -90,14 +93,15 @@ observability:
 integration:
 	eval "$$($(CLUSTER) env)"; $(CARGO) test --workspace --locked --test '*'
 
-test: lint check-crds unit
+test: lint check-crds unit sdk-test
 	$(CARGO) build --workspace --bins --locked
 	$(CLUSTER) build
+	$(CLUSTER) node build
 	$(CLUSTER) tools
 	$(CLUSTER) promtool
 	$(CLUSTER) lua
 	$(CLUSTER) jaeger
-	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(MAKE) --no-print-directory integration
+	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(CLUSTER) node up; $(MAKE) --no-print-directory integration
 
 # The cluster benchmark gets a plane of its own (separate ports and etcd) and
 # always takes it down. See docs/performance.md.
@@ -126,3 +130,21 @@ chaos:
 	export AGENTRUN_E2E_DIR=$(CHAOS_E2E_DIR); unset KUBECONFIG; \
 	  trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; \
 	  time target/debug/chaos $(CHAOS_ARGS)
+
+# ---------------------------------------------------------------------------
+# The real local node and the step SDKs (e2e/cluster node ..., sdk/). `test` brings the
+# node up after the plane; e2e/tests/node.rs runs on it and fails without it.
+.PHONY: sdk-test node-up node-down images
+
+sdk-test:
+	cd sdk/python && python3 -m unittest -v
+
+node-up: cluster-up
+	$(CLUSTER) node up
+
+node-down:
+	$(CLUSTER) node down
+
+# The step images as OCI tarballs (what e2e/kind/run.sh loads into kind).
+images:
+	$(CLUSTER) images

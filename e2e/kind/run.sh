@@ -3,10 +3,10 @@
 # run a sample. Needs docker, kind, kubectl and helm on PATH.
 #
 # NOT RUN IN CI: the project's build machines have no Docker engine or registry, so
-# this script is kept correct by review. On step Pods: a real kubelet runs the sample's
-# placeholder images, which do not exist; point the sample at a real image (any image
-# that writes {"result": …} to /dev/termination-log), e.g.
-#   busybox: sh -c 'echo "{\"result\":{\"ok\":true}}" > /dev/termination-log'
+# this script is kept correct by review. The step images are the ones the local node
+# runs (examples/refund-agent, built as OCI tarballs by `e2e/cluster images` from Debian
+# packages and the repo's sources) and are loaded with `kind load image-archive`; the
+# samples in config/samples run on kind as they are.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -30,29 +30,22 @@ helm upgrade --install agentrun-operator "$ROOT/charts/agentrun-operator" \
   --wait --timeout 3m
 kubectl rollout status deployment -n "$NS" -l app.kubernetes.io/instance=agentrun-operator --timeout=2m
 
-# A run whose steps really execute on kind's kubelet.
-kubectl apply -f - <<'YAML'
-apiVersion: agentrun.dev/v1alpha1
-kind: AgentRun
-metadata:
-  name: kind-smoke
-  namespace: default
-spec:
-  ttlSecondsAfterFinished: 600
-  steps:
-    - name: hello
-      effect: None
-      container:
-        image: busybox:1.36
-        command: ["sh", "-c", "echo '{\"result\":{\"hello\":\"world\"},\"tokens\":{\"input\":1,\"output\":1}}' > /dev/termination-log"]
-    - name: key
-      effect: Idempotent
-      container:
-        image: busybox:1.36
-        command: ["sh", "-c", "printf '{\"result\":{\"key\":\"%s\"}}' \"$AGENTRUN_IDEMPOTENCY_KEY\" > /dev/termination-log"]
-YAML
+# The example agent's images, built locally (no registry), and what the samples need:
+# the payments service, the ConfigMap with its URL, the step ServiceAccount.
+"$ROOT/e2e/cluster" images
+for tar in "${AGENTRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrun-operator}"/node-images/{refund-agent,node-probe}.tar; do
+  kind load image-archive "$tar" --name "$CLUSTER"
+done
+kubectl apply -n default -f "$ROOT/examples/refund-agent/deploy.yaml"
+kubectl rollout status deployment/payments -n default --timeout=2m
 
-kubectl wait --for=jsonpath='{.status.phase}'=Succeeded agentrun/kind-smoke -n default --timeout=5m
+# The samples as they are: the refund run waits for a person, evict-demo runs through.
+kubectl apply -n default -f "$ROOT/config/samples/agentrun_refund.yaml" -f "$ROOT/config/samples/agentrun_evicted.yaml"
+kubectl wait --for=jsonpath='{.status.phase}'=Succeeded agentrun/evict-demo -n default --timeout=5m
+kubectl wait --for=jsonpath='{.status.phase}'=WaitingForApproval agentrun/refund-order-4711 -n default --timeout=5m
+APV="$(kubectl get agentrun refund-order-4711 -n default -o jsonpath='{.status.steps[?(@.name=="issue-refund")].approval}')"
+kubectl patch approval "$APV" -n default --type merge -p '{"spec":{"decision":"Approved","comment":"kind smoke"}}'
+kubectl wait --for=jsonpath='{.status.phase}'=Succeeded agentrun/refund-order-4711 -n default --timeout=5m
 kubectl get ar -n default
-kubectl get ar kind-smoke -n default -o jsonpath='{.status.steps[*].result}{"\n"}'
-echo "kind smoke run succeeded; delete the cluster with: kind delete cluster --name $CLUSTER"
+kubectl get ar refund-order-4711 -n default -o jsonpath='{range .status.steps[*]}{.name}{": "}{.result}{"\n"}{end}'
+echo "kind sample runs succeeded; delete the cluster with: kind delete cluster --name $CLUSTER"

@@ -25,6 +25,7 @@ pub mod support {
     pub mod jaeger;
     pub mod kubectl;
     pub mod namespace;
+    pub mod node;
     pub mod pods;
     pub mod processes;
     pub mod scenario;

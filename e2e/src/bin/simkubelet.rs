@@ -261,6 +261,9 @@ impl Dispatcher {
             warn!(pod = %pod.name_any(), "pod without a uid; ignored");
             return;
         };
+        if for_a_real_node(&pod) {
+            return;
+        }
         let deleting = pod.metadata.deletion_timestamp.is_some();
         if let Some(tx) = self.pods.get(&uid) {
             // Errors only mean the task has finished its work.
@@ -272,6 +275,22 @@ impl Dispatcher {
         self.pods.insert(uid, tx);
         tokio::spawn(drive(self.ctx.clone(), pod, rx));
     }
+}
+
+/// The taint of the local real node (`e2e/cluster node up`); Pods that tolerate it, or
+/// that a scheduler has bound to any node, are a kubelet's, never ours.
+const REAL_NODE_TAINT: &str = "agentrun.dev/node";
+
+fn for_a_real_node(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    spec.node_name.as_deref().is_some_and(|n| !n.is_empty())
+        || spec
+            .tolerations
+            .iter()
+            .flatten()
+            .any(|t| t.key.as_deref() == Some(REAL_NODE_TAINT))
 }
 
 /// What the step does, from `SIM_STEP` (camelCase JSON). Unknown fields are an error so a
@@ -864,6 +883,26 @@ mod tests {
             .and_then(|s| s.for_attempt(attempt))
             .map(|s| s.behaviour(Duration::from_millis(100)))
             .expect("valid SIM_STEP")
+    }
+
+    #[test]
+    fn pods_for_the_real_node_are_left_to_its_kubelet() {
+        let pod = |spec: Value| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+        };
+        let containers = json!([{"name": "step", "image": "i"}]);
+        assert!(!for_a_real_node(&pod(json!({"containers": containers}))));
+        assert!(!for_a_real_node(&pod(json!({
+            "containers": containers,
+            "tolerations": [{"key": "other", "operator": "Exists"}],
+        }))));
+        assert!(for_a_real_node(&pod(json!({
+            "containers": containers,
+            "tolerations": [{"key": "agentrun.dev/node", "operator": "Exists", "effect": "NoSchedule"}],
+        }))));
+        assert!(for_a_real_node(&pod(json!({
+            "containers": containers, "nodeName": "agentrun-node",
+        }))));
     }
 
     #[test]

@@ -1,0 +1,159 @@
+//! The real local node (`e2e/cluster node up`): a kubelet with containerd and runc that
+//! runs step Pods for real, beside the plane's simulated kubelets.
+//!
+//! ```text
+//!   node scenario (namespace, operator; no simkubelet)
+//!     ├─ AgentRun podTemplate: nodeSelector agentrun.dev/node=real + toleration of its taint
+//!     │     └─▶ kube-scheduler binds the step Pod to agentrun-node ─▶ kubelet ─▶ containerd
+//!     └─ payments.py on the node bridge's gateway (10.213.0.1), reached by the step Pods
+//! ```
+//!
+//! simkubelet ignores Pods that tolerate the node's taint or are bound to a node, so the
+//! two never report the same Pod. Without a node every helper here panics and says how to
+//! start one: node tests never pass by skipping.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio::process::Command;
+
+use super::env::repo_root;
+use super::http::http_get;
+use super::processes::{Process, log_dir};
+
+pub const NODE_NAME: &str = "agentrun-node";
+/// Label and taint key of the node (value `real`).
+pub const NODE_KEY: &str = "agentrun.dev/node";
+/// The node bridge's gateway: this machine, as the Pods see it.
+pub const GATEWAY: &str = "10.213.0.1";
+pub const REFUND_AGENT_IMAGE: &str = "agentrun.local/refund-agent:0.1.0";
+pub const NODE_PROBE_IMAGE: &str = "agentrun.local/node-probe:0.1.0";
+
+const HOW: &str = "start it with `e2e/cluster up && e2e/cluster node up` (root; make test does)";
+
+/// Panics unless the node is registered, Ready, and its kubelet renewed its Lease within
+/// the last 40 s (there is no node-lifecycle controller to mark a dead kubelet NotReady).
+pub async fn require_node(client: &Client) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes
+        .get_opt(NODE_NAME)
+        .await
+        .unwrap_or_else(|e| panic!("reading node {NODE_NAME}: {e}"))
+        .unwrap_or_else(|| panic!("no node {NODE_NAME} on the plane: {HOW}"));
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone());
+    assert_eq!(
+        ready.as_deref(),
+        Some("True"),
+        "node {NODE_NAME} is not Ready: {HOW}"
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let renewed = leases
+        .get_opt(NODE_NAME)
+        .await
+        .unwrap_or_else(|e| panic!("reading the node lease: {e}"))
+        .and_then(|l| l.spec.and_then(|s| s.renew_time))
+        .unwrap_or_else(|| panic!("node {NODE_NAME} has no heartbeat lease: {HOW}"));
+    let age = jiff::Timestamp::now().duration_since(renewed.0);
+    assert!(
+        age < jiff::SignedDuration::from_secs(40),
+        "node {NODE_NAME}'s kubelet last renewed its lease {age:?} ago (dead?): {HOW}"
+    );
+}
+
+/// The podTemplate that puts a run's step Pods on the real node.
+pub fn pod_template() -> Value {
+    json!({
+        "nodeSelector": {NODE_KEY: "real"},
+        "tolerations": [{"key": NODE_KEY, "operator": "Equal", "value": "real", "effect": "NoSchedule"}],
+    })
+}
+
+/// The example's payments service on the bridge gateway, on a port of its own.
+pub struct Payments {
+    pub process: Process,
+    pub port: u16,
+}
+
+impl Payments {
+    /// Starts `examples/refund-agent/payments.py`; new refunds stay pending `settle_seconds`.
+    pub async fn start(namespace: &str, settle_seconds: f64) -> Payments {
+        let port = std::net::TcpListener::bind((GATEWAY, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("binding {GATEWAY} (is the node's bridge up? {HOW}): {e}"));
+        let mut cmd = Command::new("python3");
+        cmd.arg(repo_root().join("examples/refund-agent/payments.py"))
+            .arg("--listen")
+            .arg(format!("{GATEWAY}:{port}"))
+            .arg("--settle-seconds")
+            .arg(settle_seconds.to_string());
+        let process = Process::start("payments", cmd, log_dir(namespace).join("payments.log"))
+            .unwrap_or_else(|e| panic!("starting payments.py: {e}"));
+        let p = Payments { process, port };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while p.get("/healthz").await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "payments service did not start\n{}",
+                p.process.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        p
+    }
+
+    /// The URL step Pods use.
+    pub fn url(&self) -> String {
+        format!("http://{GATEWAY}:{}", self.port)
+    }
+
+    /// Everything the service recorded: refunds, notifications, requests per key.
+    pub async fn ledger(&self) -> Value {
+        let body = self
+            .get("/ledger")
+            .await
+            .unwrap_or_else(|e| panic!("GET /ledger: {e}\n{}", self.process.log_tail(20)));
+        serde_json::from_str(&body).expect("the ledger is JSON")
+    }
+
+    async fn get(&self, path: &str) -> Result<String, String> {
+        let addr = SocketAddr::new(GATEWAY.parse().expect("an IPv4 address"), self.port);
+        match tokio::time::timeout(Duration::from_secs(5), http_get(addr, path)).await {
+            Ok(Ok((200, body))) => Ok(body),
+            Ok(Ok((code, body))) => Err(format!("HTTP {code}: {body}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within 5 s".into()),
+        }
+    }
+}
+
+/// A scenario whose step Pods run on the real node: namespace and operator, no simkubelet.
+/// Panics first if the node is not there.
+pub async fn node_scenario(test_name: &str) -> super::scenario::Scenario {
+    let env = super::env::TestEnv::new(test_name).await;
+    require_node(&env.client()).await;
+    let ns = env.namespace().to_owned();
+    let operator_config = super::processes::OperatorConfig::new(&ns);
+    let operator = Some(super::processes::start_operator(&operator_config));
+    super::scenario::Scenario {
+        ledger_path: log_dir(&ns).join("ledger.jsonl"),
+        env: Some(env),
+        operator,
+        operator_config,
+        simkubelet: None,
+    }
+}
+
+/// A step container of one of the node's images (never pulled: imported by `node up`).
+pub fn container(image: &str, args: &[&str], env: Value) -> Value {
+    json!({"image": image, "imagePullPolicy": "IfNotPresent", "args": args, "env": env})
+}

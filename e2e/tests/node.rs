@@ -1,0 +1,403 @@
+//! Step Pods on the real local node (`e2e/cluster node up`): a kubelet, containerd and runc
+//! run the example refund agent and the node-probe image; the payments service on the
+//! node bridge's gateway counts what really happened. No simkubelet runs here, and every
+//! test fails (never skips) when the node is missing.
+
+use std::time::Duration;
+
+use agentrun_e2e::kubectl_ok;
+use agentrun_e2e::support::node::{
+    NODE_NAME, NODE_PROBE_IMAGE, Payments, REFUND_AGENT_IMAGE, container, node_scenario,
+    pod_template,
+};
+use agentrun_e2e::support::scenario::{Scenario, phase, status};
+use agentrun_operator::api::{AgentRun, RunPhase, StepCheckpoint, StepPhase};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::EvictParams;
+use serde_json::{Value, json};
+
+/// Real containers start in seconds, but the machine is shared with builds.
+const RUN_TIMEOUT: Duration = Duration::from_secs(180);
+
+fn step(run: &AgentRun, name: &str) -> StepCheckpoint {
+    status(run)
+        .steps
+        .into_iter()
+        .rev()
+        .find(|c| c.name == name && c.role.is_step())
+        .unwrap_or_else(|| panic!("no checkpoint for step {name}"))
+}
+
+fn agent(args: &[&str], payments: &Payments) -> Value {
+    container(
+        REFUND_AGENT_IMAGE,
+        args,
+        json!([{"name": "PAYMENTS_API_URL", "value": payments.url()}]),
+    )
+}
+
+fn probe(args: &[&str]) -> Value {
+    container(NODE_PROBE_IMAGE, args, json!([]))
+}
+
+fn assert_succeeded(run: &AgentRun) {
+    assert_eq!(
+        phase(run),
+        Some(RunPhase::Succeeded),
+        "run {} did not succeed: {}",
+        run.metadata.name.as_deref().unwrap_or("?"),
+        serde_json::to_string_pretty(&run.status).unwrap_or_default()
+    );
+}
+
+async fn finished(s: &Scenario, name: &str) -> AgentRun {
+    s.wait_finished(name, RUN_TIMEOUT).await
+}
+
+/// config/samples/agentrun_refund.yaml as it is, with the example image, against the
+/// example payments service (its URL in the ConfigMap the sample reads).
+#[tokio::test]
+async fn refund_sample_runs_to_completion_on_the_real_node() {
+    let s = node_scenario("node-refund").await;
+    let payments = Payments::start(s.namespace(), 0.0).await;
+    let configmap = serde_json::to_string(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "refund-agent", "namespace": s.namespace()},
+        "data": {"PAYMENTS_API_URL": payments.url()},
+    }))
+    .expect("json");
+    let cm_file = agentrun_e2e::support::processes::log_dir(s.namespace()).join("configmap.json");
+    std::fs::write(&cm_file, configmap).expect("writing the ConfigMap");
+    let sample = agentrun_e2e::repo_root().join("config/samples/agentrun_refund.yaml");
+    for f in [&cm_file, &sample] {
+        kubectl_ok([
+            "apply".as_ref(),
+            "-n".as_ref(),
+            s.namespace().as_ref(),
+            "-f".as_ref(),
+            f.as_os_str(),
+        ])
+        .await;
+    }
+    let waiting = s
+        .wait_run(
+            "refund-order-4711",
+            "waiting for approval",
+            RUN_TIMEOUT,
+            |r| phase(r) == Some(RunPhase::WaitingForApproval),
+        )
+        .await;
+    let approval = step(&waiting, "issue-refund")
+        .approval
+        .expect("issue-refund names its Approval");
+    s.decide(&approval, "Approved", "checked the photos").await;
+    let run = finished(&s, "refund-order-4711").await;
+    assert_succeeded(&run);
+
+    assert_eq!(
+        step(&run, "lookup-order").result,
+        Some(
+            json!({"orderId": 4711, "amount": "23.90 EUR", "status": "delivered",
+                    "customer": "c-1029", "note": "item arrived damaged"})
+        )
+    );
+    // draft-refund read lookup-order's result from its context file.
+    assert_eq!(
+        step(&run, "draft-refund").result,
+        Some(
+            json!({"orderId": 4711, "amount": "23.90 EUR", "reason": "item arrived damaged",
+                    "confidence": 0.92})
+        )
+    );
+    let issue = step(&run, "issue-refund");
+    assert_eq!(
+        issue.result,
+        Some(
+            json!({"refundId": "re_0001", "orderId": 4711, "amount": "23.90 EUR",
+                    "state": "succeeded", "replayed": false})
+        )
+    );
+    assert_eq!(
+        step(&run, "notify-customer").result,
+        Some(json!({"messageId": "msg-00001", "channel": "email"}))
+    );
+    let draft_tokens = step(&run, "draft-refund")
+        .tokens
+        .expect("draft-refund reported tokens");
+    assert!(
+        draft_tokens.input > 0 && draft_tokens.output > 0,
+        "{draft_tokens:?}"
+    );
+    assert_eq!(status(&run).tokens_used, draft_tokens.total());
+
+    // What the payments service saw: one refund, made with the step's key.
+    let ledger = payments.ledger().await;
+    let refunds = ledger["refunds"].as_array().expect("refunds");
+    assert_eq!(refunds.len(), 1, "ledger: {ledger}");
+    assert_eq!(refunds[0]["idempotencyKey"], json!(issue.idempotency_key));
+    assert_eq!(ledger["requestsByKey"][&issue.idempotency_key], json!(1));
+
+    // The Pods really ran on the node.
+    let pod = s
+        .pods()
+        .get(issue.pod.as_deref().expect("pod"))
+        .await
+        .expect("issue-refund pod");
+    assert_eq!(
+        pod.spec.and_then(|p| p.node_name).as_deref(),
+        Some(NODE_NAME)
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn context_file_holds_the_previous_steps_result() {
+    let s = node_scenario("node-context").await;
+    s.create_run(
+        "context",
+        json!({
+            "podTemplate": pod_template(),
+            "steps": [
+                {"name": "first", "effect": "None", "timeout": "60s",
+                 "container": probe(&["sleep", "--seconds", "0.1"])},
+                {"name": "second", "effect": "None", "timeout": "60s",
+                 "container": probe(&["context"])},
+            ],
+        }),
+    )
+    .await;
+    let run = finished(&s, "context").await;
+    assert_succeeded(&run);
+    let second = step(&run, "second");
+    assert_eq!(
+        second.result,
+        Some(json!({
+            "results": [{"step": "first", "result": {"slept": 0.1}}],
+            "idempotencyKey": second.idempotency_key,
+            "attempt": 1,
+        }))
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
+    let s = node_scenario("node-evict").await;
+    // A refund stays pending 20 s: the step is still running when it is evicted.
+    let payments = Payments::start(s.namespace(), 20.0).await;
+    s.create_run(
+        "evict",
+        json!({
+            "podTemplate": pod_template(),
+            "steps": [
+                {"name": "lookup-order", "effect": "None", "timeout": "60s",
+                 "container": agent(&["lookup-order", "--order-id=4711"], &payments)},
+                {"name": "draft-refund", "effect": "None", "timeout": "60s",
+                 "container": agent(&["draft-refund"], &payments)},
+                {"name": "issue-refund", "effect": "Idempotent", "timeout": "120s",
+                 "container": agent(&["issue-refund", "--from-context=draft-refund"], &payments)},
+            ],
+        }),
+    )
+    .await;
+    let (before, pod) = s
+        .wait_step_running("evict", "issue-refund", RUN_TIMEOUT)
+        .await;
+    let key = step(&before, "issue-refund").idempotency_key.clone();
+    // Evict once the refund exists: the effect has happened, the step has not finished.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while payments.ledger().await["refunds"]
+        .as_array()
+        .is_none_or(|r| r.is_empty())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no refund was requested"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    s.pods()
+        .evict(&pod, &EvictParams::default())
+        .await
+        .expect("eviction accepted");
+    // The kubelet stops the container and reports the disruption; the watch sees that
+    // update before the Pod goes (the operator's finalizer holds it until its outcome is
+    // recorded).
+    let p = agentrun_e2e::wait_for(
+        &s.pods(),
+        &pod,
+        |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|st| st.phase.as_deref())
+                == Some("Failed")
+        },
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("the evicted Pod, Failed");
+    let cond = p
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "DisruptionTarget").cloned())
+        .expect("the evicted Pod carries DisruptionTarget");
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_deref()),
+        ("True", Some("EvictionByEvictionAPI"))
+    );
+    // SIGTERM reached the agent, which stopped at once (the SDK's handler: 128 + 15),
+    // rather than being killed after the grace period (137).
+    let exit = p
+        .status
+        .and_then(|st| st.container_statuses)
+        .and_then(|cs| cs.into_iter().next())
+        .and_then(|c| c.state)
+        .and_then(|st| st.terminated)
+        .map(|t| t.exit_code);
+    assert_eq!(exit, Some(143));
+
+    let run = finished(&s, "evict").await;
+    assert_succeeded(&run);
+    let issue = step(&run, "issue-refund");
+    assert_eq!(issue.idempotency_key, key, "same key after the eviction");
+    assert_eq!(
+        (issue.disruptions, issue.failures, issue.attempt),
+        (1, 0, 2)
+    );
+    assert_ne!(
+        issue.pod.as_deref(),
+        Some(pod.as_str()),
+        "a new Pod for attempt 2"
+    );
+    assert_eq!(
+        issue.result,
+        Some(
+            json!({"refundId": "re_0001", "orderId": 4711, "amount": "23.90 EUR",
+                    "state": "succeeded", "replayed": true})
+        )
+    );
+    // Two requests carried the key; the payments service refunded once.
+    let ledger = payments.ledger().await;
+    assert_eq!(
+        ledger["refunds"].as_array().map(Vec::len),
+        Some(1),
+        "ledger: {ledger}"
+    );
+    assert_eq!(ledger["requestsByKey"][&key], json!(2), "ledger: {ledger}");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn oom_killed_step_is_a_failure_with_that_reason() {
+    let s = node_scenario("node-oom").await;
+    let mut c = probe(&["oom", "--mib", "400"]);
+    c["resources"] = json!({"limits": {"memory": "64Mi"}, "requests": {"memory": "64Mi"}});
+    s.create_run(
+        "oom",
+        json!({
+            "podTemplate": pod_template(),
+            "steps": [{"name": "hog", "effect": "None", "timeout": "90s",
+                       "retry": {"limit": 0}, "container": c}],
+        }),
+    )
+    .await;
+    let run = finished(&s, "oom").await;
+    assert_eq!(phase(&run), Some(RunPhase::Failed));
+    let hog = step(&run, "hog");
+    assert_eq!(hog.phase, StepPhase::Failed);
+    assert_eq!(hog.failures, 1);
+    let message = hog.message.unwrap_or_default();
+    assert!(
+        message.contains("OOMKilled"),
+        "checkpoint message: {message}"
+    );
+    s.finish().await;
+}
+
+const PARTIAL: &str = r#"{"result":{"error":"upstream tool returned 503 after 2 of 5 pages","pagesDone":2},"tokens":{"input":12,"output":3}}"#;
+
+async fn run_partial(s: &Scenario) -> AgentRun {
+    s.create_run(
+        "partial",
+        json!({
+            "podTemplate": pod_template(),
+            "steps": [{"name": "pages", "effect": "None", "timeout": "60s",
+                       "retry": {"limit": 0}, "container": probe(&["fail-partial"])}],
+        }),
+    )
+    .await;
+    s.wait_finished("partial", RUN_TIMEOUT).await
+}
+
+#[tokio::test]
+async fn non_zero_exit_with_a_partial_message_is_a_failure_that_counts_its_tokens() {
+    let s = node_scenario("node-partial").await;
+    let run = run_partial(&s).await;
+    assert_eq!(phase(&run), Some(RunPhase::Failed));
+    let pages = step(&run, "pages");
+    assert_eq!((pages.phase, pages.failures), (StepPhase::Failed, 1));
+    assert_eq!(
+        pages.message.as_deref(),
+        Some("attempt 1 exited with code 3 (Error); no retries left (limit 0)")
+    );
+    // Tokens of a failed attempt still count (D9): read from the partial message.
+    assert_eq!(status(&run).tokens_used, 15);
+    // The kubelet delivered the partial message in the container's terminated state.
+    let pod = s
+        .pods()
+        .get(pages.pod.as_deref().expect("pod"))
+        .await
+        .expect("the step Pod");
+    let term = pod
+        .status
+        .and_then(|st| st.container_statuses)
+        .and_then(|cs| cs.into_iter().next())
+        .and_then(|c| c.state)
+        .and_then(|st| st.terminated)
+        .expect("a terminated container");
+    assert_eq!(
+        (term.exit_code, term.message.as_deref()),
+        (3, Some(PARTIAL))
+    );
+    s.finish().await;
+}
+
+/// Known gap in the operator: for a non-zero exit the engine (src/engine/machine/running.rs,
+/// `Observation::Failed`) reads only the tokens from the termination message and drops the
+/// rest, so a person sees "exited with code 3" but not what the step said. Run with
+/// `cargo test --test node -- --ignored` once the engine quotes the message.
+#[tokio::test]
+#[ignore = "the engine does not yet quote a failed attempt's termination message in its checkpoint"]
+async fn a_failed_attempts_partial_message_is_shown_in_its_checkpoint() {
+    let s = node_scenario("node-partial-shown").await;
+    let run = run_partial(&s).await;
+    let message = step(&run, "pages").message.unwrap_or_default();
+    assert!(
+        message.contains("upstream tool returned 503 after 2 of 5 pages"),
+        "checkpoint message: {message}"
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn kubectl_logs_shows_a_step_pods_output() {
+    let s = node_scenario("node-logs").await;
+    s.create_run(
+        "logs",
+        json!({
+            "podTemplate": pod_template(),
+            "steps": [{"name": "talk", "effect": "None", "timeout": "60s",
+                       "container": probe(&["logs", "--lines", "3"])}],
+        }),
+    )
+    .await;
+    let run = finished(&s, "logs").await;
+    assert_succeeded(&run);
+    let pod = step(&run, "talk").pod.expect("pod");
+    let out = kubectl_ok(["logs", "-n", s.namespace(), &pod]).await;
+    assert_eq!(
+        out,
+        "probe log line 1 of 3 (step talk)\nprobe log line 2 of 3 (step talk)\nprobe log line 3 of 3 (step talk)\n"
+    );
+    s.finish().await;
+}

@@ -1,0 +1,228 @@
+"""The step side of agentrun-operator's step contract (docs/step-contract.md).
+
+A step reads who it is from ``AGENTRUN_*`` environment variables and what came before from
+the context file, does its work, and writes one JSON object to its termination message::
+
+    from agentrun_step import Step
+
+    step = Step.load()
+    order = step.result_of("lookup-order")
+    refund = payments.refund(order, idempotency_key=step.idempotency_key,
+                             headers=step.headers())
+    step.succeed({"refundId": refund["id"]}, tokens={"input": 820, "output": 140})
+
+Standard library only. The kubelet keeps at most 4096 bytes of a termination message and
+cuts the rest, which the operator then cannot parse; ``succeed`` and ``fail`` refuse a
+message over that limit with ``MessageTooLarge`` before anything is written.
+"""
+
+import json
+import os
+import signal
+import sys
+
+__all__ = ["Step", "StepError", "MessageTooLarge", "Terminated", "MAX_MESSAGE_BYTES",
+           "encode_message", "write_message", "exit_on_sigterm"]
+
+#: What the kubelet keeps of a termination message.
+MAX_MESSAGE_BYTES = 4096
+#: The Pod's default terminationMessagePath.
+DEFAULT_MESSAGE_PATH = "/dev/termination-log"
+DEFAULT_CONTEXT_FILE = "/agentrun/context.json"
+
+ENV_IDEMPOTENCY_KEY = "AGENTRUN_IDEMPOTENCY_KEY"
+ENV_RUN = "AGENTRUN_RUN"
+ENV_STEP = "AGENTRUN_STEP"
+ENV_ATTEMPT = "AGENTRUN_ATTEMPT"
+ENV_PLAN_REVISION = "AGENTRUN_PLAN_REVISION"
+ENV_CONTEXT_FILE = "AGENTRUN_CONTEXT_FILE"
+#: Not set by the operator: lets tests and local runs write the message elsewhere.
+ENV_MESSAGE_PATH = "AGENTRUN_TERMINATION_MESSAGE_PATH"
+#: W3C trace context of the run, when the operator or the platform sets one.
+ENV_TRACEPARENT = "TRACEPARENT"
+ENV_TRACESTATE = "TRACESTATE"
+
+
+class StepError(Exception):
+    """The step's environment or context does not follow the contract."""
+
+
+class MessageTooLarge(StepError):
+    """The termination message would exceed what the kubelet keeps (4096 bytes)."""
+
+    def __init__(self, size, limit=MAX_MESSAGE_BYTES):
+        super().__init__(
+            f"termination message is {size} bytes, over the {limit}-byte limit: "
+            "return a reference (e.g. an object key derived from the idempotency key) "
+            "instead of the data")
+        self.size = size
+        self.limit = limit
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived (eviction, deletion, timeout): the attempt stops without a result."""
+
+    def __init__(self):
+        super().__init__(128 + signal.SIGTERM)
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def exit_on_sigterm():
+    """Makes SIGTERM end the process (exit 143) by raising ``Terminated``.
+
+    A container's first process is PID 1 of its namespace, and the kernel does not apply a
+    signal's default action to PID 1: without a handler, SIGTERM is ignored and the kubelet
+    kills the step only after the grace period (exit 137). ``Step.load`` installs this.
+    """
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave signals to the program
+        pass
+
+
+def _tokens(tokens):
+    if tokens is None:
+        return None
+    if isinstance(tokens, dict):
+        inp, out = tokens.get("input", 0), tokens.get("output", 0)
+    else:
+        inp, out = tokens
+    for name, v in (("input", inp), ("output", out)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise StepError(f"tokens.{name} must be a non-negative integer, got {v!r}")
+    return {"input": inp, "output": out}
+
+
+def encode_message(result=None, tokens=None, plan=None, summary=None):
+    """The termination message as bytes, checked against the 4096-byte limit."""
+    msg = {"result": result}
+    t = _tokens(tokens)
+    if t is not None:
+        msg["tokens"] = t
+    if plan is not None:
+        msg["plan"] = plan
+    if summary is not None:
+        msg["summary"] = summary
+    data = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise MessageTooLarge(len(data))
+    return data
+
+
+def write_message(data, path=None):
+    """Writes an encoded message in one write (the contract: once, at the end)."""
+    path = path or os.environ.get(ENV_MESSAGE_PATH) or DEFAULT_MESSAGE_PATH
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+class Step:
+    """Who this attempt is (from the environment) and what it may use (the context file)."""
+
+    def __init__(self, env, context, message_path=None):
+        self.context = context
+        self.idempotency_key = self._require(env, ENV_IDEMPOTENCY_KEY)
+        self.run = self._require(env, ENV_RUN)
+        self.step = self._require(env, ENV_STEP)
+        self.attempt = self._int(env, ENV_ATTEMPT)
+        self.plan_revision = self._int(env, ENV_PLAN_REVISION)
+        self.traceparent = env.get(ENV_TRACEPARENT) or None
+        self.tracestate = env.get(ENV_TRACESTATE) or None
+        self.message_path = message_path or env.get(ENV_MESSAGE_PATH) or DEFAULT_MESSAGE_PATH
+        # The context's identity duplicates the environment; the environment wins.
+        self.run_uid = context.get("runUid")
+        self.role = context.get("role", "step")
+        self.summary = context.get("summary")
+        #: Earlier steps' committed results, oldest first: [{"step": name, "result": ...}].
+        self.results = list(context.get("results") or [])
+        #: How many older results were left out to stay within spec.context.maxBytes.
+        self.omitted_results = int(context.get("omittedResults") or 0)
+        self.written = False
+
+    @classmethod
+    def load(cls, env=None, message_path=None, handle_sigterm=True):
+        """Reads the environment and the context file it names; with ``handle_sigterm``
+        (the default) SIGTERM then ends the step promptly (see ``exit_on_sigterm``)."""
+        if handle_sigterm:
+            exit_on_sigterm()
+        env = os.environ if env is None else env
+        path = env.get(ENV_CONTEXT_FILE) or DEFAULT_CONTEXT_FILE
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise StepError(f"cannot read the context file {path}: {e.strerror}") from e
+        try:
+            context = json.loads(text) if text.strip() else {}
+        except ValueError as e:
+            raise StepError(f"the context file {path} is not JSON: {e}") from e
+        if not isinstance(context, dict):
+            raise StepError(f"the context file {path} holds {type(context).__name__}, not an object")
+        return cls(env, context, message_path)
+
+    @staticmethod
+    def _require(env, name):
+        v = env.get(name)
+        if not v:
+            raise StepError(f"{name} is not set: is this running as an agentrun step?")
+        return v
+
+    @staticmethod
+    def _int(env, name):
+        v = Step._require(env, name)
+        try:
+            return int(v)
+        except ValueError:
+            raise StepError(f"{name} must be an integer, got {v!r}") from None
+
+    def result_of(self, name, default=None):
+        """The committed result of an earlier step, by name (the newest one listed)."""
+        for r in reversed(self.results):
+            if r.get("step") == name:
+                return r.get("result")
+        if default is not None:
+            return default
+        raise StepError(f"no result of step {name!r} in the context "
+                        f"(has: {', '.join(r.get('step', '?') for r in self.results) or 'none'})")
+
+    def headers(self):
+        """Headers for a request that changes an external system: the idempotency key, and
+        the trace context when there is one."""
+        h = {"Idempotency-Key": self.idempotency_key}
+        if self.traceparent:
+            h["traceparent"] = self.traceparent
+            if self.tracestate:
+                h["tracestate"] = self.tracestate
+        return h
+
+    def _write(self, data):
+        if self.written:
+            raise StepError("the termination message was already written (write it once, at the end)")
+        write_message(data, self.message_path)
+        self.written = True
+
+    def succeed(self, result=None, tokens=None, plan=None, summary=None):
+        """Writes the result (and token usage) to the termination message; exit 0 after it."""
+        self._write(encode_message(result, tokens, plan, summary))
+
+    def fail(self, reason, result=None, tokens=None, exit_code=1):
+        """Reports what is known (tokens count against the budget even on failure), prints
+        the reason to stderr and exits non-zero: the attempt failed and may be retried with
+        the same idempotency key."""
+        if exit_code == 0:
+            raise StepError("fail() needs a non-zero exit code")
+        partial = {"error": str(reason)}
+        if isinstance(result, dict):
+            partial.update(result)
+        elif result is not None:
+            partial["partial"] = result
+        try:
+            data = encode_message(partial, tokens)
+        except MessageTooLarge:
+            data = encode_message({"error": str(reason)[:1024]}, tokens)
+        self._write(data)
+        print(f"step {self.step} attempt {self.attempt} failed: {reason}", file=sys.stderr)
+        sys.exit(exit_code)
