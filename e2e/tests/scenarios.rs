@@ -177,7 +177,9 @@ async fn four_step_run_succeeds_with_one_execution_per_key() {
         .collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "STEP", "PROGRESS", "TOKENS", "AGE"],
+        [
+            "NAME", "PHASE", "REASON", "STEP", "PROGRESS", "TOKENS", "AGE"
+        ],
         "{table}"
     );
     let row: Vec<&str> = table
