@@ -338,7 +338,9 @@ async fn non_zero_exit_with_a_partial_message_is_a_failure_that_counts_its_token
     assert_eq!((pages.phase, pages.failures), (StepPhase::Failed, 1));
     assert_eq!(
         pages.message.as_deref(),
-        Some("attempt 1 exited with code 3 (Error); no retries left (limit 0)")
+        Some(
+            r#"attempt 1 exited with code 3 (Error): "upstream tool returned 503 after 2 of 5 pages"; no retries left (limit 0)"#
+        )
     );
     // Tokens of a failed attempt still count (D9): read from the partial message.
     assert_eq!(status(&run).tokens_used, 15);
@@ -362,12 +364,9 @@ async fn non_zero_exit_with_a_partial_message_is_a_failure_that_counts_its_token
     s.finish().await;
 }
 
-/// Known gap in the operator: for a non-zero exit the engine (src/engine/machine/running.rs,
-/// `Observation::Failed`) reads only the tokens from the termination message and drops the
-/// rest, so a person sees "exited with code 3" but not what the step said. Run with
-/// `cargo test --test node -- --ignored` once the engine quotes the message.
+/// A failed attempt's checkpoint says what the step said: the `error` the SDK
+/// wrote into its termination message, next to the exit code.
 #[tokio::test]
-#[ignore = "the engine does not yet quote a failed attempt's termination message in its checkpoint"]
 async fn a_failed_attempts_partial_message_is_shown_in_its_checkpoint() {
     let s = node_scenario("node-partial-shown").await;
     let run = run_partial(&s).await;

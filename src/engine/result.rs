@@ -83,6 +83,29 @@ pub fn parse(message: Option<&str>) -> Result<StepReport, String> {
     })
 }
 
+/// What a failed attempt said about its failure, for its checkpoint: the
+/// `error` of its result (`{"result": {"error": "…"}, "tokens": …}`, what the
+/// step SDKs write), or the start of a message that is not JSON.
+pub fn failure_reason(message: Option<&str>) -> Option<String> {
+    let m = message?.trim();
+    if m.is_empty() {
+        return None;
+    }
+    match serde_json::from_str::<Value>(m) {
+        Ok(v) => {
+            let error = v
+                .get("result")
+                .and_then(|r| r.get("error"))
+                .or_else(|| v.get("error"))?;
+            let text = error
+                .as_str()
+                .map_or_else(|| error.to_string(), str::to_owned);
+            (!text.is_empty()).then(|| quote(&text))
+        }
+        Err(_) => Some(quote(m)),
+    }
+}
+
 /// Tokens from a message that may be malformed: failed and disrupted attempts
 /// still count what they report (D9), and report nothing when unreadable.
 pub fn tokens_best_effort(message: Option<&str>) -> TokenUsage {

@@ -351,8 +351,12 @@ impl<'a> Machine<'a> {
                 message,
             } => {
                 let tokens = result::tokens_best_effort(message.as_deref());
+                // What the step said about it, where it said something.
+                let said = result::failure_reason(message.as_deref())
+                    .map(|t| format!(": {t}"))
+                    .unwrap_or_default();
                 let why = format!(
-                    "attempt {} exited with code {exit_code} ({reason})",
+                    "attempt {} exited with code {exit_code} ({reason}){said}",
                     r.attempt
                 );
                 self.attempt_failed(plan, slot, why, tokens, false);

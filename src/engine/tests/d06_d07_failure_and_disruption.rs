@@ -418,3 +418,30 @@ fn a_deleted_pod_that_traps_sigterm_and_exits_1_is_a_disruption() {
         "a person says what happened"
     );
 }
+
+/// A failed attempt's checkpoint says what the step said about its failure:
+/// the `error` its SDK wrote, or the start of a message that is not JSON.
+#[test]
+fn a_failed_attempt_says_what_the_step_said() {
+    let cases = [
+        (
+            r#"{"result": {"error": "upstream tool returned 503 after 2 of 5 pages", "pagesDone": 2}, "tokens": {"input": 10, "output": 5}}"#,
+            r#"attempt 1 exited with code 3 (Error): "upstream tool returned 503 after 2 of 5 pages"; no retries left (limit 0)"#,
+        ),
+        (
+            "panic: index out of range",
+            r#"attempt 1 exited with code 3 (Error): "panic: index out of range"; no retries left (limit 0)"#,
+        ),
+        (
+            r#"{"tokens": {"input": 1}}"#,
+            "attempt 1 exited with code 3 (Error); no retries left (limit 0)",
+        ),
+    ];
+    for (message, want) in cases {
+        let mut w = World::new(AgentRun::test().with_steps([step("a")]));
+        w.settle();
+        w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(3, message));
+        w.settle();
+        assert_eq!(cp(&w, "a", 1).message.as_deref(), Some(want), "{message}");
+    }
+}
