@@ -1334,6 +1334,14 @@ const CURRENT: Lags = Lags {
     approvals: 0,
 };
 
+/// A reconcile without faults.
+fn reconcile() -> Ev {
+    Ev::Reconcile {
+        fault: None,
+        crash: None,
+    }
+}
+
 /// Attempt 1 is recorded; the process dies before creating its Pod.
 fn crash_before_create() -> Ev {
     Ev::Reconcile {
@@ -1468,27 +1476,15 @@ fn a_pod_cache_older_than_a_recreated_pod_does_not_count_its_predecessor() {
     strictly(
         &[plain_step(0, 0, false)],
         vec![
-            Ev::Reconcile {
-                fault: None,
-                crash: None,
-            },
-            Ev::Reconcile {
-                fault: None,
-                crash: None,
-            },
+            reconcile(),
+            reconcile(),
             Ev::Kubelet { which: 0, what: 5 },
             Ev::ClockJump(30),
             Ev::Kubelet { which: 0, what: 0 },
             Ev::Vanish(0),
             Ev::SyncAll,
-            Ev::Reconcile {
-                fault: None,
-                crash: None,
-            },
-            Ev::Reconcile {
-                fault: None,
-                crash: None,
-            },
+            reconcile(),
+            reconcile(),
             Ev::UserDelete(0),
             Ev::Human {
                 which: 0,
@@ -1501,10 +1497,7 @@ fn a_pod_cache_older_than_a_recreated_pod_does_not_count_its_predecessor() {
                 approvals: 0,
             }),
             Ev::Kubelet { which: 0, what: 0 },
-            Ev::Reconcile {
-                fault: None,
-                crash: None,
-            },
+            reconcile(),
         ],
     );
 }

@@ -410,33 +410,33 @@ impl World {
     /// A person decides, as the API server takes it: refused (false) once
     /// the Approval is no longer pending; stamped with the server's time.
     pub fn decide_approval(&mut self, name: &str, decision: Answer, manager: &str) -> bool {
-        let now = self.now;
-        let a = self
-            .approvals
-            .get_mut(name)
-            .unwrap_or_else(|| panic!("no approval {name}"));
-        if a.status
-            .as_ref()
-            .is_some_and(|s| s.phase != ApprovalPhase::Pending)
-        {
-            return false;
-        }
-        a.spec.decision = Some(decision);
-        a.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
-            manager: Some(manager.into()),
-            operation: Some("Update".into()),
-            time: Some(Time(now)),
-            fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:decision": {}}}))),
-            ..ManagedFieldsEntry::default()
-        }]);
-        a.metadata.resource_version = Some(format!("{}", self.next_uid));
-        self.next_uid += 1;
-        true
+        self.person_writes(name, manager, "f:decision", |a| {
+            a.spec.decision = Some(decision)
+        })
     }
 
     /// A person votes, as the API server takes it: refused (false) once the
     /// Approval is no longer pending; the votes stamped with the server's time.
     pub fn vote(&mut self, name: &str, user: &str, decision: Answer) -> bool {
+        self.person_writes(name, "kubectl-patch", "f:votes", |a| {
+            a.spec.votes.push(crate::api::Vote {
+                user: user.into(),
+                decision,
+                comment: Some(format!("{user} says {decision:?}")),
+            })
+        })
+    }
+
+    /// An update of `spec.<field>` by `manager`, refused once the Approval is
+    /// no longer pending, its managedFields entry stamped with the server's
+    /// time.
+    fn person_writes(
+        &mut self,
+        name: &str,
+        manager: &str,
+        field: &str,
+        change: impl FnOnce(&mut Approval),
+    ) -> bool {
         let now = self.now;
         let a = self
             .approvals
@@ -448,16 +448,12 @@ impl World {
         {
             return false;
         }
-        a.spec.votes.push(crate::api::Vote {
-            user: user.into(),
-            decision,
-            comment: Some(format!("{user} says {decision:?}")),
-        });
+        change(a);
         a.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
-            manager: Some("kubectl-patch".into()),
+            manager: Some(manager.into()),
             operation: Some("Update".into()),
             time: Some(Time(now)),
-            fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:votes": {}}}))),
+            fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {field: {}}}))),
             ..ManagedFieldsEntry::default()
         }]);
         a.metadata.resource_version = Some(format!("{}", self.next_uid));

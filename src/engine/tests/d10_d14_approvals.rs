@@ -286,6 +286,18 @@ fn payments_leads() -> crate::api::Approvers {
     }
 }
 
+/// Step `a` behind a gate that needs two of alice, bob, carol and the
+/// refund bot; asked.
+fn quorum_of_two() -> (World, &'static str) {
+    let mut w = World::new(
+        AgentRun::test().with_steps([step("a")
+            .with_approval(None, OnTimeout::Reject)
+            .with_approvers(payments_leads(), 2)]),
+    );
+    w.settle();
+    (w, "run-a-2b8d3c-r1-approve")
+}
+
 /// The gate's approver policy travels into the Approval, where the API
 /// server's policies read it: approvers (ServiceAccounts resolved to the
 /// run's namespace), quorum, and who created the run.
@@ -321,13 +333,7 @@ fn an_approval_carries_the_gates_approvers_quorum_and_the_runs_creator() {
 /// the decision is taken again and again (a restart, a requeue).
 #[test]
 fn a_quorum_releases_the_step_once_after_enough_distinct_votes() {
-    let mut w = World::new(
-        AgentRun::test().with_steps([step("a")
-            .with_approval(None, OnTimeout::Reject)
-            .with_approvers(payments_leads(), 2)]),
-    );
-    w.settle();
-    let name = "run-a-2b8d3c-r1-approve";
+    let (mut w, name) = quorum_of_two();
     assert!(w.vote(name, "alice", Answer::Approved));
     w.settle();
     assert!(w.pods.is_empty(), "one vote of two starts nothing");
@@ -369,13 +375,7 @@ fn a_quorum_releases_the_step_once_after_enough_distinct_votes() {
 /// One rejection rejects, whatever the approvals so far.
 #[test]
 fn one_rejecting_vote_rejects_the_step() {
-    let mut w = World::new(
-        AgentRun::test().with_steps([step("a")
-            .with_approval(None, OnTimeout::Reject)
-            .with_approvers(payments_leads(), 2)]),
-    );
-    w.settle();
-    let name = "run-a-2b8d3c-r1-approve";
+    let (mut w, name) = quorum_of_two();
     w.vote(name, "alice", Answer::Approved);
     w.vote(name, "carol", Answer::Rejected);
     w.settle();
