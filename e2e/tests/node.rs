@@ -284,6 +284,39 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
         "ledger: {ledger}"
     );
     assert_eq!(ledger["requestsByKey"][&key], json!(2), "ledger: {ledger}");
+
+    // `kubectl agentrun logs` shows both attempts, in order, each headed.
+    let out = tokio::process::Command::new(agentrun_e2e::support::processes::plugin_binary())
+        .arg("--kubeconfig")
+        .arg(agentrun_e2e::kubeconfig())
+        .args(["-n", s.namespace(), "logs", "evict", "issue-refund"])
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .expect("running kubectl-agentrun logs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second_pod = issue.pod.clone().expect("attempt 2's Pod");
+    let at = |needle: String| {
+        text.find(&needle)
+            .unwrap_or_else(|| panic!("the logs lack {needle:?}:\n{text}"))
+    };
+    let first = at(format!(
+        "==> {pod} (step issue-refund, attempt 1, step) <=="
+    ));
+    let said_first = at(format!("step issue-refund attempt 1 key {key}"));
+    let second = at(format!(
+        "==> {second_pod} (step issue-refund, attempt 2, step) <=="
+    ));
+    let said_second = at(format!("step issue-refund attempt 2 key {key}"));
+    assert!(
+        first < said_first && said_first < second && second < said_second,
+        "attempts out of order:\n{text}"
+    );
     s.finish().await;
 }
 
