@@ -27,6 +27,7 @@ pub mod support {
     pub mod namespace;
     pub mod node;
     pub mod pods;
+    pub mod policies;
     pub mod processes;
     pub mod scenario;
     pub mod wait;

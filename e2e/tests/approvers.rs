@@ -14,73 +14,17 @@
 //!
 //! Needs the plane and `e2e/cluster tools`; fails, never skips, without them.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use agentrun_e2e::support::chart::{CHART, helm_cmd, ok};
+use agentrun_e2e::support::policies::{Policies, manifest, run_doc, wait_enforced};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_e2e::{KubectlOutput, kubectl, kubectl_ok, repo_root, wait_for};
+use agentrun_e2e::{KubectlOutput, kubectl, kubectl_ok, wait_for};
 use agentrun_operator::api::{AgentRun, Approval, ApprovalPhase, RunPhase, StepPhase};
 use agentrun_operator::labels;
 use kube::api::ListParams;
 use serde_json::{Value, json};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// The chart's policies and people's roles, installed for one namespace:
-/// deleted again when dropped, also when the test panics.
-struct Policies {
-    file: PathBuf,
-    release: String,
-}
-
-impl Policies {
-    /// Renders the policies for release `agentrun-operator-<suffix>` with a
-    /// namespace selector matching only `namespace`, applies them and waits
-    /// until the API server enforces all four.
-    async fn install(namespace: &str, extra: &[&str]) -> Policies {
-        let suffix = namespace.rsplit('-').next().expect("namespace suffix");
-        let release = format!("agentrun-operator-{suffix}");
-        let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": namespace}});
-        let yaml = ok(helm_cmd()
-            .current_dir(repo_root())
-            .args(["template", &release, CHART, "--namespace", namespace])
-            .args(["--show-only", "templates/admission-policies.yaml"])
-            .args(["--show-only", "templates/roles.yaml"])
-            .arg("--set")
-            .arg(format!("roles.prefix={release}"))
-            .arg("--set-json")
-            .arg(format!("admissionPolicies.namespaceSelector={selector}"))
-            .args(extra));
-        let file = repo_root()
-            .join("target")
-            .join(format!("policies-{release}.yaml"));
-        std::fs::write(&file, yaml).expect("writing the rendered policies");
-        let p = Policies { file, release };
-        kubectl_ok(["apply", "--server-side", "-f", p.path()]).await;
-        p
-    }
-
-    fn path(&self) -> &str {
-        self.file.to_str().expect("utf-8 path")
-    }
-
-    /// The username of the release's operator ServiceAccount.
-    fn operator(&self, namespace: &str) -> String {
-        format!("system:serviceaccount:{namespace}:{}", self.release)
-    }
-}
-
-impl Drop for Policies {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(agentrun_e2e::support::kubectl::kubectl_binary())
-            .arg("--kubeconfig")
-            .arg(agentrun_e2e::kubeconfig())
-            .args(["delete", "--ignore-not-found", "-f"])
-            .arg(&self.file)
-            .output();
-    }
-}
 
 /// kubectl as `user` in `groups`, in namespace `ns`.
 async fn kubectl_as(user: &str, groups: &[&str], ns: &str, args: &[&str]) -> KubectlOutput {
@@ -104,26 +48,6 @@ fn assert_refused(out: &KubectlOutput, want: &str) {
         "the refusal does not say {want:?}:\n{}",
         out.stderr
     );
-}
-
-/// Writes `doc` to a file under target/ and returns its path, for `kubectl -f`.
-fn manifest(name: &str, doc: &Value) -> String {
-    let path = repo_root().join("target").join(format!("{name}.json"));
-    std::fs::write(&path, doc.to_string()).expect("writing a manifest");
-    path.to_string_lossy().into_owned()
-}
-
-fn run_doc(name: &str, steps: Vec<Value>, extra_spec: Value) -> Value {
-    let mut spec = json!({"steps": steps});
-    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra_spec.as_object()) {
-        s.extend(e.clone());
-    }
-    json!({
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": spec,
-    })
 }
 
 /// RBAC in the namespace: authors create runs; approvers (two groups, three
@@ -183,49 +107,6 @@ async fn grant(ns: &str, p: &Policies) {
         let mut all = vec!["-n", ns];
         all.extend(args);
         kubectl_ok(all).await;
-    }
-}
-
-/// Waits until the policies are enforced: a dry-run create with a forged
-/// creator is refused, and a dry-run create without one gets it stamped.
-async fn wait_enforced(ns: &str, mutating: bool) {
-    let probe = |annotated: bool| {
-        let mut doc = run_doc(
-            "policy-probe",
-            vec![sim_step("a", "Idempotent", json!({}))],
-            json!({}),
-        );
-        if annotated {
-            doc["metadata"]["annotations"] = json!({labels::REQUESTED_BY: "nobody"});
-        }
-        manifest(&format!("probe-{ns}-{annotated}"), &doc)
-    };
-    let (forged, plain) = (probe(true), probe(false));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let refused = kubectl(["-n", ns, "create", "--dry-run=server", "-f", &forged]).await;
-        let stamped = kubectl([
-            "-n",
-            ns,
-            "create",
-            "--dry-run=server",
-            "-f",
-            &plain,
-            "-o",
-            "jsonpath={.metadata.annotations}",
-        ])
-        .await;
-        if !refused.success() && (!mutating || stamped.stdout.contains(labels::REQUESTED_BY)) {
-            // The Approval policies are read by the same informers; give
-            // them the same second.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the admission policies are not enforced after 30 s: {refused:?} {stamped:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::support::chart::{CHART, helm_cmd, ok};
+use agentrun_e2e::support::policies::{Policies, wait_enforced};
 use agentrun_e2e::support::processes::plugin_binary;
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_e2e::{kubeconfig, kubectl_ok, repo_root, wait_for};
+use agentrun_e2e::{kubeconfig, kubectl_ok, wait_for};
 use agentrun_operator::api::{Approval, EffectOutcome, RunPhase, StepPhase};
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -44,73 +44,24 @@ async fn plugin(ns: &str, user: Option<&str>, groups: &[&str], args: &[&str]) ->
     }
 }
 
-/// The chart's policies and roles for this namespace only; removed on drop.
-struct Policies(std::path::PathBuf);
-
-impl Policies {
-    async fn install(ns: &str) -> Policies {
-        let suffix = ns.rsplit('-').next().unwrap();
-        let release = format!("agentrun-plugin-{suffix}");
-        let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
-        let yaml = ok(helm_cmd()
-            .current_dir(repo_root())
-            .args(["template", &release, CHART, "--namespace", ns])
-            .args(["--show-only", "templates/admission-policies.yaml"])
-            .args(["--show-only", "templates/roles.yaml"])
-            .arg("--set")
-            .arg(format!("roles.prefix={release}"))
-            .arg("--set-json")
-            .arg(format!("admissionPolicies.namespaceSelector={selector}")));
-        let file = repo_root().join(format!("target/policies-{release}.yaml"));
-        std::fs::write(&file, yaml).unwrap();
-        kubectl_ok(["apply", "--server-side", "-f", file.to_str().unwrap()]).await;
-        let approver = format!("--clusterrole={release}-approver");
-        kubectl_ok([
-            "-n",
-            ns,
-            "create",
-            "rolebinding",
-            "approvers",
-            &approver,
-            "--user=alice",
-            "--user=mallory",
-        ])
-        .await;
-        // Enforced once a forged creator is refused (the policies share informers).
-        let probe = repo_root().join(format!("target/probe-{ns}.json"));
-        let doc = json!({"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
-            "metadata": {"name": "probe", "annotations": {"agentrun.dev/requested-by": "nobody"}},
-            "spec": {"steps": [sim_step("a", "Idempotent", json!({}))]}});
-        std::fs::write(&probe, doc.to_string()).unwrap();
-        for _ in 0..120 {
-            let out = agentrun_e2e::kubectl([
-                "-n",
-                ns,
-                "create",
-                "--dry-run=server",
-                "-f",
-                probe.to_str().unwrap(),
-            ])
-            .await;
-            if !out.success() {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                return Policies(file);
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        panic!("the admission policies are not enforced after 30 s");
-    }
-}
-
-impl Drop for Policies {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(agentrun_e2e::support::kubectl::kubectl_binary())
-            .arg("--kubeconfig")
-            .arg(kubeconfig())
-            .args(["delete", "--ignore-not-found", "-f"])
-            .arg(&self.0)
-            .output();
-    }
+/// The chart's policies and roles for this namespace, and the approver role
+/// for alice and mallory (whom only the approval's own policy tells apart).
+async fn policies(ns: &str) -> Policies {
+    let p = Policies::install(ns, &[]).await;
+    let approver = format!("--clusterrole={}-approver", p.release);
+    kubectl_ok([
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "approvers",
+        &approver,
+        "--user=alice",
+        "--user=mallory",
+    ])
+    .await;
+    wait_enforced(ns, true).await;
+    p
 }
 
 fn gated(step: &str) -> serde_json::Value {
@@ -171,7 +122,7 @@ async fn capture(s: &Scenario, run: &str, file: &str) {
 async fn approve_releases_reject_compensates_and_pending_knows_who_may_decide() {
     let s = Scenario::start("plugin-approve").await;
     let ns = s.namespace().to_owned();
-    let _policies = Policies::install(&ns).await;
+    let _policies = policies(&ns).await;
 
     s.create_run("refund", json!({"steps": [gated("refund")]}))
         .await;
