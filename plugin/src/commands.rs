@@ -3,7 +3,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use agentrun_operator::api::{AgentRun, Approval, ApprovalKind, Decision, RunPhase};
+use agentrun_operator::api::{AgentRun, Approval, ApprovalKind, Decision, RunPhase, StepRole};
 use agentrun_operator::labels;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use futures::{AsyncBufReadExt, TryStreamExt};
@@ -624,11 +624,51 @@ async fn logs(
             label(p, labels::ATTEMPT).parse::<i32>().unwrap_or(0),
         )
     });
-    if pods.is_empty() {
+    // Every attempt the run recorded, in the order of its checkpoints: an
+    // attempt whose Pod is gone (evicted and deleted once its outcome was
+    // recorded) is named, so the sequence has no silent hole.
+    let r = Api::<AgentRun>::namespaced(client.clone(), ns)
+        .get_opt(run)
+        .await
+        .map_err(api(format!("reading AgentRun {run}")))?;
+    let mut gone = Vec::new();
+    for cp in r
+        .iter()
+        .flat_map(|r| r.status.iter().flat_map(|s| s.steps.iter()))
+        .filter(|c| step.is_none_or(|s| c.name == s))
+    {
+        // The `agentrun.dev/role` label of the attempt's Pods.
+        let role = match cp.role {
+            StepRole::Step => "step",
+            StepRole::Planner => "planner",
+            StepRole::Compactor => "compactor",
+        };
+        for n in (1..=cp.attempt).filter(|n| attempt.is_none_or(|a| a == *n)) {
+            let has = pods.iter().any(|p| {
+                label(p, labels::STEP) == cp.name
+                    && label(p, labels::ATTEMPT) == n.to_string()
+                    && label(p, labels::PLAN_REVISION) == cp.plan_revision.to_string()
+                    && label(p, labels::ROLE) == role
+            });
+            if !has {
+                gone.push((cp.name.clone(), n));
+            }
+        }
+    }
+    if pods.is_empty() && gone.is_empty() {
         return Err(Error::Refused(format!(
             "run {run} has no step Pods{}; finished runs' Pods go with their TTL",
             step.map(|s| format!(" for step {s}")).unwrap_or_default()
         )));
+    }
+    for (s, n) in &gone {
+        // Before the Pods of the same step, so attempts read in order.
+        println!(
+            "==> step {s}, attempt {n}: its Pod is gone (an evicted or deleted Pod takes its logs with it) <=="
+        );
+    }
+    if pods.is_empty() {
+        return Ok(());
     }
     let last = pods.len() - 1;
     for (i, p) in pods.iter().enumerate() {
