@@ -11,21 +11,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use agentrun_e2e::support::chart::{CHART, documents, helm_binary, ok};
 use agentrun_e2e::support::env::repo_root;
-use agentrun_e2e::support::kubectl::kubectl_binary;
 use serde_json::Value;
-
-const CHART: &str = "charts/agentrun-operator";
-
-fn helm_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("AGENTRUN_HELM").filter(|v| !v.is_empty()) {
-        return PathBuf::from(path);
-    }
-    match kubectl_binary().parent().map(|dir| dir.join("helm")) {
-        Some(helm) if helm.is_file() => helm,
-        _ => PathBuf::from("helm"),
-    }
-}
 
 /// `$AGENTRUN_PROMTOOL` (set by `e2e/cluster env`), else `promtool` on PATH.
 fn promtool_binary() -> PathBuf {
@@ -35,33 +23,8 @@ fn promtool_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("promtool"))
 }
 
-fn ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| {
-        panic!(
-            "cannot run {:?}: {e} (run `e2e/cluster tools promtool lua` and `eval \"$(e2e/cluster env)\"`)",
-            cmd.get_program()
-        )
-    });
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stdout).expect("tool output is UTF-8")
-}
-
-fn documents(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|doc| {
-            let v: serde_yaml::Value = serde::Deserialize::deserialize(doc).expect("valid YAML");
-            serde_json::to_value(v).expect("YAML converts to JSON")
-        })
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
+/// The chart rendered as release `r` in `ops`. Not `support::chart::render`:
+/// that one passes the plane's kubeconfig, and these tests need no plane.
 fn render(args: &[&str]) -> Vec<Value> {
     documents(&ok(Command::new(helm_binary())
         .current_dir(repo_root())
