@@ -3,6 +3,7 @@
 //! - [`api`]: the `AgentRun` and `Approval` resources.
 //! - [`engine`]: the durable run state machine, pure and clock-free.
 //! - [`controller`]: the kube-runtime wiring: observe, decide, apply.
+//! - [`notify`]: approval notifications to the platform team's channels.
 //! - [`labels`]: the names put on the objects the operator creates.
 //! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`.
 //! - [`telemetry`]: what each committed write changed, and the run's trace.
@@ -13,4 +14,5 @@ pub mod controller;
 pub mod engine;
 pub mod labels;
 pub mod metrics;
+pub mod notify;
 pub mod telemetry;

@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the operator.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the AgentRun and Approval CRDs as YAML.
     Crd,
     /// Print the version.
@@ -83,6 +83,21 @@ struct RunArgs {
     #[arg(long, env = "AGENTRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: std::net::SocketAddr,
 
+    /// The Secret holding the approval notification channels (key
+    /// `channels.yaml`), as NAMESPACE/NAME. Unset: no notifications.
+    #[arg(long, env = "AGENTRUN_NOTIFY_SECRET", value_parser = parse_notify_secret)]
+    notify_secret: Option<(String, String)>,
+
+    /// An address range notifications may be sent to although it is
+    /// internal (loopback, link-local, private, the Service CIDR), e.g. a
+    /// receiver inside the cluster. Repeatable; comma-separated in the env.
+    #[arg(long, env = "AGENTRUN_NOTIFY_ALLOW_CIDR", value_delimiter = ',')]
+    notify_allow_cidr: Vec<ipnet::IpNet>,
+
+    /// The console's base URL; notifications link to the run there.
+    #[arg(long, env = "AGENTRUN_CONSOLE_URL")]
+    console_url: Option<String>,
+
     /// Address of `/healthz` and `/readyz`.
     #[arg(long, env = "AGENTRUN_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
     health_addr: std::net::SocketAddr,
@@ -121,6 +136,10 @@ fn init_tracing(
         .with(otel)
         .init();
     Ok(provider)
+}
+
+fn parse_notify_secret(s: &str) -> Result<(String, String), String> {
+    agentrun_operator::notify::parse_secret_ref(s)
 }
 
 fn default_identity() -> String {
@@ -201,6 +220,15 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
     let scope = Scope {
         namespace: args.namespace.clone(),
         step_events: args.step_events,
+        notify: args
+            .notify_secret
+            .clone()
+            .map(|(ns, name)| agentrun_operator::notify::Settings {
+                secret_namespace: ns,
+                secret_name: name,
+                allow: args.notify_allow_cidr.clone(),
+                console_url: args.console_url.clone(),
+            }),
     };
     let reporter = Reporter {
         controller: "agentrun-operator".into(),
@@ -308,7 +336,7 @@ async fn main() -> std::process::ExitCode {
             if provider.is_some() {
                 info!("exporting traces over OTLP");
             }
-            let code = match run(args).await {
+            let code = match run(*args).await {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(err) => {
                     tracing::error!(error = %err, "operator stopped");

@@ -67,6 +67,20 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// A notification delivery attempt: the channel and what came of it
+/// (`delivered`, `retry`, `failed`, `refused`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NotificationLabels {
+    pub channel: String,
+    pub outcome: String,
+}
+
+/// A notification channel.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChannelLabel {
+    pub channel: String,
+}
+
 /// Label set of `agentrun_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
@@ -74,6 +88,12 @@ struct BuildLabels {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Seconds, 10 ms to about 3 h: an event to its notification's delivery,
+/// retries included.
+fn notification_latencies() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.5, 14))
+}
 
 /// Seconds, 0.5 s to about 9 h: steps, approval waits and runs.
 fn long_durations() -> Histogram {
@@ -106,6 +126,8 @@ pub struct Metrics {
     pub runs_stalled: Family<NamespaceLabel, Gauge>,
     pub progress_age: Family<NamespaceLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub leader: Gauge,
+    pub notifications: Family<NotificationLabels, Counter>,
+    pub notification_latency: HistogramFamily<ChannelLabel>,
     /// Sets the cache-derived gauges; installed by the controller once its caches exist.
     refresh: std::sync::Mutex<Option<Refresh>>,
 }
@@ -138,6 +160,8 @@ impl Metrics {
             runs_stalled: Family::default(),
             progress_age: Family::default(),
             leader: Gauge::default(),
+            notifications: Family::default(),
+            notification_latency: Family::new_with_constructor(notification_latencies),
             refresh: std::sync::Mutex::new(None),
         };
         let r = registry.sub_registry_with_prefix("agentrun");
@@ -190,6 +214,16 @@ impl Metrics {
             "tokens",
             "Tokens reported by step attempts, failed ones included (D9), by namespace",
             m.tokens.clone(),
+        );
+        r.register(
+            "notifications",
+            "Approval notification delivery attempts by channel and outcome (delivered, retry, failed, refused)",
+            m.notifications.clone(),
+        );
+        r.register(
+            "notification_latency_seconds",
+            "Time from an approval event (asked, escalated, decided, expired) to its notification's delivery",
+            m.notification_latency.clone(),
         );
         r.register(
             "build",

@@ -231,7 +231,8 @@ impl Default for Backoff {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!has(self.quorum) || !has(self.approvers) || size(self.approvers.groups) > 0 || self.quorum <= size(self.approvers.users) + size(self.approvers.serviceAccounts)").message("approval.quorum: more distinct approvers are needed than the users and serviceAccounts listed, and no group is listed").field_path(".quorum").reason(Reason::FieldValueInvalid)
+    validation = Rule::new("!has(self.quorum) || !has(self.approvers) || size(self.approvers.groups) > 0 || self.quorum <= size(self.approvers.users) + size(self.approvers.serviceAccounts)").message("approval.quorum: more distinct approvers are needed than the users and serviceAccounts listed, and no group is listed").field_path(".quorum").reason(Reason::FieldValueInvalid),
+    validation = Rule::new(concat!("!has(self.escalate) || !has(self.timeout) || !self.timeout.matches(r'", crate::duration_pattern!(), "') || !self.escalate.after.matches(r'", crate::duration_pattern!(), "') || duration(self.escalate.after) < duration(self.timeout)")).message("approval.escalate.after must be shorter than approval.timeout: the reminder goes out while the approval still waits").field_path(".escalate.after").reason(Reason::FieldValueInvalid)
 )]
 pub struct ApprovalGate {
     /// Whether the approval is required (default true when the block is present).
@@ -262,6 +263,23 @@ pub struct ApprovalGate {
     /// The person (or ServiceAccount) who created the run may not approve it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub separate_from_requester: bool,
+    /// Channels to tell when the approval is asked, decided or expires, by
+    /// name, besides the operator's default channels. The channels (where
+    /// they point, how messages are signed) are configured by the platform
+    /// team in the operator's channel Secret; a name it does not know is
+    /// reported on the Approval (`Notified=False`) and in an Event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 8),
+        inner(
+            length(min = 1, max = 63),
+            regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        )
+    )]
+    pub notify: Vec<String>,
+    /// A reminder to other channels when nobody decided within `after`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalate: Option<crate::api::Escalation>,
 }
 
 fn default_true() -> bool {

@@ -9,7 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Approvers, Effect, OnTimeout};
+use super::{Approvers, Delivery, Effect, Escalation, OnTimeout};
 
 /// A decision a person owes an AgentRun.
 // The printer columns repeat `type_ = "string"`, which clippy takes for a
@@ -49,6 +49,8 @@ use super::{Approvers, Effect, OnTimeout};
     validation = Rule::new("has(self.stepDigest) == has(oldSelf.stepDigest) && (!has(self.stepDigest) || self.stepDigest == oldSelf.stepDigest)").message("spec.stepDigest is immutable: the approval is bound to the step as it was when asked").field_path(".stepDigest").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.approvers) == has(oldSelf.approvers) && (!has(self.approvers) || self.approvers == oldSelf.approvers)").message("spec.approvers is immutable: who may decide was set when the approval was requested").field_path(".approvers").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.requestedBy) == has(oldSelf.requestedBy) && (!has(self.requestedBy) || self.requestedBy == oldSelf.requestedBy)").message("spec.requestedBy is immutable").field_path(".requestedBy").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.notify) == has(oldSelf.notify) && (!has(self.notify) || self.notify == oldSelf.notify)").message("spec.notify is immutable: the channels were set when the approval was requested").field_path(".notify").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.escalate) == has(oldSelf.escalate) && (!has(self.escalate) || self.escalate == oldSelf.escalate)").message("spec.escalate is immutable").field_path(".escalate").reason(Reason::FieldValueForbidden),
     validation = Rule::new("!has(oldSelf.decidedBy) || (has(self.decidedBy) && self.decidedBy == oldSelf.decidedBy && self.decidedByGroups == oldSelf.decidedByGroups)").message("spec.decidedBy: who decided is final once recorded").field_path(".decidedBy").reason(Reason::FieldValueForbidden),
     validation = Rule::new("oldSelf.votes.all(v, v in self.votes)").message("spec.votes: votes are append-only; a vote cannot be changed or removed").field_path(".votes").reason(Reason::FieldValueForbidden)
 )]
@@ -151,6 +153,15 @@ pub struct ApprovalSpec {
     #[serde(default)]
     #[schemars(length(max = 32))]
     pub votes: Vec<Vote>,
+    /// The channels told about this approval (besides the operator's
+    /// default channels), copied from the step's gate. Immutable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(length(min = 1, max = 63)))]
+    pub notify: Vec<String>,
+    /// A reminder to other channels while nobody decides, copied from the
+    /// step's gate. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalate: Option<Escalation>,
 }
 
 fn one() -> i32 {
@@ -237,6 +248,18 @@ pub struct ApprovalStatus {
     pub votes: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The notifications sent about this approval, one per (event,
+    /// channel). Written by the operator's notifier (field manager
+    /// `agentrun-operator-notifier`), never by the decision path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::deliveries_schema")]
+    pub notifications: Vec<Delivery>,
+    /// `Notified`: whether every notification due was delivered, and if
+    /// not, why (a channel that is not configured, an address refused,
+    /// a receiver failing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::conditions_schema")]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
 /// The lifecycle of an Approval.

@@ -13,11 +13,13 @@ mod agentrun;
 mod approval;
 mod approvers;
 mod duration;
+mod notify;
 
 pub use agentrun::*;
 pub use approval::*;
 pub use approvers::*;
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
+pub use notify::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -54,6 +56,19 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],
+    })
+}
+
+/// Deliveries as a map keyed by `id`, so the notifier's server-side apply of
+/// one delivery leaves the others (and the engine's fields) alone.
+fn deliveries_schema(generator: &mut SchemaGenerator) -> Schema {
+    let item = generator.subschema_for::<Delivery>();
+    json_schema!({
+        "type": "array",
+        "maxItems": 64,
+        "items": item,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["id"],
     })
 }
 

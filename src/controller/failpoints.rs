@@ -12,7 +12,8 @@
 //! `after-checkpoint` (a status write that commits a step outcome succeeded,
 //! before any finalizer is released), `after-status-write` (any status write),
 //! `after-proof-read` (the read that proves a run current before a Pod
-//! create returned).
+//! create returned), `after-notify-send` (a notification was sent, its
+//! record not yet written).
 
 #[cfg(feature = "failpoints")]
 use std::sync::OnceLock;
@@ -56,7 +57,7 @@ fn configured() -> &'static [Failpoint] {
 /// Aborts (or stops) the process if `point` is a configured failpoint and
 /// this is its n-th hit.
 #[cfg(feature = "failpoints")]
-pub(super) fn hit(point: &str) {
+pub(crate) fn hit(point: &str) {
     for fp in configured().iter().filter(|fp| fp.point == point) {
         let n = fp.hits.fetch_add(1, Ordering::SeqCst) + 1;
         if n != fp.after {
@@ -79,7 +80,7 @@ pub(super) fn hit(point: &str) {
 /// This build has no failpoints.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub(super) fn hit(_point: &str) {}
+pub(crate) fn hit(_point: &str) {}
 
 /// Warns when `AGENTRUN_FAILPOINT` is set on a build that cannot honour it.
 pub(super) fn warn_if_unsupported() {

@@ -52,6 +52,9 @@ pub struct Scope {
     /// Publish an Event for every step start and success, not only for
     /// retries, disruptions, approvals, re-plans and the run's end.
     pub step_events: bool,
+    /// Notify people about approvals (`--notify-secret`); `None`: no
+    /// notifications are sent.
+    pub notify: Option<crate::notify::Settings>,
 }
 
 impl Default for Scope {
@@ -59,6 +62,7 @@ impl Default for Scope {
         Scope {
             namespace: None,
             step_events: true,
+            notify: None,
         }
     }
 }
@@ -207,8 +211,26 @@ pub async fn run(
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_APPROVALS))
         .touched_objects();
 
+    let events = events::EventSink::spawn(Recorder::new(client.clone(), reporter));
+    // The notifier stops with the controller (below) and runs only where it
+    // runs: on the leader.
+    let (notifier_stop, notifier_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(settings) = scope.notify.clone() {
+        let sink = events.clone();
+        tokio::spawn(crate::notify::run(
+            client.clone(),
+            scope.namespace.clone(),
+            settings,
+            metrics.clone(),
+            Arc::new(move |event, regarding| sink.publish(event, regarding)),
+            || failpoints::hit("after-notify-send"),
+            async move {
+                let _ = notifier_stopped.await;
+            },
+        ));
+    }
     let ctx = Arc::new(Context {
-        events: events::EventSink::spawn(Recorder::new(client.clone(), reporter)),
+        events,
         step_events: scope.step_events,
         expectations,
         client: client.clone(),
@@ -265,6 +287,7 @@ pub async fn run(
             }
         })
         .await;
+    drop(notifier_stop);
     info!("controller stopped");
 }
 

@@ -187,6 +187,7 @@ pub fn desired_status(
             decided_by: operator.clone(),
             votes: tally(a),
             message: Some(format!("superseded: {why}{unapplied}")),
+            ..ApprovalStatus::default()
         })
     };
     let (phase, by, message) = match answer(a, now) {
@@ -194,7 +195,17 @@ pub fn desired_status(
         // Waiting: the vote count is all that changes.
         Answer::Pending { .. } if waiting => {
             let votes = tally(a);
-            return (votes != current.votes).then_some(ApprovalStatus { votes, ..current });
+            // Only the decision path's own fields: the notifier's
+            // (notifications, conditions) are written by the notifier
+            // alone, and a copy here would claim them in the apply.
+            return (votes != current.votes).then_some(ApprovalStatus {
+                votes,
+                phase: current.phase,
+                decided_at: current.decided_at,
+                decided_by: current.decided_by,
+                message: current.message,
+                ..ApprovalStatus::default()
+            });
         }
         Answer::Pending { .. } => return superseded(),
         // Acted on: the checkpoint went past its wait.
@@ -228,6 +239,7 @@ pub fn desired_status(
         decided_by: by,
         votes: tally(a),
         message: Some(message),
+        ..ApprovalStatus::default()
     })
 }
 
@@ -312,6 +324,8 @@ pub struct Request<'a> {
     pub quorum: i32,
     pub separate_from_requester: bool,
     pub requested_by: Option<String>,
+    pub notify: Vec<String>,
+    pub escalate: Option<crate::api::Escalation>,
 }
 
 pub fn build(r: Request) -> Approval {
@@ -349,6 +363,8 @@ pub fn build(r: Request) -> Approval {
             decided_by: None,
             decided_by_groups: Vec::new(),
             votes: Vec::new(),
+            notify: r.notify,
+            escalate: r.escalate,
         },
         status: None,
     }

@@ -230,6 +230,8 @@ impl<'a> Machine<'a> {
             },
             separate_from_requester: !reconcile && gate.separate_from_requester,
             requested_by,
+            notify: gate.notify,
+            escalate: gate.escalate,
             name,
             namespace: self.run.metadata.namespace.clone(),
             owner: self.owner(),

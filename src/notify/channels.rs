@@ -1,0 +1,369 @@
+//! The notification channels, as the platform team configures them in the
+//! operator's channel Secret (key `channels.yaml`):
+//!
+//! ```yaml
+//! channels:
+//!   - name: payments-oncall          # what steps[].approval.notify names
+//!     url: https://hooks.example.com/agentrun
+//!     format: json                   # json (default) | slack | msteams
+//!     hmacKeyRef: payments-hmac      # a key of the same Secret: signs each body
+//!     headers: {X-Team: payments}    # extra request headers
+//!     default: true                  # told about every approval
+//!     timeout: 10s                   # per request (default 10s)
+//!     maxAttempts: 8                 # before a delivery is given up (default 8)
+//! ```
+//!
+//! Each channel is read on its own: one that is wrong (a bad URL, a missing
+//! signing key) is reported for the approvals that name it while the others
+//! deliver.
+
+use std::collections::BTreeMap;
+use std::time::Duration as StdDuration;
+
+use serde::Deserialize;
+
+use crate::api::Duration;
+
+/// The key of the channel Secret that holds the channel list.
+pub const KEY: &str = "channels.yaml";
+/// Request timeout when a channel names none.
+pub const DEFAULT_TIMEOUT: StdDuration = StdDuration::from_secs(10);
+/// Attempts before a delivery is given up when a channel names none.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
+/// Headers the operator sets itself; a channel cannot replace them.
+const RESERVED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-length",
+    "host",
+    "user-agent",
+    super::send::DELIVERY_HEADER,
+    super::send::SIGNATURE_HEADER,
+    super::send::TIMESTAMP_HEADER,
+    super::send::EVENT_HEADER,
+];
+
+/// How a message is laid out for its receiver.
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// The documented JSON document (docs/notifications.md).
+    #[default]
+    Json,
+    /// A Slack incoming-webhook message (text and blocks).
+    Slack,
+    /// A Microsoft Teams workflow message (an Adaptive Card).
+    Msteams,
+}
+
+/// One channel, ready to send to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Channel {
+    pub name: String,
+    pub url: reqwest::Url,
+    pub format: Format,
+    /// The HMAC-SHA256 key, when bodies are signed.
+    pub hmac_key: Option<Vec<u8>>,
+    pub headers: Vec<(String, String)>,
+    pub default: bool,
+    pub timeout: StdDuration,
+    pub max_attempts: u32,
+}
+
+/// The channels as the Secret last said.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Channels {
+    /// `namespace/name` of the Secret, for messages.
+    pub source: String,
+    /// Every channel named in the file, or why it cannot be used.
+    channels: BTreeMap<String, Result<Channel, String>>,
+    /// Why nothing could be read (no Secret, no key, not YAML).
+    problem: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    channels: Vec<serde_yaml::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Spec {
+    name: String,
+    url: String,
+    #[serde(default)]
+    format: Format,
+    #[serde(default)]
+    hmac_key_ref: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    default: bool,
+    #[serde(default)]
+    timeout: Option<Duration>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+}
+
+impl Channels {
+    /// No channel can be used, and why (shown on every approval that
+    /// would be notified).
+    pub fn unusable(source: &str, problem: impl Into<String>) -> Channels {
+        Channels {
+            source: source.to_owned(),
+            channels: BTreeMap::new(),
+            problem: Some(problem.into()),
+        }
+    }
+
+    /// Reads the channel Secret's data.
+    pub fn parse(source: &str, data: &BTreeMap<String, Vec<u8>>) -> Channels {
+        let Some(file) = data.get(KEY) else {
+            let keys = data.keys().cloned().collect::<Vec<_>>().join(", ");
+            return Channels::unusable(
+                source,
+                format!("Secret {source} has no key {KEY} (keys: {keys})"),
+            );
+        };
+        let file: File = match serde_yaml::from_slice(file) {
+            Ok(f) => f,
+            Err(e) => {
+                return Channels::unusable(source, format!("{KEY} in Secret {source}: {e}"));
+            }
+        };
+        let mut channels = BTreeMap::new();
+        for (i, value) in file.channels.into_iter().enumerate() {
+            let name = value
+                .get("name")
+                .and_then(|n| n.as_str())
+                .map(str::to_owned);
+            let parsed = serde_yaml::from_value::<Spec>(value)
+                .map_err(|e| e.to_string())
+                .and_then(|spec| channel(spec, data));
+            match name {
+                None => {
+                    tracing::warn!(source, index = i, "a notification channel has no name");
+                }
+                Some(name) if channels.contains_key(&name) => {
+                    channels.insert(
+                        name.clone(),
+                        Err(format!("channel {name} is defined more than once")),
+                    );
+                }
+                Some(name) => {
+                    channels.insert(
+                        name.clone(),
+                        parsed.map_err(|e| format!("channel {name} in Secret {source}: {e}")),
+                    );
+                }
+            }
+        }
+        Channels {
+            source: source.to_owned(),
+            channels,
+            problem: None,
+        }
+    }
+
+    /// The channel `name`, or why it cannot be sent to.
+    pub fn get(&self, name: &str) -> Result<&Channel, Problem> {
+        if let Some(p) = &self.problem {
+            return Err(Problem::Unreadable(p.clone()));
+        }
+        match self.channels.get(name) {
+            Some(Ok(c)) => Ok(c),
+            Some(Err(e)) => Err(Problem::Invalid(e.clone())),
+            None => {
+                let known = self.channels.keys().cloned().collect::<Vec<_>>();
+                let known = if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                };
+                Err(Problem::Unknown(format!(
+                    "channel {name} is not configured in Secret {} (channels: {known})",
+                    self.source
+                )))
+            }
+        }
+    }
+
+    /// The channels told about every approval.
+    pub fn defaults(&self) -> impl Iterator<Item = &str> {
+        self.channels
+            .iter()
+            .filter(|(_, c)| c.as_ref().is_ok_and(|c| c.default))
+            .map(|(n, _)| n.as_str())
+    }
+}
+
+/// Why a channel cannot be sent to. The kind is the reason of the
+/// approval's `Notified` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// The Secret is missing or unreadable.
+    Unreadable(String),
+    /// The channel is configured wrongly.
+    Invalid(String),
+    /// No channel of that name is configured.
+    Unknown(String),
+}
+
+impl Problem {
+    pub fn message(&self) -> &str {
+        match self {
+            Problem::Unreadable(m) | Problem::Invalid(m) | Problem::Unknown(m) => m,
+        }
+    }
+}
+
+fn channel(spec: Spec, data: &BTreeMap<String, Vec<u8>>) -> Result<Channel, String> {
+    let url = reqwest::Url::parse(&spec.url).map_err(|e| format!("url {:?}: {e}", spec.url))?;
+    if !matches!(url.scheme(), "https" | "http") {
+        return Err(format!(
+            "url {:?}: the scheme must be https (or http)",
+            spec.url
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("url {:?} has no host", spec.url));
+    }
+    let hmac_key = match &spec.hmac_key_ref {
+        None => None,
+        Some(key) => match data.get(key) {
+            Some(k) if !k.is_empty() => Some(k.clone()),
+            Some(_) => return Err(format!("hmacKeyRef {key}: the key is empty")),
+            None => return Err(format!("hmacKeyRef {key}: the Secret has no such key")),
+        },
+    };
+    let mut headers = Vec::new();
+    for (name, value) in spec.headers {
+        if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            return Err(format!("header {name} is set by the operator"));
+        }
+        reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("header {name:?} is not a valid header name"))?;
+        reqwest::header::HeaderValue::from_str(&value)
+            .map_err(|_| format!("header {name}: the value is not a valid header value"))?;
+        headers.push((name, value));
+    }
+    let timeout = match spec.timeout {
+        None => DEFAULT_TIMEOUT,
+        Some(d) => {
+            let d = d.parse().map_err(|e| format!("timeout: {e}"))?;
+            StdDuration::try_from(d).map_err(|_| "timeout must be positive".to_owned())?
+        }
+    };
+    let max_attempts = spec.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+    if !(1..=20).contains(&max_attempts) {
+        return Err(format!("maxAttempts {max_attempts}: between 1 and 20"));
+    }
+    Ok(Channel {
+        name: spec.name,
+        url,
+        format: spec.format,
+        hmac_key,
+        headers,
+        default: spec.default,
+        timeout,
+        max_attempts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(yaml: &str) -> BTreeMap<String, Vec<u8>> {
+        BTreeMap::from([
+            (KEY.to_owned(), yaml.as_bytes().to_vec()),
+            ("hmac".to_owned(), b"s3cret".to_vec()),
+        ])
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let c = Channels::parse(
+            "ops/chan",
+            &data(
+                "channels:\n- name: a\n  url: https://h.example/x\n  format: slack\n  hmacKeyRef: hmac\n  headers: {X-Team: pay}\n  default: true\n  timeout: 2s\n  maxAttempts: 3\n",
+            ),
+        );
+        let a = c.get("a").unwrap();
+        assert_eq!(a.format, Format::Slack);
+        assert_eq!(a.hmac_key.as_deref(), Some(&b"s3cret"[..]));
+        assert_eq!(a.headers, vec![("X-Team".to_owned(), "pay".to_owned())]);
+        assert_eq!(a.timeout, StdDuration::from_secs(2));
+        assert_eq!(a.max_attempts, 3);
+        assert_eq!(c.defaults().collect::<Vec<_>>(), vec!["a"]);
+    }
+
+    #[test]
+    fn a_wrong_channel_does_not_take_the_others_down() {
+        let c = Channels::parse(
+            "ops/chan",
+            &data(
+                "channels:\n- name: good\n  url: https://h.example/\n- name: nokey\n  url: https://h.example/\n  hmacKeyRef: missing\n- name: badurl\n  url: ftp://h.example/\n- name: typo\n  url: https://h.example/\n  formatt: json\n",
+            ),
+        );
+        assert!(c.get("good").is_ok());
+        let err = |n| c.get(n).unwrap_err();
+        assert_eq!(
+            err("nokey"),
+            Problem::Invalid(
+                "channel nokey in Secret ops/chan: hmacKeyRef missing: the Secret has no such key"
+                    .into()
+            )
+        );
+        assert!(err("badurl").message().contains("the scheme must be https"));
+        assert!(err("typo").message().contains("unknown field `formatt`"));
+        assert_eq!(
+            err("nope"),
+            Problem::Unknown(
+                "channel nope is not configured in Secret ops/chan (channels: badurl, good, nokey, typo)"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn an_unreadable_file_is_said_for_every_channel() {
+        let c = Channels::parse("ops/chan", &data("channels: [unterminated"));
+        match c.get("any") {
+            Err(Problem::Unreadable(m)) => {
+                assert!(m.starts_with("channels.yaml in Secret ops/chan:"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let none = Channels::parse("ops/chan", &BTreeMap::new());
+        assert_eq!(
+            none.get("x"),
+            Err(Problem::Unreadable(
+                "Secret ops/chan has no key channels.yaml (keys: )".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn reserved_headers_and_duplicates_are_refused() {
+        let c = Channels::parse(
+            "ops/chan",
+            &data(
+                "channels:\n- name: a\n  url: https://h.example/\n  headers: {X-AgentRun-Signature: forged}\n- name: b\n  url: https://h.example/\n- name: b\n  url: https://h.example/\n",
+            ),
+        );
+        assert!(
+            c.get("a")
+                .unwrap_err()
+                .message()
+                .contains("is set by the operator")
+        );
+        assert!(
+            c.get("b")
+                .unwrap_err()
+                .message()
+                .contains("defined more than once")
+        );
+    }
+}

@@ -1,0 +1,265 @@
+//! What a notification says, in each format. The JSON document is the
+//! contract (docs/notifications.md, with its JSON Schema); the Slack and
+//! Teams layouts render the same facts for people. A body depends only on
+//! the approval and the event, so every retry of a delivery sends the same
+//! bytes.
+
+use jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::channels::Format;
+use crate::api::{Approval, ApprovalKind, NotificationEvent};
+
+/// Everything a message is made from.
+pub struct Facts<'a> {
+    pub approval: &'a Approval,
+    pub event: NotificationEvent,
+    pub delivery_id: &'a str,
+    /// When the event happened (asked, reminder due, decided, expired).
+    pub occurred_at: Timestamp,
+    /// `--console-url`, when set.
+    pub console_url: Option<&'a str>,
+}
+
+/// The body and its content type.
+pub fn render(format: Format, f: &Facts) -> (Vec<u8>, &'static str) {
+    let doc = document(f);
+    let value = match format {
+        Format::Json => doc,
+        Format::Slack => slack(f, &doc),
+        Format::Msteams => teams(f, &doc),
+    };
+    (
+        serde_json::to_vec(&value).expect("a JSON value always serializes"),
+        "application/json",
+    )
+}
+
+/// Who may decide, in words.
+pub fn who_may_decide(a: &Approval) -> String {
+    let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+    let mut who = match &a.spec.approvers {
+        Some(ap) => ap.describe(),
+        None => format!("anyone allowed to update approvals in namespace {ns}"),
+    };
+    if a.spec.quorum > 1 {
+        who.push_str(&format!(" ({} distinct approvers needed)", a.spec.quorum));
+    }
+    if a.spec.separate_from_requester
+        && let Some(r) = &a.spec.requested_by
+    {
+        who.push_str(&format!("; not {r}, who created the run"));
+    }
+    who
+}
+
+/// The exact commands that answer the approval.
+pub fn commands(a: &Approval) -> Value {
+    let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+    let (run, step) = (&a.spec.run_name, &a.spec.step);
+    match a.spec.kind {
+        ApprovalKind::Approve => json!({
+            "approve": format!("kubectl agentrun approve {run} {step} -n {ns}"),
+            "reject": format!("kubectl agentrun reject {run} {step} -n {ns} --comment '<why>'"),
+        }),
+        ApprovalKind::Reconcile => json!({
+            "retry": format!("kubectl agentrun reconcile {run} {step} -n {ns} --retry"),
+            "markSucceeded": format!("kubectl agentrun reconcile {run} {step} -n {ns} --succeeded"),
+            "markFailed": format!("kubectl agentrun reconcile {run} {step} -n {ns} --failed"),
+        }),
+    }
+}
+
+fn console_link(f: &Facts) -> Option<String> {
+    let a = f.approval;
+    f.console_url.map(|base| {
+        format!(
+            "{}/ns/{}/runs/{}",
+            base.trim_end_matches('/'),
+            a.metadata.namespace.as_deref().unwrap_or_default(),
+            a.spec.run_name
+        )
+    })
+}
+
+/// The JSON document (format `json`).
+pub fn document(f: &Facts) -> Value {
+    let a = f.approval;
+    let status = a.status.clone().unwrap_or_default();
+    let mut doc = json!({
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "ApprovalNotification",
+        "deliveryId": f.delivery_id,
+        "event": f.event.as_str(),
+        "occurredAt": f.occurred_at.to_string(),
+        "namespace": a.metadata.namespace,
+        "run": {"name": a.spec.run_name, "uid": a.spec.run_uid},
+        "step": a.spec.step,
+        "approval": {
+            "name": a.metadata.name,
+            "uid": a.metadata.uid,
+            "kind": a.spec.kind,
+            "question": a.spec.question,
+            "phase": status.phase,
+            "expiresAt": a.spec.expires_at.as_ref().map(|t| t.0.to_string()),
+            "onTimeout": a.spec.on_timeout,
+            "quorum": a.spec.quorum,
+            "votes": status.votes,
+            "decision": a.spec.decision,
+            "decidedBy": status.decided_by,
+            "decidedAt": status.decided_at.as_ref().map(|t| t.0.to_string()),
+            "comment": a.spec.comment,
+            "message": status.message,
+        },
+        "context": a.spec.context,
+        "approvers": a.spec.approvers,
+        "whoMayDecide": who_may_decide(a),
+        "requestedBy": a.spec.requested_by,
+        "commands": commands(a),
+    });
+    if let Some(link) = console_link(f) {
+        doc["consoleUrl"] = json!(link);
+    }
+    doc
+}
+
+/// One line saying what happened.
+fn headline(f: &Facts) -> String {
+    let a = f.approval;
+    let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+    let what = format!("run {}/{} step {}", ns, a.spec.run_name, a.spec.step);
+    let status = a.status.clone().unwrap_or_default();
+    match f.event {
+        NotificationEvent::Requested => format!("Approval needed: {what}"),
+        NotificationEvent::Escalated => format!("Still waiting for approval: {what}"),
+        NotificationEvent::Decided => format!(
+            "{:?} by {}: {what}",
+            status.phase,
+            status.decided_by.unwrap_or_else(|| "unknown".into())
+        ),
+        NotificationEvent::Expired => format!("Approval expired: {what}"),
+    }
+}
+
+/// The facts as (label, value) pairs, in reading order.
+fn fields(doc: &Value) -> Vec<(&'static str, String)> {
+    let s = |v: &Value| match v {
+        Value::Null => None,
+        Value::String(s) if s.is_empty() => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    };
+    let mut out = Vec::new();
+    let mut push = |label, v: &Value| {
+        if let Some(v) = s(v) {
+            out.push((label, v));
+        }
+    };
+    push("Question", &doc["approval"]["question"]);
+    push("Why", &doc["context"]["reason"]);
+    push("Idempotency key", &doc["context"]["idempotencyKey"]);
+    push("Who may decide", &doc["whoMayDecide"]);
+    push("Votes", &doc["approval"]["votes"]);
+    push("Deadline", &doc["approval"]["expiresAt"]);
+    push("Decision", &doc["approval"]["decision"]);
+    push("Comment", &doc["approval"]["comment"]);
+    push("Status", &doc["approval"]["message"]);
+    out
+}
+
+fn command_lines(doc: &Value) -> Vec<String> {
+    doc["commands"]
+        .as_object()
+        .map(|m| {
+            m.values()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn pending(f: &Facts) -> bool {
+    matches!(
+        f.event,
+        NotificationEvent::Requested | NotificationEvent::Escalated
+    )
+}
+
+fn slack(f: &Facts, doc: &Value) -> Value {
+    let title = headline(f);
+    let mut text = fields(doc)
+        .into_iter()
+        .map(|(k, v)| format!("*{k}:* {v}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let Some(done) = doc["context"]["completedSteps"].as_array() {
+        let done: Vec<String> = done
+            .iter()
+            .filter_map(|s| s.as_str())
+            .map(|s| format!("• {s}"))
+            .collect();
+        if !done.is_empty() {
+            text.push_str(&format!("\n*Done so far:*\n{}", done.join("\n")));
+        }
+    }
+    let mut blocks = vec![
+        json!({"type": "header", "text": {"type": "plain_text", "text": truncate(&title, 150)}}),
+        json!({"type": "section", "text": {"type": "mrkdwn", "text": truncate(&text, 3000)}}),
+    ];
+    if pending(f) {
+        let cmds = command_lines(doc)
+            .into_iter()
+            .map(|c| format!("`{c}`"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": cmds}}));
+    }
+    if let Some(link) = doc["consoleUrl"].as_str() {
+        blocks.push(json!({"type": "actions", "elements": [
+            {"type": "button", "text": {"type": "plain_text", "text": "Open in the console"}, "url": link}
+        ]}));
+    }
+    json!({"text": title, "blocks": blocks})
+}
+
+fn teams(f: &Facts, doc: &Value) -> Value {
+    let facts: Vec<Value> = fields(doc)
+        .into_iter()
+        .map(|(k, v)| json!({"title": k, "value": v}))
+        .collect();
+    let mut body = vec![
+        json!({"type": "TextBlock", "text": headline(f), "weight": "Bolder", "size": "Medium", "wrap": true}),
+        json!({"type": "FactSet", "facts": facts}),
+    ];
+    if pending(f) {
+        for c in command_lines(doc) {
+            body.push(
+                json!({"type": "TextBlock", "text": c, "fontType": "Monospace", "wrap": true}),
+            );
+        }
+    }
+    let mut card = json!({
+        "type": "AdaptiveCard",
+        "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+        "version": "1.4",
+        "body": body,
+    });
+    if let Some(link) = doc["consoleUrl"].as_str() {
+        card["actions"] =
+            json!([{"type": "Action.OpenUrl", "title": "Open in the console", "url": link}]);
+    }
+    json!({
+        "type": "message",
+        "attachments": [{"contentType": "application/vnd.microsoft.card.adaptive", "content": card}],
+    })
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_owned()
+    } else {
+        let mut t: String = s.chars().take(max - 1).collect();
+        t.push('…');
+        t
+    }
+}
