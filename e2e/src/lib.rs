@@ -29,6 +29,7 @@ pub mod support {
     pub mod pods;
     pub mod policies;
     pub mod processes;
+    pub mod receiver;
     pub mod scenario;
     pub mod wait;
 }
