@@ -556,8 +556,8 @@ async fn internal_addresses_are_refused_without_the_allow_flag() {
         "{}",
         err(2)
     );
-    for i in 0..3 {
-        assert_eq!(delivery(&a, &ids[i]).unwrap().state, DeliveryState::Failed);
+    for id in &ids {
+        assert_eq!(delivery(&a, id).unwrap().state, DeliveryState::Failed);
     }
     let c = notified(&a).unwrap();
     assert_eq!(
