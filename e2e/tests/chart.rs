@@ -594,3 +594,86 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
         "viewers do not decide"
     );
 }
+
+/// With notifications on, the operator is told where its channels are and
+/// may read that one Secret (and list the Service CIDRs it refuses), no
+/// other Secret; with them off, it gets no Secret access at all.
+#[test]
+fn chart_notifications_read_one_secret_only() {
+    let off = render("agentrun-operator", "agentrun-system", &[]);
+    for d in &off {
+        let kind = d["kind"].as_str().unwrap_or_default();
+        if kind == "Role" || kind == "ClusterRole" {
+            assert!(
+                !d["rules"].to_string().contains("secrets"),
+                "secrets granted without notifications: {}",
+                d["metadata"]["name"]
+            );
+        }
+    }
+    assert!(
+        !args_of(one(&off, "Deployment"))
+            .iter()
+            .any(|a| a.starts_with("--notify")),
+        "no notification flags by default"
+    );
+    let on = render(
+        "agentrun-operator",
+        "agentrun-system",
+        &[
+            "--set",
+            "notifications.secretName=agentrun-channels",
+            "--set",
+            "notifications.allowCidrs={10.20.0.0/16,fd00::/8}",
+            "--set",
+            "notifications.consoleUrl=https://console.example",
+        ],
+    );
+    let args = args_of(one(&on, "Deployment"));
+    for want in [
+        "--notify-secret=agentrun-system/agentrun-channels",
+        "--notify-allow-cidr=10.20.0.0/16",
+        "--notify-allow-cidr=fd00::/8",
+        "--console-url=https://console.example",
+    ] {
+        assert!(args.contains(&want.to_owned()), "{want} missing: {args:?}");
+    }
+    let role = named(&on, "Role", "agentrun-operator-notifications");
+    assert_eq!(role["metadata"]["namespace"], "agentrun-system");
+    let name = Some("agentrun-channels".to_owned());
+    let expected: BTreeSet<_> = ["get", "list", "watch"]
+        .into_iter()
+        .map(|v| {
+            (
+                String::new(),
+                "secrets".to_owned(),
+                v.to_owned(),
+                name.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(grants_of(role), expected);
+    let binding = named(&on, "RoleBinding", "agentrun-operator-notifications");
+    assert_operator_subject(binding, "agentrun-operator", "agentrun-system");
+    let cidrs = named(&on, "ClusterRole", "agentrun-operator-notifications");
+    assert_eq!(
+        grants_of(cidrs),
+        BTreeSet::from([(
+            "networking.k8s.io".to_owned(),
+            "servicecidrs".to_owned(),
+            "list".to_owned(),
+            None
+        )])
+    );
+    let out = output(helm_cmd().args([
+        "template",
+        "r",
+        CHART,
+        "--set",
+        "notifications.consoleUrl=console.example",
+    ]));
+    assert!(
+        !out.status.success(),
+        "a console URL without a scheme was accepted"
+    );
+}

@@ -425,7 +425,8 @@ async fn helm_install_watching_one_namespace_grants_nothing_elsewhere() {
 
 /// The strongest check that the chart's RBAC is enough, not just as written:
 /// the real operator, authenticated as the chart's ServiceAccount
-/// (impersonation), with leader election, drives a gated run to success and
+/// (impersonation), with leader election and notifications, drives a gated
+/// run to success (telling the channel of the request and the decision) and
 /// deletes it after its TTL, and never hits a 403 on the way.
 #[tokio::test]
 async fn operator_runs_a_gated_run_under_the_charts_rbac() {
@@ -448,8 +449,43 @@ async fn operator_runs_a_gated_run_under_the_charts_rbac() {
         installed: false,
     };
     release
-        .install(&["--set", &format!("watchNamespace={ns}")])
+        .install(&[
+            "--set",
+            &format!("watchNamespace={ns}"),
+            "--set",
+            "notifications.secretName=agentrun-channels",
+        ])
         .await;
+    // Notifications: the chart lets the operator read its one channel Secret.
+    let receiver = agentrun_e2e::support::receiver::Receiver::start().await;
+    let channels = format!(
+        "channels:\n- {{name: team, url: '{}', default: true}}\n",
+        receiver.url("/team")
+    );
+    ok_async({
+        let mut cmd = kubectl_cmd();
+        cmd.args([
+            "create",
+            "secret",
+            "generic",
+            "agentrun-channels",
+            "-n",
+            &ns,
+        ])
+        .arg(format!("--from-literal=channels.yaml={channels}"));
+        cmd
+    })
+    .await;
+    s.operator_config.extra_env.extend([
+        (
+            "AGENTRUN_NOTIFY_SECRET".to_owned(),
+            format!("{ns}/agentrun-channels"),
+        ),
+        (
+            "AGENTRUN_NOTIFY_ALLOW_CIDR".to_owned(),
+            "127.0.0.1/32".to_owned(),
+        ),
+    ]);
 
     // A kubeconfig that acts as the chart's ServiceAccount.
     let mut cfg = s.operator_config.clone();
@@ -485,7 +521,10 @@ async fn operator_runs_a_gated_run_under_the_charts_rbac() {
         .as_ref()
         .and_then(|st| st.steps.iter().find_map(|c| c.approval.clone()))
         .expect("the gate names its Approval");
+    // The request went out, read from the Secret under the chart's Role.
+    receiver.wait_for("/team", 1, TIMEOUT).await;
     s.decide(&approval, "Approved", "fine").await;
+    receiver.wait_for("/team", 2, TIMEOUT).await;
     let run = s.wait_finished("gated", TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
     // TTL: the operator deletes the finished run itself.
