@@ -208,6 +208,43 @@ fn cases() -> Vec<Case> {
                 "backoff.initial must not be longer than backoff.max",
             ],
         ),
+        // --- notifications ---
+        refused(
+            "escalation not before the approval's timeout",
+            run_with_step(json!({ "approval": {
+                "timeout": "1h", "escalate": { "after": "90m", "notify": ["leads"] } } })),
+            &[
+                "spec.steps[0].approval.escalate.after",
+                "approval.escalate.after must be shorter than approval.timeout",
+            ],
+        ),
+        refused(
+            "escalation to no channel",
+            run_with_step(json!({ "approval": { "escalate": { "after": "1h", "notify": [] } } })),
+            &["spec.steps[0].approval.escalate.notify", "at least 1"],
+        ),
+        refused(
+            "zero escalation delay",
+            run_with_step(json!({ "approval": { "escalate": { "after": "0s", "notify": ["leads"] } } })),
+            &["spec.steps[0].approval.escalate.after", "must be longer than 0s"],
+        ),
+        refused(
+            "channel name that is not a DNS label",
+            run_with_step(json!({ "approval": { "notify": ["Payments Team"] } })),
+            &["spec.steps[0].approval.notify[0]", "Payments Team"],
+        ),
+        refused_update(
+            "notify channels changed on an approval",
+            approval("Approve", json!({ "notify": ["team"] })),
+            json!({ "spec": { "notify": ["attacker"] } }),
+            &["spec.notify", "immutable"],
+        ),
+        refused_update(
+            "escalation removed from an approval",
+            approval("Approve", json!({ "escalate": { "after": "1h", "notify": ["leads"] } })),
+            json!({ "spec": { "escalate": null } }),
+            &["spec.escalate", "immutable"],
+        ),
         // --- enums ---
         refused(
             "approval onTimeout not in enum",
@@ -485,7 +522,9 @@ async fn valid_objects_are_accepted_and_a_decision_can_be_made_once() {
     let full = run_with_step(json!({
         "effect": "Idempotent", "freshFor": "10m", "timeout": "1h30m",
         "retry": { "limit": 100, "backoff": { "initial": "250ms", "max": "5m" } },
-        "approval": { "question": "ok?", "timeout": "72h", "onTimeout": "Approve" },
+        "approval": { "question": "ok?", "timeout": "72h", "onTimeout": "Approve",
+                      "notify": ["payments-oncall", "audit"],
+                      "escalate": { "after": "71h59m", "notify": ["payments-leads"] } },
     }));
     runs.create(&PostParams::default(), &create(full, "bounds"))
         .await
