@@ -225,8 +225,13 @@ fn cases() -> Vec<Case> {
         ),
         refused(
             "zero escalation delay",
-            run_with_step(json!({ "approval": { "escalate": { "after": "0s", "notify": ["leads"] } } })),
-            &["spec.steps[0].approval.escalate.after", "must be longer than 0s"],
+            run_with_step(
+                json!({ "approval": { "escalate": { "after": "0s", "notify": ["leads"] } } }),
+            ),
+            &[
+                "spec.steps[0].approval.escalate.after",
+                "must be longer than 0s",
+            ],
         ),
         refused(
             "channel name that is not a DNS label",
@@ -241,7 +246,10 @@ fn cases() -> Vec<Case> {
         ),
         refused_update(
             "escalation removed from an approval",
-            approval("Approve", json!({ "escalate": { "after": "1h", "notify": ["leads"] } })),
+            approval(
+                "Approve",
+                json!({ "escalate": { "after": "1h", "notify": ["leads"] } }),
+            ),
             json!({ "spec": { "escalate": null } }),
             &["spec.escalate", "immutable"],
         ),

@@ -263,3 +263,188 @@ fn truncate(s: &str, max: usize) -> String {
         t
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    use super::*;
+    use crate::api::{
+        ApprovalContext, ApprovalSpec, ApprovalStatus, Approvers, Decision, Effect, OnTimeout,
+    };
+
+    const SCHEMA: &str = include_str!("../../docs/notifications.schema.json");
+
+    fn approval(kind: ApprovalKind) -> Approval {
+        let t = Timestamp::from_second(1_750_000_000).unwrap();
+        Approval {
+            metadata: ObjectMeta {
+                name: Some("refund-refund-a9aff4-r1-approve".into()),
+                namespace: Some("payments".into()),
+                uid: Some("5a1d".into()),
+                creation_timestamp: Some(Time(t)),
+                ..ObjectMeta::default()
+            },
+            spec: ApprovalSpec {
+                run_name: "refund".into(),
+                run_uid: "77ee".into(),
+                step: "issue".into(),
+                plan_revision: 1,
+                kind,
+                question: "Refund order 4711?".into(),
+                context: Some(ApprovalContext {
+                    reason: "step issue requires approval before it starts".into(),
+                    effect: Some(Effect::NonIdempotent),
+                    idempotency_key: Some("f7a2c694".into()),
+                    pod: None,
+                    completed_steps: vec!["lookup: {\"amount\": 23.9}".into()],
+                }),
+                expires_at: Some(Time(
+                    t.checked_add(jiff::SignedDuration::from_hours(24)).unwrap(),
+                )),
+                step_digest: None,
+                on_timeout: OnTimeout::Reject,
+                decision: None,
+                comment: None,
+                approvers: Some(Approvers {
+                    users: vec!["alice".into()],
+                    groups: vec!["payments-leads".into()],
+                    service_accounts: vec![],
+                }),
+                quorum: 2,
+                separate_from_requester: true,
+                requested_by: Some("dave".into()),
+                decided_by: None,
+                decided_by_groups: vec![],
+                votes: vec![],
+                notify: vec!["team".into()],
+                escalate: None,
+            },
+            status: Some(ApprovalStatus {
+                votes: Some("0/2".into()),
+                ..ApprovalStatus::default()
+            }),
+        }
+    }
+
+    fn facts(a: &Approval, event: NotificationEvent) -> Facts<'_> {
+        Facts {
+            approval: a,
+            event,
+            delivery_id: "5a1d.requested.team",
+            occurred_at: Timestamp::from_second(1_750_000_000).unwrap(),
+            console_url: Some("https://console.example/"),
+        }
+    }
+
+    fn valid(doc: &Value) {
+        let schema: Value = serde_json::from_str(SCHEMA).expect("the schema is JSON");
+        let validator = jsonschema::validator_for(&schema).expect("the schema compiles");
+        let errors: Vec<String> = validator
+            .iter_errors(doc)
+            .map(|e| format!("{} at {}", e, e.instance_path))
+            .collect();
+        assert!(errors.is_empty(), "{errors:#?}\n{doc:#}");
+    }
+
+    #[test]
+    fn the_json_document_matches_its_published_schema() {
+        let mut decided = approval(ApprovalKind::Approve);
+        decided.spec.decision = Some(Decision::Rejected);
+        decided.spec.comment = Some("fraud".into());
+        decided.status = Some(ApprovalStatus {
+            phase: crate::api::ApprovalPhase::Rejected,
+            decided_at: Some(Time(Timestamp::from_second(1_750_000_100).unwrap())),
+            decided_by: Some("alice".into()),
+            ..ApprovalStatus::default()
+        });
+        let mut bare = approval(ApprovalKind::Reconcile);
+        bare.spec.context = None;
+        bare.spec.approvers = None;
+        bare.spec.expires_at = None;
+        bare.status = None;
+        for (a, e) in [
+            (
+                approval(ApprovalKind::Approve),
+                NotificationEvent::Requested,
+            ),
+            (decided, NotificationEvent::Decided),
+            (bare, NotificationEvent::Escalated),
+        ] {
+            let f = facts(&a, e);
+            valid(&document(&f));
+            valid(&document(&Facts {
+                console_url: None,
+                ..f
+            }));
+        }
+        // And the schema is not a rubber stamp.
+        let mut wrong = document(&facts(
+            &approval(ApprovalKind::Approve),
+            NotificationEvent::Requested,
+        ));
+        wrong["event"] = json!("asked");
+        let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+        assert!(!jsonschema::is_valid(&schema, &wrong));
+    }
+
+    #[test]
+    fn the_document_says_who_decides_how_and_where() {
+        let a = approval(ApprovalKind::Approve);
+        let doc = document(&facts(&a, NotificationEvent::Requested));
+        assert_eq!(
+            doc["whoMayDecide"],
+            "user alice; group payments-leads (2 distinct approvers needed); not dave, who created the run"
+        );
+        assert_eq!(
+            doc["commands"]["approve"],
+            "kubectl agentrun approve refund issue -n payments"
+        );
+        assert_eq!(
+            doc["consoleUrl"],
+            "https://console.example/ns/payments/runs/refund"
+        );
+        let r = approval(ApprovalKind::Reconcile);
+        let doc = document(&facts(&r, NotificationEvent::Requested));
+        assert_eq!(
+            doc["commands"]["retry"],
+            "kubectl agentrun reconcile refund issue -n payments --retry"
+        );
+        assert!(doc["commands"].get("approve").is_none());
+    }
+
+    #[test]
+    fn slack_and_teams_render_the_same_facts_readably() {
+        let a = approval(ApprovalKind::Approve);
+        let f = facts(&a, NotificationEvent::Requested);
+        let (body, ct) = render(Format::Slack, &f);
+        assert_eq!(ct, "application/json");
+        let slack: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            slack["text"],
+            "Approval needed: run payments/refund step issue"
+        );
+        let text = slack["blocks"][1]["text"]["text"].as_str().unwrap();
+        assert!(text.contains("*Question:* Refund order 4711?"), "{text}");
+        assert!(text.contains("*Idempotency key:* f7a2c694"), "{text}");
+        assert!(text.contains("• lookup:"), "{text}");
+        assert!(
+            slack["blocks"][2]["text"]["text"]
+                .as_str()
+                .unwrap()
+                .contains("`kubectl agentrun approve refund issue -n payments`")
+        );
+        assert_eq!(
+            slack["blocks"][3]["elements"][0]["url"],
+            "https://console.example/ns/payments/runs/refund"
+        );
+        let (body, _) = render(Format::Msteams, &f);
+        let teams: Value = serde_json::from_slice(&body).unwrap();
+        let card = &teams["attachments"][0]["content"];
+        assert_eq!(card["type"], "AdaptiveCard");
+        assert_eq!(card["body"][1]["facts"][0]["title"], "Question");
+        assert_eq!(card["actions"][0]["type"], "Action.OpenUrl");
+        // The same facts give the same bytes: a retry sends what the first attempt sent.
+        assert_eq!(render(Format::Json, &f).0, render(Format::Json, &f).0);
+    }
+}
