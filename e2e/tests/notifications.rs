@@ -33,9 +33,29 @@ async fn setup(
     allow_loopback: bool,
     failpoint: Option<&str>,
 ) -> Scenario {
+    setup_with(
+        test,
+        receiver,
+        channels,
+        json!({}),
+        allow_loopback,
+        failpoint,
+    )
+    .await
+}
+
+/// The same, with more keys in the channel Secret.
+async fn setup_with(
+    test: &str,
+    receiver: &Receiver,
+    channels: &str,
+    extra: Value,
+    allow_loopback: bool,
+    failpoint: Option<&str>,
+) -> Scenario {
     let mut s = Scenario::start_without_operator(test).await;
     let ns = s.namespace().to_owned();
-    put_channels(&s, receiver, channels, true).await;
+    put_secret(&s, receiver, channels, true, extra).await;
     let cfg = &mut s.operator_config;
     cfg.extra_env
         .push(("AGENTRUN_NOTIFY_SECRET".into(), format!("{ns}/{SECRET}")));
@@ -53,12 +73,21 @@ async fn setup(
 
 /// Creates or replaces the channel Secret.
 async fn put_channels(s: &Scenario, receiver: &Receiver, channels: &str, create: bool) {
+    put_secret(s, receiver, channels, create, json!({})).await
+}
+
+/// The same, with more keys.
+async fn put_secret(s: &Scenario, receiver: &Receiver, channels: &str, create: bool, extra: Value) {
     let file = channels.replace("{R}", &receiver.url(""));
+    let mut data = json!({"channels.yaml": file, "hmac": HMAC_KEY});
+    if let (Some(d), Some(e)) = (data.as_object_mut(), extra.as_object()) {
+        d.extend(e.clone());
+    }
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": SECRET},
-        "stringData": {"channels.yaml": file, "hmac": HMAC_KEY},
+        "stringData": data,
     }))
     .unwrap();
     let api: Api<Secret> = s.env().api();
@@ -697,6 +726,49 @@ async fn wrong_channels_are_reported_and_the_others_deliver() {
     assert_eq!(
         (c.status.as_str(), c.reason.as_str()),
         ("True", "Delivered")
+    );
+    s.finish().await;
+}
+
+/// HTTPS is verified: a receiver whose certificate comes from a private CA
+/// is reached with that CA (`caRef`) and refused without it.
+#[tokio::test]
+async fn https_is_verified_against_the_channels_roots() {
+    let dir = agentrun_e2e::support::processes::log_dir("notify-tls-pki");
+    let (r, ca) = Receiver::start_tls(&dir).await;
+    let s = setup_with(
+        "notify-tls",
+        &r,
+        "channels:\n\
+         - {name: private, url: '{R}/private', caRef: ca.pem}\n\
+         - {name: system, url: '{R}/system', maxAttempts: 1}\n",
+        json!({"ca.pem": ca}),
+        true,
+        None,
+    )
+    .await;
+    let name = gated_run(
+        &s,
+        "refund",
+        json!({"question": "ok?", "notify": ["private", "system"]}),
+    )
+    .await;
+    let got = r.wait_for("/private", 1, TIMEOUT).await;
+    assert_eq!(got[0].header("x-agentrun-event"), Some("requested"));
+    let a = s.approvals().get(&name).await.unwrap();
+    let system = id(&a, "requested", "system");
+    let a = wait_approval(&s, &name, "the untrusted receiver given up", |a| {
+        delivery(a, &system).is_some_and(|d| d.state == DeliveryState::Failed)
+    })
+    .await;
+    let err = delivery(&a, &system).unwrap().last_error.unwrap();
+    assert!(
+        err.contains("certificate") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
+    assert!(
+        r.received("/system").is_empty(),
+        "no request got past the handshake"
     );
     s.finish().await;
 }

@@ -7,6 +7,7 @@
 //!     url: https://hooks.example.com/agentrun
 //!     format: json                   # json (default) | slack | msteams
 //!     hmacKeyRef: payments-hmac      # a key of the same Secret: signs each body
+//!     caRef: payments-ca.pem         # a key of the same Secret: the only CAs trusted
 //!     headers: {X-Team: payments}    # extra request headers
 //!     default: true                  # told about every approval
 //!     timeout: 10s                   # per request (default 10s)
@@ -63,6 +64,9 @@ pub struct Channel {
     pub format: Format,
     /// The HMAC-SHA256 key, when bodies are signed.
     pub hmac_key: Option<Vec<u8>>,
+    /// PEM certificates: the only roots trusted for this channel's HTTPS
+    /// (a receiver with a private CA). `None`: the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
     pub headers: Vec<(String, String)>,
     pub default: bool,
     pub timeout: StdDuration,
@@ -96,6 +100,8 @@ struct Spec {
     format: Format,
     #[serde(default)]
     hmac_key_ref: Option<String>,
+    #[serde(default)]
+    ca_ref: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
     #[serde(default)]
@@ -237,6 +243,22 @@ fn channel(spec: Spec, data: &BTreeMap<String, Vec<u8>>) -> Result<Channel, Stri
             None => return Err(format!("hmacKeyRef {key}: the Secret has no such key")),
         },
     };
+    let ca_pem = match &spec.ca_ref {
+        None => None,
+        Some(key) => {
+            let pem = data
+                .get(key)
+                .ok_or_else(|| format!("caRef {key}: the Secret has no such key"))?;
+            match reqwest::Certificate::from_pem_bundle(pem) {
+                Ok(certs) if !certs.is_empty() => Some(pem.clone()),
+                Ok(_) => return Err(format!("caRef {key}: no PEM certificate in it")),
+                Err(e) => return Err(format!("caRef {key}: {e}")),
+            }
+        }
+    };
+    if ca_pem.is_some() && url.scheme() != "https" {
+        return Err("caRef is for an https url".to_owned());
+    }
     let mut headers = Vec::new();
     for (name, value) in spec.headers {
         if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
@@ -264,6 +286,7 @@ fn channel(spec: Spec, data: &BTreeMap<String, Vec<u8>>) -> Result<Channel, Stri
         url,
         format: spec.format,
         hmac_key,
+        ca_pem,
         headers,
         default: spec.default,
         timeout,
@@ -343,6 +366,30 @@ mod tests {
                 "Secret ops/chan has no key channels.yaml (keys: )".into()
             ))
         );
+    }
+
+    #[test]
+    fn a_ca_must_be_pem_and_for_https() {
+        let mut d = data(
+            "channels:\n- {name: a, url: 'https://h.example/', caRef: ca}\n- {name: b, url: 'https://h.example/', caRef: nope}\n- {name: c, url: 'http://h.example/', caRef: ca}\n",
+        );
+        d.insert("ca".into(), b"not a certificate".to_vec());
+        let c = Channels::parse("ops/chan", &d);
+        assert!(
+            c.get("a")
+                .unwrap_err()
+                .message()
+                .contains("caRef ca: no PEM certificate"),
+            "{:?}",
+            c.get("a")
+        );
+        assert!(
+            c.get("b")
+                .unwrap_err()
+                .message()
+                .contains("caRef nope: the Secret has no such key")
+        );
+        assert!(c.get("c").is_err());
     }
 
     #[test]

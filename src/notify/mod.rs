@@ -246,7 +246,8 @@ async fn reconcile(a: Arc<Approval>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         let status = approval.status.get_or_insert_with(Default::default);
         let mut written = ctx.written.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(mine) = written.get(&uid) {
-            if *mine == status.notifications {
+            if progress(mine) == progress(&status.notifications) {
+                // The cache has caught up (times come back at the API's precision).
                 written.remove(&uid);
             } else {
                 status.notifications = mine.clone();
@@ -345,6 +346,13 @@ async fn reconcile(a: Arc<Approval>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         }
         None => Action::await_change(),
     })
+}
+
+/// What a record says was done, without its times.
+fn progress(ds: &[Delivery]) -> Vec<(&str, DeliveryState, u32, Option<&str>)> {
+    ds.iter()
+        .map(|d| (d.id.as_str(), d.state, d.attempts, d.reason.as_deref()))
+        .collect()
 }
 
 fn upsert(deliveries: &mut Vec<Delivery>, d: Delivery) {

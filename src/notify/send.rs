@@ -116,6 +116,12 @@ pub async fn send(channel: &Channel, guard: &Guard, msg: &Message<'_>) -> Outcom
         .timeout(channel.timeout)
         .connect_timeout(channel.timeout)
         .user_agent(concat!("agentrun-operator/", env!("CARGO_PKG_VERSION")));
+    if let Some(pem) = &channel.ca_pem {
+        match reqwest::Certificate::from_pem_bundle(pem) {
+            Ok(certs) => builder = builder.tls_certs_only(certs),
+            Err(e) => return Outcome::Failed(format!("caRef: {e}")),
+        }
+    }
     if host.parse::<std::net::IpAddr>().is_err() {
         // Connect to the address checked, whatever the name resolves to now.
         builder = builder.resolve(&host, addr);

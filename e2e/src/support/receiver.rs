@@ -7,10 +7,14 @@
 //!   r.script("/team", [Reply::Status(500), Reply::Status(500)]);   // then 200
 //!   channel url: r.url("/team")
 //!   r.wait_for("/team", 3, timeout).await  → the requests, in arrival order
+//!
+//!   let (r, ca_pem) = Receiver::start_tls(dir).await;   // HTTPS, a certificate for
+//!                                                        // 127.0.0.1 from a test CA
 //! ```
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,38 +69,67 @@ struct State {
 /// The running receiver; stops when dropped.
 pub struct Receiver {
     pub addr: SocketAddr,
+    scheme: &'static str,
     state: Arc<Mutex<State>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Receiver {
     pub async fn start() -> Receiver {
+        Receiver::serve(None).await
+    }
+
+    /// An HTTPS receiver whose certificate (for IP 127.0.0.1) is signed by a
+    /// CA made for it in `dir` with openssl; returns the CA's PEM.
+    pub async fn start_tls(dir: &Path) -> (Receiver, String) {
+        let (config, ca) = tls_config(dir);
+        let r = Receiver::serve(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await;
+        (r, ca)
+    }
+
+    async fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binding the receiver on 127.0.0.1");
         let addr = listener.local_addr().expect("the receiver's address");
         let state = Arc::new(Mutex::new(State::default()));
         let shared = state.clone();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
                 let state = shared.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| handle(req, state.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                        Some(acceptor) => {
+                            // A client that refuses the certificate ends here.
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                            }
+                        }
+                    }
                 });
             }
         });
-        Receiver { addr, state, task }
+        Receiver {
+            addr,
+            scheme,
+            state,
+            task,
+        }
     }
 
-    /// `http://127.0.0.1:<port><path>`.
+    /// `http(s)://127.0.0.1:<port><path>`.
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        format!("{}://{}{path}", self.scheme, self.addr)
     }
 
     /// The replies for the next requests to `path`; after them, 200.
@@ -203,4 +236,105 @@ async fn handle(
             response(200)
         }
     })
+}
+
+/// A CA and a server certificate for 127.0.0.1 made with openssl in `dir`;
+/// the rustls server configuration and the CA's PEM.
+fn tls_config(dir: &Path) -> (rustls::ServerConfig, String) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    std::fs::create_dir_all(dir).expect("creating the receiver's certificate directory");
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("running openssl (the notification tests need it)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=agentrun receiver test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("writing the extensions file");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "server.ext",
+    ]);
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .expect("reading server.pem")
+        .collect::<Result<_, _>>()
+        .expect("server.pem holds certificates");
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("reading server.key");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS 1.2 and 1.3")
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .expect("the server certificate and key match");
+    let ca = std::fs::read_to_string(dir.join("ca.pem")).expect("reading ca.pem");
+    (config, ca)
 }
