@@ -284,12 +284,26 @@ async fn request_escalation_and_decision_arrive_once_each_signed() {
 
     // The reminder comes after its delay, in Slack's format.
     let boss = r.wait_for("/boss", 1, TIMEOUT).await;
-    let waited = boss[0].at.duration_since(team[0].at);
-    assert!(
-        waited >= Duration::from_secs(3),
-        "the reminder came {waited:?} after the request"
-    );
     let slack = boss[0].json();
+    // Not before the approval was 4 s old (its creation time is kept to the second).
+    let created = a.metadata.creation_timestamp.clone().unwrap().0;
+    let due = created
+        .checked_add(jiff::SignedDuration::from_secs(4))
+        .unwrap();
+    assert!(
+        boss[0].wall >= due,
+        "the reminder came at {}, before it was due at {due}",
+        boss[0].wall
+    );
+    let mut ids = Vec::new();
+    for r in team.iter().chain(&ops).chain(&boss) {
+        ids.push(r.header("x-agentrun-delivery").unwrap().to_owned());
+    }
+    assert_eq!(
+        ids[2],
+        id(&a, "escalated", "boss"),
+        "the reminder has its own delivery id"
+    );
     assert!(
         slack["text"]
             .as_str()
@@ -380,6 +394,57 @@ async fn a_failing_receiver_gets_exactly_the_retries() {
     let d = delivery(&a, &want).unwrap();
     assert_eq!(d.attempts, 4, "{d:?}");
     assert_eq!(d.last_error, None);
+    // And the operator counts them so.
+    let metrics = agentrun_e2e::get_ok(s.operator_config.metrics_port, "/metrics").await;
+    for line in [
+        r#"agentrun_notifications_total{channel="team",outcome="retry"} 3"#,
+        r#"agentrun_notifications_total{channel="team",outcome="delivered"} 1"#,
+        r#"agentrun_notification_latency_seconds_count{channel="team"} 1"#,
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in:\n{metrics}"
+        );
+    }
+    s.finish().await;
+}
+
+/// Nobody decides in time: the expiry is told to the request's channels,
+/// and the request is not sent again.
+#[tokio::test]
+async fn an_expiry_is_told() {
+    let r = Receiver::start().await;
+    let s = setup(
+        "notify-expiry",
+        &r,
+        "channels:\n- {name: team, url: '{R}/team', default: true}\n",
+        true,
+        None,
+    )
+    .await;
+    let name = gated_run(
+        &s,
+        "refund",
+        json!({"question": "ok?", "timeout": "3s", "onTimeout": "Reject"}),
+    )
+    .await;
+    let got = r.wait_for("/team", 2, TIMEOUT).await;
+    assert_eq!(got[0].header("x-agentrun-event"), Some("requested"));
+    assert_eq!(got[1].header("x-agentrun-event"), Some("expired"));
+    let body = got[1].json();
+    assert_eq!(body["event"], "expired");
+    assert_eq!(body["approval"]["phase"], "Expired");
+    assert_eq!(body["approval"]["decidedBy"], "agentrun-operator");
+    assert_no_more(&r, "/team", 2).await;
+    let a = s.approvals().get(&name).await.unwrap();
+    assert_eq!(
+        delivery(&a, &id(&a, "expired", "team")).map(|d| d.state),
+        Some(DeliveryState::Delivered)
+    );
+    s.wait_run("refund", "Failed", TIMEOUT, |r| {
+        status(r).phase == Some(RunPhase::Failed)
+    })
+    .await;
     s.finish().await;
 }
 

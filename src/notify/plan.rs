@@ -239,7 +239,20 @@ pub fn record(mut d: Delivery, outcome: &Outcome, max_attempts: u32, now: Timest
             let wait = SignedDuration::try_from(wait).unwrap_or(SignedDuration::MAX);
             d.state = DeliveryState::Pending;
             d.reason = Some("Retrying".into());
-            d.next_attempt_at = now.checked_add(wait).ok().map(Time);
+            // Whole seconds, rounded up: the API keeps times to the second,
+            // and a record read back must not make the retry early.
+            d.next_attempt_at = now
+                .checked_add(wait)
+                .ok()
+                .and_then(|t| {
+                    t.round(
+                        jiff::TimestampRound::new()
+                            .smallest(jiff::Unit::Second)
+                            .mode(jiff::RoundMode::Ceil),
+                    )
+                    .ok()
+                })
+                .map(Time);
             d.last_error = Some(error.clone());
         }
         Outcome::Retry { error, .. } => {
@@ -600,7 +613,9 @@ mod tests {
         }
         for (i, w) in waits.iter().enumerate() {
             let exp = f64::from(1u32 << i);
-            assert!((0.8 * exp..=1.2 * exp).contains(w), "wait {i}: {w} s");
+            // Rounded up to the second the API keeps.
+            assert!((0.8 * exp..=1.2 * exp + 1.0).contains(w), "wait {i}: {w} s");
+            assert_eq!(w.fract(), 0.0, "wait {i}: {w} s is not whole seconds");
         }
         let gave_up = record(cur, &retry, 4, t(0));
         assert_eq!(gave_up.state, DeliveryState::Failed);

@@ -43,6 +43,8 @@ pub struct Received {
     pub headers: HashMap<String, String>,
     pub body: Vec<u8>,
     pub at: Instant,
+    /// The same moment on the wall clock, to compare with API timestamps.
+    pub wall: jiff::Timestamp,
 }
 
 impl Received {
@@ -209,6 +211,7 @@ async fn handle(
             headers,
             body,
             at: Instant::now(),
+            wall: jiff::Timestamp::now(),
         });
         s.scripts.get_mut(&path).and_then(VecDeque::pop_front)
     };
