@@ -1,0 +1,344 @@
+//! `kubectl agentrun console`: a web app on 127.0.0.1 that reads and writes
+//! the Kubernetes API with the user's own kubeconfig, like `kubectl proxy`:
+//! no credentials or state of its own, RBAC and the approver policies apply
+//! unchanged.
+//!
+//! ```text
+//!   browser ──HTTP/SSE──▶ console (127.0.0.1) ──watch/patch as the user──▶ kube-apiserver
+//!                           ├─ reflector AgentRuns  ─┐
+//!                           ├─ reflector Approvals  ─┴─▶ change counter ─▶ SSE streams
+//!                           └─ decisions: commands::send_decision (the CLI's own write)
+//! ```
+//!
+//! `pages`, `run_page` and `timeline` are pure renderings; `sse` turns the
+//! watches into live fragments; this module wires the server.
+
+pub mod filter;
+pub mod pages;
+pub mod run_page;
+mod sse;
+pub mod timeline;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use agentrun_operator::api::{AgentRun, Approval, Decision};
+use axum::Router;
+use axum::extract::{Form, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::StreamExt;
+use jiff::Timestamp;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+use maud::Markup;
+use serde::Deserialize;
+
+use crate::commands::{Error, events_of, send_decision, whoami};
+use crate::identity::Identity;
+use filter::RunFilter;
+
+/// Where the console looks: one namespace, or all the user may list.
+#[derive(Clone, Debug)]
+pub enum Scope {
+    Namespace(String),
+    All,
+}
+
+/// What every handler shares: the user's client and identity, the watches'
+/// stores, and a counter that moves on every change they see.
+pub struct Console {
+    client: Client,
+    me: Identity,
+    runs: reflector::Store<AgentRun>,
+    approvals: reflector::Store<Approval>,
+    changes: tokio::sync::watch::Sender<u64>,
+    port: u16,
+}
+
+type Shared = Arc<Console>;
+
+impl Console {
+    fn runs(&self) -> Vec<AgentRun> {
+        self.runs.state().iter().map(|r| (**r).clone()).collect()
+    }
+    fn approvals(&self) -> Vec<Approval> {
+        self.approvals
+            .state()
+            .iter()
+            .map(|a| (**a).clone())
+            .collect()
+    }
+    fn namespaces(&self) -> Vec<String> {
+        let mut ns: Vec<String> = self
+            .runs
+            .state()
+            .iter()
+            .filter_map(|r| r.metadata.namespace.clone())
+            .collect();
+        ns.sort();
+        ns.dedup();
+        ns
+    }
+    fn run(&self, ns: &str, name: &str) -> Option<(AgentRun, Vec<Approval>)> {
+        let run = self
+            .runs
+            .get(&reflector::ObjectRef::new(name).within(ns))
+            .map(|r| (*r).clone())?;
+        let uid = run.metadata.uid.clone().unwrap_or_default();
+        let mut approvals: Vec<Approval> = self
+            .approvals()
+            .into_iter()
+            .filter(|a| a.spec.run_uid == uid)
+            .collect();
+        approvals.sort_by_key(|a| a.metadata.creation_timestamp.as_ref().map(|t| t.0));
+        Some((run, approvals))
+    }
+}
+
+/// Starts the watches and serves until interrupted.
+pub async fn serve(
+    client: Client,
+    default_namespace: String,
+    namespace: Option<String>,
+    port: u16,
+    open: bool,
+) -> Result<(), Error> {
+    let me = whoami(&client).await?;
+    let scope = match namespace {
+        Some(ns) => Scope::Namespace(ns),
+        None => {
+            // All namespaces when the user may list runs there, else the context's.
+            let all = Api::<AgentRun>::all(client.clone());
+            match all.list(&kube::api::ListParams::default().limit(1)).await {
+                Ok(_) => Scope::All,
+                Err(kube::Error::Api(s)) if s.code == 403 => Scope::Namespace(default_namespace),
+                Err(e) => return Err(crate::commands::api("listing AgentRuns")(e)),
+            }
+        }
+    };
+    let (runs_api, apv_api): (Api<AgentRun>, Api<Approval>) = match &scope {
+        Scope::All => (Api::all(client.clone()), Api::all(client.clone())),
+        Scope::Namespace(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+    };
+    let (changes, _) = tokio::sync::watch::channel(0u64);
+    let (runs, runs_w) = reflector::store();
+    let (approvals, apv_w) = reflector::store();
+    let bump = {
+        let changes = changes.clone();
+        move || changes.send_modify(|n| *n += 1)
+    };
+    let (b1, b2) = (bump.clone(), bump);
+    tokio::spawn(async move {
+        let mut s = watcher(runs_api, watcher::Config::default())
+            .default_backoff()
+            .modify(|r: &mut AgentRun| r.metadata.managed_fields = None)
+            .reflect(runs_w)
+            .boxed();
+        while let Some(ev) = s.next().await {
+            match ev {
+                Ok(_) => b1(),
+                Err(e) => eprintln!("console: watching AgentRuns: {e}"),
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut s = watcher(apv_api, watcher::Config::default())
+            .default_backoff()
+            .modify(|a: &mut Approval| a.metadata.managed_fields = None)
+            .reflect(apv_w)
+            .boxed();
+        while let Some(ev) = s.next().await {
+            match ev {
+                Ok(_) => b2(),
+                Err(e) => eprintln!("console: watching Approvals: {e}"),
+            }
+        }
+    });
+    // Only loopback: the console acts with the user's credentials.
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let port = listener.local_addr()?.port();
+    let console = Arc::new(Console {
+        client,
+        me,
+        runs,
+        approvals,
+        changes,
+        port,
+    });
+    let _ = console.runs.wait_until_ready().await;
+    let _ = console.approvals.wait_until_ready().await;
+    let url = format!("http://127.0.0.1:{port}/");
+    let what = match &scope {
+        Scope::All => "all namespaces".to_owned(),
+        Scope::Namespace(ns) => format!("namespace {ns}"),
+    };
+    println!(
+        "console: {url} ({what}, as {}); Ctrl-C to stop",
+        console.me.user
+    );
+    if open {
+        let opener = if cfg!(target_os = "macos") {
+            "open"
+        } else {
+            "xdg-open"
+        };
+        if let Err(e) = std::process::Command::new(opener).arg(&url).spawn() {
+            eprintln!("console: could not open a browser ({opener}: {e}); open {url}");
+        }
+    }
+    axum::serve(listener, router(console))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
+
+fn router(console: Shared) -> Router {
+    Router::new()
+        .route("/", get(runs_page))
+        .route("/approvals", get(inbox_page))
+        .route("/ns/{ns}/runs/{run}", get(run_page))
+        .route("/ns/{ns}/approvals/{name}/decide", post(decide))
+        .route("/events/runs", get(sse::runs))
+        .route("/events/approvals", get(sse::approvals))
+        .route("/events/ns/{ns}/runs/{run}", get(sse::run))
+        .route("/assets/{file}", get(asset))
+        .layer(middleware::from_fn_with_state(console.clone(), guard))
+        .with_state(console)
+}
+
+/// Requests must name this console as their host (no DNS rebinding), and a
+/// write must come from its own pages (an htmx request with no foreign
+/// Origin): another site in the browser cannot decide as the user.
+async fn guard(State(c): State<Shared>, req: Request, next: Next) -> Response {
+    if let Err((code, why)) = allowed(&c, req.method(), req.headers()) {
+        return (code, why).into_response();
+    }
+    next.run(req).await
+}
+
+fn allowed(
+    c: &Console,
+    method: &axum::http::Method,
+    headers: &HeaderMap,
+) -> Result<(), (StatusCode, &'static str)> {
+    let h = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let ours = [
+        format!("127.0.0.1:{}", c.port),
+        format!("localhost:{}", c.port),
+    ];
+    if !h(header::HOST).is_some_and(|host| ours.iter().any(|o| o == host)) {
+        return Err((
+            StatusCode::MISDIRECTED_REQUEST,
+            "not this console's address",
+        ));
+    }
+    if method == axum::http::Method::POST {
+        let origin_ok =
+            h(header::ORIGIN).is_none_or(|o| ours.iter().any(|host| o == format!("http://{host}")));
+        let htmx = headers.get("hx-request").is_some_and(|v| v == "true");
+        if !origin_ok || !htmx {
+            return Err((
+                StatusCode::FORBIDDEN,
+                "decisions come from the console's own pages",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn page(m: Markup) -> Response {
+    m.into_response()
+}
+
+async fn runs_page(State(c): State<Shared>, Query(f): Query<RunFilter>) -> Response {
+    let (runs, approvals) = (c.runs(), c.approvals());
+    page(pages::runs_page(
+        &c.me,
+        &runs,
+        &approvals,
+        &c.namespaces(),
+        &f,
+        Timestamp::now(),
+    ))
+}
+
+async fn inbox_page(State(c): State<Shared>) -> Response {
+    page(pages::inbox_page(&c.me, &c.approvals(), Timestamp::now()))
+}
+
+async fn run_page(State(c): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+    let Some((run, approvals)) = c.run(&ns, &name) else {
+        let what = format!("No AgentRun {name} in namespace {ns} (or you may not list it).");
+        return (StatusCode::NOT_FOUND, pages::not_found(&c.me, &what)).into_response();
+    };
+    let events = events_of(&c.client, &ns, &name).await.unwrap_or_default();
+    page(run_page::run_page(
+        &c.me,
+        &run,
+        &approvals,
+        &events,
+        Timestamp::now(),
+    ))
+}
+
+#[derive(Deserialize)]
+struct DecideForm {
+    decision: String,
+    #[serde(default)]
+    comment: String,
+}
+
+/// One decision, as the user, through the CLI's own write. The result is a
+/// line for the page's decisions log: what was recorded, or the refusal.
+async fn decide(
+    State(c): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(form): Form<DecideForm>,
+) -> Response {
+    let outcome = async {
+        let d: Decision = serde_json::from_value(serde_json::Value::String(form.decision.clone()))
+            .map_err(|_| format!("unknown decision {:?}", form.decision))?;
+        let a = Api::<Approval>::namespaced(c.client.clone(), &ns)
+            .get(&name)
+            .await
+            .map_err(|e| crate::commands::api(format!("reading approval {name}"))(e).to_string())?;
+        let comment = Some(form.comment.trim()).filter(|s| !s.is_empty());
+        send_decision(&c.client, &a, &c.me, d, comment)
+            .await
+            .map_err(|e| e.to_string())
+    }
+    .await;
+    pages::decision_result(&name, &outcome).into_response()
+}
+
+async fn asset(Path(file): Path<String>) -> Response {
+    let (body, kind): (&'static [u8], &str) = match file.as_str() {
+        "htmx.min.js" => (
+            include_bytes!("../../assets/htmx.min.js"),
+            "text/javascript",
+        ),
+        "htmx-ext-sse.min.js" => (
+            include_bytes!("../../assets/htmx-ext-sse.min.js"),
+            "text/javascript",
+        ),
+        "console.js" => (include_bytes!("../../assets/console.js"), "text/javascript"),
+        "console.css" => (include_bytes!("../../assets/console.css"), "text/css"),
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    (
+        [
+            (header::CONTENT_TYPE, kind),
+            (header::CACHE_CONTROL, "max-age=3600"),
+        ],
+        body,
+    )
+        .into_response()
+}
