@@ -1,0 +1,536 @@
+//! `kubectl agentrun console` in headless Chromium (chromedriver, WebDriver)
+//! against a real operator and simulated kubelet on the plane: the runs
+//! table is live, the timeline shows what happened to each attempt, and a
+//! decision in the inbox is the API server's to take or refuse, as the
+//! impersonated user.
+//!
+//! ```text
+//!   test ──WebDriver──▶ chromedriver ──▶ chromium --headless=new
+//!                                            │ HTTP + SSE
+//!                                            ▼
+//!        kubectl-agentrun --as alice -n NS console --port P ──▶ kube-apiserver (+ policies)
+//! ```
+//!
+//! Needs `chromium` and `chromedriver` on PATH (`e2e/cluster browser` installs
+//! them) and fails, never skips, without them. With
+//! `AGENTRUN_CONSOLE_SCREENSHOTS=DIR` the tests write the screenshots in
+//! docs/images there.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use agentrun_e2e::support::policies::{Policies, wait_enforced};
+use agentrun_e2e::support::processes::{Process, free_port, log_dir, plugin_binary};
+use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_e2e::{client_as, kubeconfig, kubectl_ok, wait_for};
+use agentrun_operator::api::{Approval, ApprovalPhase, RunPhase, StepPhase};
+use fantoccini::{Client, ClientBuilder, Locator};
+use kube::api::{EvictParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+const PAGE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A program on PATH, or a panic that says how to install it.
+fn required(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{program} not found on PATH: the console tests need it; run `e2e/cluster browser` (apt-get install chromium chromium-driver)")
+        })
+}
+
+/// The console, started as `user` (none: the plane's admin) in `ns`.
+struct Console {
+    _process: Process,
+    url: String,
+}
+
+async fn console(ns: &str, user: Option<&str>) -> Console {
+    let port = free_port();
+    let mut cmd = tokio::process::Command::new(plugin_binary());
+    cmd.arg("--kubeconfig").arg(kubeconfig()).args(["-n", ns]);
+    if let Some(u) = user {
+        cmd.args(["--as", u]);
+    }
+    cmd.args(["console", "--port", &port.to_string()]);
+    let log = log_dir(ns).join(format!("console-{}.log", user.unwrap_or("admin")));
+    let process = Process::start("console", cmd, log).expect("starting kubectl-agentrun console");
+    let url = format!("http://127.0.0.1:{port}/");
+    let deadline = Instant::now() + PAGE_TIMEOUT;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the console did not listen on {url} within {PAGE_TIMEOUT:?}\n{}",
+            process.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Console {
+        _process: process,
+        url,
+    }
+}
+
+/// Headless Chromium through a chromedriver of its own.
+struct Browser {
+    client: Client,
+    _driver: Process,
+}
+
+async fn browser(ns: &str) -> Browser {
+    let chromium = required("chromium");
+    let port = free_port();
+    let mut cmd = tokio::process::Command::new(required("chromedriver"));
+    cmd.arg(format!("--port={port}"));
+    let driver = Process::start("chromedriver", cmd, log_dir(ns).join("chromedriver.log"))
+        .expect("starting chromedriver");
+    let caps: serde_json::Map<String, Value> = serde_json::from_value(json!({
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1280,900", "--hide-scrollbars"],
+        }
+    }))
+    .unwrap();
+    let deadline = Instant::now() + PAGE_TIMEOUT;
+    loop {
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        match ClientBuilder::new(connector)
+            .capabilities(caps.clone())
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+        {
+            Ok(client) => {
+                return Browser {
+                    client,
+                    _driver: driver,
+                };
+            }
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!(
+                "no Chromium session through chromedriver within {PAGE_TIMEOUT:?}: {e}\n{}",
+                driver.log_tail(40)
+            ),
+        }
+    }
+}
+
+impl Browser {
+    async fn goto(&self, url: &str) {
+        self.client
+            .goto(url)
+            .await
+            .unwrap_or_else(|e| panic!("opening {url}: {e}"));
+    }
+
+    /// Evaluates `js` (a function body returning a value) until it returns
+    /// something other than null/false, or panics saying `what`.
+    async fn wait_js(&self, what: &str, timeout: Duration, js: &str) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.client.execute(js, vec![]).await.unwrap_or(Value::Null);
+            if !(v.is_null() || v == Value::Bool(false)) {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                let body = self
+                    .client
+                    .execute("return document.body.innerText", vec![])
+                    .await
+                    .unwrap_or_default();
+                panic!("timed out after {timeout:?} waiting for {what}; the page reads:\n{body}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn screenshot(&self, file: &str) {
+        let Some(dir) = std::env::var_os("AGENTRUN_CONSOLE_SCREENSHOTS") else {
+            return;
+        };
+        let png = self.client.screenshot().await.expect("a screenshot");
+        std::fs::write(PathBuf::from(dir).join(file), png).expect("writing the screenshot");
+    }
+
+    async fn close(self) {
+        let _ = self.client.close().await;
+    }
+}
+
+/// The chart's policies, with alice and mallory holding the approver role
+/// (whom only each approval's own policy tells apart), enforced.
+async fn policies(ns: &str) -> Policies {
+    let p = Policies::install(ns, &[]).await;
+    let approver = format!("--clusterrole={}-approver", p.release);
+    kubectl_ok([
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "approvers",
+        &approver,
+        "--user=alice",
+        "--user=mallory",
+    ])
+    .await;
+    wait_enforced(ns, true).await;
+    p
+}
+
+fn gated(step: &str) -> Value {
+    let mut s = sim_step(step, "NonIdempotent", json!({}));
+    s["approval"] =
+        json!({"question": format!("May {step} run?"), "approvers": {"users": ["alice"]}});
+    s
+}
+
+async fn approval_of(s: &Scenario, run: &str) -> String {
+    let r = s
+        .wait_run(run, "waiting on an Approval", RUN_TIMEOUT, |r| {
+            status(r).steps.iter().any(|c| c.approval.is_some())
+        })
+        .await;
+    let name = status(&r)
+        .steps
+        .iter()
+        .find_map(|c| c.approval.clone())
+        .unwrap();
+    wait_for(
+        &s.approvals(),
+        &name,
+        |a: Option<&Approval>| a.is_some(),
+        RUN_TIMEOUT,
+    )
+    .await;
+    name
+}
+
+/// The runs table shows a new run within 2 s of its creation, without a
+/// reload (the Server-Sent Events stream from the watch brings it).
+#[tokio::test]
+async fn runs_table_shows_a_new_run_within_two_seconds_without_reload() {
+    let s = Scenario::start("console-live").await;
+    let ns = s.namespace().to_owned();
+    let c = console(&ns, None).await;
+    let b = browser(&ns).await;
+    s.create_run(
+        "earlier",
+        json!({"steps": [sim_step("fetch", "Idempotent", json!({}))]}),
+    )
+    .await;
+    b.goto(&c.url).await;
+    b.wait_js(
+        "the earlier run's row",
+        PAGE_TIMEOUT,
+        "return document.querySelector('tr[data-run=\"earlier\"]') !== null",
+    )
+    .await;
+    // The page is open and connected; from here on nothing reloads it.
+    b.client
+        .execute(
+            "window.__loadedOnce = performance.timeOrigin; return true",
+            vec![],
+        )
+        .await
+        .unwrap();
+    b.wait_js("the live stream connected", PAGE_TIMEOUT,
+        "const e = document.getElementById('runs'); return e && e.getAttribute('data-live') === 'open'").await;
+    let created = Instant::now();
+    s.create_run(
+        "fresh",
+        json!({"steps": [
+            sim_step("plan", "None", json!({"runMs": 3000})),
+            sim_step("act", "Idempotent", json!({})),
+        ]}),
+    )
+    .await;
+    b.wait_js(
+        "the new run's row",
+        Duration::from_secs(2),
+        "return document.querySelector('tr[data-run=\"fresh\"]') !== null",
+    )
+    .await;
+    let took = created.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "the new run showed after {took:?}"
+    );
+    let same_page = b
+        .client
+        .execute(
+            "return window.__loadedOnce === performance.timeOrigin",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(same_page, Value::Bool(true), "the page was reloaded");
+    // Its row follows the run: the phase cell moves on without a reload too.
+    b.wait_js("the new run running", RUN_TIMEOUT,
+        "const r = document.querySelector('tr[data-run=\"fresh\"]'); return r && /Running|Succeeded/.test(r.innerText)").await;
+    b.screenshot("console-runs.png").await;
+    // A filter is a link: phase=Succeeded shows only finished runs.
+    s.wait_finished("earlier", RUN_TIMEOUT).await;
+    b.goto(&format!("{}?phase=Succeeded", c.url)).await;
+    b.wait_js("the filtered table", PAGE_TIMEOUT,
+        "return document.querySelector('tr[data-run=\"earlier\"]') !== null && document.querySelector('tr[data-run=\"fresh\"]') === null").await;
+    b.close().await;
+    s.finish().await;
+}
+
+/// The timeline of a step whose Pod was evicted and that ran again shows
+/// both attempts on one axis, the first drawn as disrupted.
+#[tokio::test]
+async fn timeline_of_an_evicted_and_rerun_step_shows_two_attempts_the_first_disrupted() {
+    let s = Scenario::start("console-timeline").await;
+    let ns = s.namespace().to_owned();
+    let spec = json!({"steps": [
+        sim_step("search", "None", json!({"result": {"hits": 3}})),
+        {"name": "crawl", "effect": "Idempotent", "retry": {"limit": 0}, "freshFor": "10m",
+         "container": {"image": "registry.example/crawler:1", "env": [{"name": "SIM_STEP",
+            "value": json!({"attempts": [{"runMs": 30000}, {"runMs": 1500, "result": {"pages": 12}}]}).to_string()}]}},
+    ]});
+    s.create_run("crawl", spec).await;
+    let (_, pod) = s.wait_step_running("crawl", "crawl", RUN_TIMEOUT).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.pods()
+        .evict(&pod, &EvictParams::default())
+        .await
+        .expect("eviction accepted");
+    let done = s.wait_finished("crawl", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded));
+    let c = console(&ns, None).await;
+    let b = browser(&ns).await;
+    b.goto(&format!("{}ns/{ns}/runs/crawl", c.url)).await;
+    let lanes = b
+        .wait_js(
+            "the timeline's lanes",
+            PAGE_TIMEOUT,
+            r#"
+            const lanes = [...document.querySelectorAll('svg.timeline g.lane')];
+            if (lanes.length < 2) return null;
+            return lanes.map(g => ({
+                label: g.querySelector('.lane-label').textContent,
+                bars: [...g.querySelectorAll('rect.bar')].map(r => ({
+                    kind: r.getAttribute('data-kind'),
+                    x: parseFloat(r.getAttribute('x')),
+                    w: parseFloat(r.getAttribute('width')),
+                    title: r.querySelector('title').textContent,
+                })),
+                fresh: g.querySelector('rect.fresh') !== null,
+            }));"#,
+        )
+        .await;
+    let crawl = lanes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["label"] == "crawl r1")
+        .unwrap_or_else(|| panic!("no lane for crawl: {lanes:#}"));
+    let bars = crawl["bars"].as_array().unwrap();
+    let kinds: Vec<&str> = bars.iter().map(|b| b["kind"].as_str().unwrap()).collect();
+    if kinds != ["disrupted", "succeeded"] {
+        let events = agentrun_e2e::kubectl([
+            "-n",
+            &ns,
+            "get",
+            "events.events.k8s.io",
+            "-o",
+            "custom-columns=TIME:.eventTime,REASON:.reason,NOTE:.note",
+        ])
+        .await;
+        eprintln!("the run's Events:\n{}", events.stdout);
+    }
+    assert_eq!(kinds, ["disrupted", "succeeded"], "{crawl:#}");
+    assert!(
+        bars[0]["title"]
+            .as_str()
+            .unwrap()
+            .contains("attempt 1 disrupted"),
+        "{crawl:#}"
+    );
+    assert!(
+        bars[1]["title"]
+            .as_str()
+            .unwrap()
+            .contains("attempt 2 succeeded"),
+        "{crawl:#}"
+    );
+    let end_of_first = bars[0]["x"].as_f64().unwrap() + bars[0]["w"].as_f64().unwrap();
+    assert!(
+        end_of_first <= bars[1]["x"].as_f64().unwrap() + 0.5,
+        "attempt 2 starts after attempt 1 ends, on one axis: {crawl:#}"
+    );
+    assert_eq!(
+        crawl["fresh"], true,
+        "freshFor shades the freshness window: {crawl:#}"
+    );
+    // The step table says the same: attempt 2, one disruption, and the result.
+    let row = b
+        .wait_js("the step table", PAGE_TIMEOUT,
+            "const r = document.querySelector('table.steps tr[data-step=\"crawl\"]'); return r && r.innerText")
+        .await;
+    let row = row.as_str().unwrap();
+    assert!(
+        row.contains("2 (1 disrupted)") && row.contains("Succeeded"),
+        "{row}"
+    );
+    b.wait_js("the disruption Event", PAGE_TIMEOUT,
+        "return [...document.querySelectorAll('table.events td')].some(td => td.textContent === 'StepDisrupted')").await;
+    b.screenshot("console-run.png").await;
+    b.close().await;
+    s.finish().await;
+}
+
+/// Approving in the inbox (the console started as alice) releases the step,
+/// and the decider the run page shows is alice, as the API server recorded.
+#[tokio::test]
+async fn approving_in_the_inbox_releases_the_step_as_the_impersonated_user() {
+    let s = Scenario::start("console-approve").await;
+    let ns = s.namespace().to_owned();
+    let _policies = policies(&ns).await;
+    s.create_run("refund", json!({"steps": [sim_step("lookup", "None", json!({"result": {"order": 42}})), gated("refund")]}))
+        .await;
+    let apv = approval_of(&s, "refund").await;
+    let c = console(&ns, Some("alice")).await;
+    let b = browser(&ns).await;
+    b.goto(&format!("{}approvals", c.url)).await;
+    let card = format!("article[data-approval=\"{apv}\"]");
+    let you = b
+        .wait_js("the approval in the inbox", PAGE_TIMEOUT,
+            &format!("const a = document.querySelector('{card}'); return a && a.querySelector('dd.you').textContent"))
+        .await;
+    assert_eq!(you, "may decide");
+    assert_eq!(
+        b.client
+            .find(Locator::Id("whoami"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "alice"
+    );
+    b.screenshot("console-inbox.png").await;
+    let article = b.client.find(Locator::Css(&card)).await.unwrap();
+    article
+        .find(Locator::Css("textarea[name=comment]"))
+        .await
+        .unwrap()
+        .send_keys("checked in the console")
+        .await
+        .unwrap();
+    article
+        .find(Locator::Css("button[value=Approved]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let said = b
+        .wait_js("the decision's outcome", PAGE_TIMEOUT,
+            &format!("const p = document.querySelector('#decisions [data-approval=\"{apv}\"]'); return p && p.className + ': ' + p.textContent"))
+        .await;
+    assert_eq!(said, format!("ok: approval {apv}: Approved by alice"));
+    let done = s.wait_finished("refund", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded));
+    let refund = status(&done)
+        .steps
+        .into_iter()
+        .find(|c| c.name == "refund")
+        .unwrap();
+    assert_eq!(
+        (refund.phase, refund.decided_by.as_deref()),
+        (StepPhase::Succeeded, Some("alice"))
+    );
+    let a = s.approvals().get(&apv).await.unwrap();
+    assert_eq!(a.spec.decided_by.as_deref(), Some("alice"));
+    assert_eq!(a.spec.comment.as_deref(), Some("checked in the console"));
+    // The inbox empties by itself; the run page names the decider.
+    b.wait_js(
+        "the inbox emptied",
+        PAGE_TIMEOUT,
+        &format!("return document.querySelector('{card}') === null"),
+    )
+    .await;
+    b.goto(&format!("{}ns/{ns}/runs/refund", c.url)).await;
+    let decider = b
+        .wait_js("the decider", PAGE_TIMEOUT,
+            &format!("const e = document.querySelector('li[data-approval=\"{apv}\"] .decider'); return e && e.textContent"))
+        .await;
+    assert_eq!(decider, "alice");
+    b.wait_js("the approval bar naming alice", PAGE_TIMEOUT,
+        "return [...document.querySelectorAll('svg.timeline rect.bar-approval title')].some(t => t.textContent.includes('approval: Approved by alice'))").await;
+    b.close().await;
+    s.finish().await;
+}
+
+/// A non-approver (the console started as mallory) may press Approve; the
+/// API server refuses, and the page shows its refusal word for word.
+#[tokio::test]
+async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
+    let s = Scenario::start("console-refused").await;
+    let ns = s.namespace().to_owned();
+    let _policies = policies(&ns).await;
+    s.create_run("refund", json!({"steps": [gated("refund")]}))
+        .await;
+    let apv = approval_of(&s, "refund").await;
+    // What the API server says to mallory, asked directly (a dry run).
+    let as_mallory: kube::Api<Approval> = kube::Api::namespaced(client_as("mallory").await, &ns);
+    let patch = json!({"spec": {"decision": "Approved", "decidedBy": "mallory", "decidedByGroups": ["system:authenticated"]}});
+    let refusal = match as_mallory
+        .patch(
+            &apv,
+            &PatchParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => s.message,
+        other => panic!("the API server should refuse mallory: {other:?}"),
+    };
+    assert!(refusal.contains("mallory is not an approver"), "{refusal}");
+    let c = console(&ns, Some("mallory")).await;
+    let b = browser(&ns).await;
+    b.goto(&format!("{}approvals", c.url)).await;
+    let card = format!("article[data-approval=\"{apv}\"]");
+    b.wait_js(
+        "the approval in the inbox",
+        PAGE_TIMEOUT,
+        &format!("return document.querySelector('{card}') !== null"),
+    )
+    .await;
+    b.client
+        .find(Locator::Css(&format!("{card} button[value=Approved]")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let shown = b
+        .wait_js("the refusal", PAGE_TIMEOUT,
+            &format!("const p = document.querySelector('#decisions .refused[data-approval=\"{apv}\"] .message'); return p && p.textContent"))
+        .await;
+    let shown = shown.as_str().unwrap();
+    assert_eq!(
+        shown,
+        format!("deciding approval {apv}: {refusal}"),
+        "the API server's words, unchanged"
+    );
+    let a = s.approvals().get(&apv).await.unwrap();
+    assert_eq!(a.spec.decision, None);
+    assert_eq!(a.status.unwrap_or_default().phase, ApprovalPhase::Pending);
+    b.close().await;
+    s.finish().await;
+}
