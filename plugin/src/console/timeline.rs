@@ -241,7 +241,8 @@ pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Time
                 label: format!("approval: released by {by}"),
             });
         }
-        bars.sort_by_key(|b| b.start);
+        // A wait comes before the attempt it released, also within one second.
+        bars.sort_by_key(|b| (b.start, b.kind != BarKind::Approval));
         let fresh = match (rec.fresh_until, rec.finished) {
             (Some(u), Some(f)) if cp.phase == StepPhase::Succeeded => Some((f, u)),
             _ => None,
@@ -300,6 +301,14 @@ pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Time
     let to = if terminal { last } else { last.max(now) };
     // At least a second of axis, so a run that took no time still has width.
     let to = to.max(from + jiff::SignedDuration::from_secs(1));
+    // A freshness window that outlasts the run shows a quarter more axis
+    // (its end is in the bar's title), not hours that squash the attempts.
+    let span = to.duration_since(from);
+    let fresh_end = lanes.iter().filter_map(|l| l.fresh.map(|f| f.1)).max();
+    let to = match fresh_end {
+        Some(end) if end > to => end.min(to + span / 4),
+        _ => to,
+    };
     Timeline {
         lanes,
         replans,
@@ -360,7 +369,10 @@ impl Timeline {
                         @if let Some((a, b)) = lane.fresh {
                             @let (x0, x1) = (self.x(a), self.x(b));
                             rect class="fresh" x=(fmt(x0)) y=(fmt(y + 2.0)) width=(fmt((x1 - x0).max(1.0))) height=(fmt(LANE - 4.0)) {
-                                title { "fresh until " (b) }
+                                title { (lane.label) ": result fresh until " (b) }
+                            }
+                            @if b > self.to {
+                                text class="fresh-label" x=(fmt(x1 - 4.0)) y=(fmt(y + 19.0)) text-anchor="end" { "fresh →" }
                             }
                         }
                         @for bar in &lane.bars {
