@@ -277,6 +277,20 @@ async fn runs_table_shows_a_new_run_within_two_seconds_without_reload() {
     b.wait_js("the new run running", RUN_TIMEOUT,
         "const r = document.querySelector('tr[data-run=\"fresh\"]'); return r && /Running|Succeeded/.test(r.innerText)").await;
     b.screenshot("console-runs.png").await;
+    // `?` opens the help overlay from the keyboard.
+    b.client
+        .find(Locator::Css("body"))
+        .await
+        .unwrap()
+        .send_keys("?")
+        .await
+        .unwrap();
+    b.wait_js(
+        "the help overlay",
+        PAGE_TIMEOUT,
+        "return document.getElementById('help').open",
+    )
+    .await;
     // A filter is a link: phase=Succeeded shows only finished runs.
     s.wait_finished("earlier", RUN_TIMEOUT).await;
     b.goto(&format!("{}?phase=Succeeded", c.url)).await;

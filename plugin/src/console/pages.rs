@@ -187,15 +187,15 @@ fn run_row(r: &AgentRun, approvals: &[Approval], now: Timestamp) -> Markup {
                 a href=(format!("/ns/{ns}/runs/{name}")) { (name) }
                 br; small class="ns" { (ns) }
             }
-            td { (phase_badge(&phase)) }
-            td { (status.current_step.clone().unwrap_or_else(|| "-".into())) }
-            td {
+            td data-label="Phase" { (phase_badge(&phase)) }
+            td data-label="Step" { (status.current_step.clone().unwrap_or_else(|| "-".into())) }
+            td data-label="Progress" {
                 @if let Some((a, b)) = progress(status.progress.as_deref()) {
                     progress value=(a) max=(b.max(1)) aria-label=(format!("{a} of {b} steps")) {}
                     " " small { (a) "/" (b) }
                 } @else { "-" }
             }
-            td {
+            td data-label="Tokens" {
                 @match budget {
                     Some(b) => {
                         meter value=(status.tokens_used) max=(b.max(1)) high=((b * 8 / 10).max(1)) aria-label="tokens of budget" {}
@@ -204,8 +204,8 @@ fn run_row(r: &AgentRun, approvals: &[Approval], now: Timestamp) -> Markup {
                     None => { (status.tokens_used) }
                 }
             }
-            td { (render::waiting_who(r, approvals).unwrap_or_else(|| "-".into())) }
-            td {
+            td data-label="Waiting for" { (render::waiting_who(r, approvals).unwrap_or_else(|| "-".into())) }
+            td data-label="Age" {
                 @if let Some(c) = created {
                     time datetime=(c.to_string()) title=(c.to_string()) { (render::age(c, now)) }
                 }

@@ -115,13 +115,13 @@ pub fn run_detail(
                         @for cp in &status.steps {
                             tr data-step=(cp.name) {
                                 th scope="row" { (cp.name) " " small { "r" (cp.plan_revision) } }
-                                td { (phase_badge(&format!("{:?}", cp.phase))) }
-                                td { (cp.attempt) @if cp.disruptions > 0 { " " small { "(" (cp.disruptions) " disrupted)" } } }
-                                td { (effect(cp.effect)) }
-                                td { code class="key" { (cp.idempotency_key) } }
-                                td { (cp.tokens.map(|t| t.total().to_string()).unwrap_or_else(|| "-".into())) }
-                                td { (took(cp, now)) }
-                                td {
+                                td data-label="Phase" { (phase_badge(&format!("{:?}", cp.phase))) }
+                                td data-label="Attempt" { (cp.attempt) @if cp.disruptions > 0 { " " small { "(" (cp.disruptions) " disrupted)" } } }
+                                td data-label="Effect" { (effect(cp.effect)) }
+                                td data-label="Key" { code class="key" { (cp.idempotency_key) } }
+                                td data-label="Tokens" { (cp.tokens.map(|t| t.total().to_string()).unwrap_or_else(|| "-".into())) }
+                                td data-label="Took" { (took(cp, now)) }
+                                td data-label="Result" {
                                     @if let Some(r) = &cp.result {
                                         details { summary { (render::truncate(&r.to_string(), 40)) } (json_view(r)) }
                                     } @else if cp.result_truncated { "not kept in status" } @else { "-" }

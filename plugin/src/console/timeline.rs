@@ -342,10 +342,7 @@ impl Timeline {
         let ticks: Vec<(f64, String)> = (0..=4)
             .map(|i| {
                 let at = self.from + span * i / 4;
-                (
-                    self.x(at),
-                    crate::render::short(at.duration_since(self.from)),
-                )
+                (self.x(at), tick(at.duration_since(self.from), span))
             })
             .collect();
         html! {
@@ -360,7 +357,7 @@ impl Timeline {
                 }
                 @for (x, label) in &ticks {
                     line class="tick" x1=(fmt(*x)) y1="16" x2=(fmt(*x)) y2=(fmt(h)) {}
-                    text class="tick-label" x=(fmt(*x)) y="12" text-anchor="middle" { "+" (label) }
+                    text class="tick-label" x=(fmt(*x)) y="12" text-anchor=(if *x >= WIDTH - 20.0 { "end" } else { "middle" }) { "+" (label) }
                 }
                 @for (i, lane) in self.lanes.iter().enumerate() {
                     @let y = TOP + LANE * i as f64;
@@ -393,6 +390,15 @@ impl Timeline {
                 }
             }
         }
+    }
+}
+
+/// `+1.5s` on a short axis, `+3m` on a long one.
+fn tick(d: jiff::SignedDuration, span: jiff::SignedDuration) -> String {
+    if span.as_secs() < 20 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        crate::render::short(d)
     }
 }
 
