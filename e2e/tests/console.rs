@@ -46,17 +46,23 @@ fn required(program: &str) -> PathBuf {
 struct Console {
     _process: Process,
     url: String,
+    port: u16,
 }
 
 async fn console(ns: &str, user: Option<&str>) -> Console {
+    console_with(ns, user, &[]).await
+}
+
+async fn console_with(ns: &str, user: Option<&str>, extra: &[&str]) -> Console {
     let port = free_port();
     let mut cmd = tokio::process::Command::new(plugin_binary());
     cmd.arg("--kubeconfig").arg(kubeconfig()).args(["-n", ns]);
     if let Some(u) = user {
         cmd.args(["--as", u]);
     }
-    cmd.args(["console", "--port", &port.to_string()]);
-    let log = log_dir(ns).join(format!("console-{}.log", user.unwrap_or("admin")));
+    cmd.args(["console", "--port", &port.to_string()])
+        .args(extra);
+    let log = log_dir(ns).join(format!("console-{}-{port}.log", user.unwrap_or("admin")));
     let process = Process::start("console", cmd, log).expect("starting kubectl-agentrun console");
     let url = format!("http://127.0.0.1:{port}/");
     let deadline = Instant::now() + PAGE_TIMEOUT;
@@ -74,7 +80,29 @@ async fn console(ns: &str, user: Option<&str>) -> Console {
     Console {
         _process: process,
         url,
+        port,
     }
+}
+
+/// A raw HTTP/1.0 POST to the console with `headers`: the status code.
+async fn post(port: u16, path: &str, headers: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connecting to the console");
+    let body = "decision=Approved";
+    let req = format!(
+        "POST {path} HTTP/1.0\r\n{headers}Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Headless Chromium through a chromedriver of its own.
@@ -451,7 +479,7 @@ async fn approving_in_the_inbox_releases_the_step_as_the_impersonated_user() {
         .unwrap();
     let said = b
         .wait_js("the decision's outcome", PAGE_TIMEOUT,
-            &format!("const p = document.querySelector('#decisions [data-approval=\"{apv}\"]'); return p && p.className + ': ' + p.textContent"))
+            &format!("const p = document.querySelector('#decisions [data-approval=\"{apv}\"]'); return p && (p.classList.contains('ok') ? 'ok' : p.className) + ': ' + p.textContent"))
         .await;
     assert_eq!(said, format!("ok: approval {apv}: Approved by alice"));
     let done = s.wait_finished("refund", RUN_TIMEOUT).await;
@@ -541,6 +569,46 @@ async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
         shown,
         format!("deciding approval {apv}: {refusal}"),
         "the API server's words, unchanged"
+    );
+    // Another page in the browser cannot decide as the user: a write must be
+    // the console's own htmx request, to the console's own address.
+    let decide = format!("/ns/{ns}/approvals/{apv}/decide");
+    let host = format!("Host: 127.0.0.1:{}\r\n", c.port);
+    let cases = [
+        (
+            "a plain cross-site form post",
+            format!("{host}Origin: http://evil.example\r\n"),
+            403,
+        ),
+        ("no htmx header", host.clone(), 403),
+        (
+            "htmx, but from another origin",
+            format!("{host}HX-Request: true\r\nOrigin: http://evil.example\r\n"),
+            403,
+        ),
+        (
+            "another host name (DNS rebinding)",
+            "Host: evil.example\r\nHX-Request: true\r\n".into(),
+            421,
+        ),
+    ];
+    for (case, headers, want) in cases {
+        assert_eq!(post(c.port, &decide, &headers).await, want, "{case}");
+    }
+    // The read-only view offers no decision and has no route for one.
+    let ro = console_with(&ns, Some("mallory"), &["--read-only"]).await;
+    let inbox = agentrun_e2e::get_ok(ro.port, "/approvals").await;
+    assert!(
+        inbox.contains(&apv)
+            && !inbox.contains("hx-post")
+            && inbox.contains("This console is read-only"),
+        "{inbox}"
+    );
+    let host = format!("Host: 127.0.0.1:{}\r\nHX-Request: true\r\n", ro.port);
+    assert_eq!(
+        post(ro.port, &decide, &host).await,
+        404,
+        "the read-only console has no write route"
     );
     let a = s.approvals().get(&apv).await.unwrap();
     assert_eq!(a.spec.decision, None);

@@ -138,6 +138,12 @@ pub enum Command {
         /// Open it in the default browser.
         #[arg(long)]
         open: bool,
+        /// A view without decisions: no forms, no writes (the chart's in-cluster console).
+        #[arg(long)]
+        read_only: bool,
+        /// Listen on this address instead of 127.0.0.1; only with --read-only.
+        #[arg(long, requires = "read_only")]
+        listen: Option<std::net::IpAddr>,
     },
     /// Print the plugin's version and the API it speaks.
     Version,
@@ -204,11 +210,21 @@ pub async fn connect(g: &Global) -> Result<(Client, String), Error> {
     let mut config = match &g.kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path).map_err(|e| Error::Config(e.to_string()))?;
-            Config::from_custom_kubeconfig(file, &opts).await
+            Config::from_custom_kubeconfig(file, &opts)
+                .await
+                .map_err(|e| Error::Config(e.to_string()))
         }
-        None => Config::from_kubeconfig(&opts).await,
-    }
-    .map_err(|e| Error::Config(e.to_string()))?;
+        None => match Config::from_kubeconfig(&opts).await {
+            // In a Pod without a kubeconfig (the chart's console), its
+            // ServiceAccount, as kubectl does.
+            Err(e)
+                if g.context.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() =>
+            {
+                Config::incluster().map_err(|ie| Error::Config(format!("{e}; in-cluster: {ie}")))
+            }
+            other => other.map_err(|e| Error::Config(e.to_string())),
+        },
+    }?;
     if let Some(user) = &g.as_user {
         config.auth_info.impersonate = Some(user.clone());
     }
@@ -396,8 +412,22 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             follow,
         } => logs(&client, &ns, &run, step.as_deref(), attempt, follow).await?,
         Command::Watch { run } => watch(&client, &ns, &run).await?,
-        Command::Console { port, open } => {
-            crate::console::serve(client, ns, cli.global.namespace.clone(), port, open).await?
+        Command::Console {
+            port,
+            open,
+            read_only,
+            listen,
+        } => {
+            let opts = crate::console::Options {
+                namespace: cli.global.namespace.clone(),
+                address: std::net::SocketAddr::new(
+                    listen.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()),
+                    port,
+                ),
+                open,
+                read_only,
+            };
+            crate::console::serve(client, ns, opts).await?
         }
         Command::Version | Command::Completion { .. } => unreachable!("handled above"),
     }

@@ -209,7 +209,7 @@ fn the_runs_table_shows_phase_progress_and_who_may_decide() {
 fn the_inbox_offers_the_decisions_and_says_who_may_take_them() {
     let (_, approvals) = fixture("refund-waiting");
     let now: Timestamp = "2026-12-02T01:17:39Z".parse().unwrap();
-    let alice = pages::inbox(&me("alice"), &approvals, now).into_string();
+    let alice = pages::inbox(&me("alice"), &approvals, now, true).into_string();
     for want in [
         "May refund run?",
         r#"<dd class="you">may decide</dd>"#,
@@ -220,13 +220,18 @@ fn the_inbox_offers_the_decisions_and_says_who_may_take_them() {
     ] {
         assert!(alice.contains(want), "alice's inbox lacks {want}:\n{alice}");
     }
-    let mallory = pages::inbox(&me("mallory"), &approvals, now).into_string();
+    let mallory = pages::inbox(&me("mallory"), &approvals, now, true).into_string();
     assert!(
         mallory.contains("mallory is not an approver; approvers: user alice"),
         "{mallory}"
     );
+    let read_only = pages::inbox(&me("alice"), &approvals, now, false).into_string();
+    assert!(
+        !read_only.contains("hx-post") && read_only.contains("This console is read-only"),
+        "{read_only}"
+    );
     let (_, decided) = fixture("refund-approved");
-    let empty = pages::inbox(&me("alice"), &decided, now).into_string();
+    let empty = pages::inbox(&me("alice"), &decided, now, true).into_string();
     assert!(
         empty.contains("No approvals wait for a decision."),
         "{empty}"

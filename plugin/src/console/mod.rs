@@ -40,6 +40,18 @@ use crate::commands::{Error, events_of, send_decision, whoami};
 use crate::identity::Identity;
 use filter::RunFilter;
 
+/// How `kubectl agentrun console` was asked to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// `-n`: one namespace; none: all the user may list, else the context's.
+    pub namespace: Option<String>,
+    /// 127.0.0.1 unless `--listen` (read-only only).
+    pub address: SocketAddr,
+    pub open: bool,
+    /// No decisions: no forms, no write route.
+    pub read_only: bool,
+}
+
 /// Where the console looks: one namespace, or all the user may list.
 #[derive(Clone, Debug)]
 pub enum Scope {
@@ -56,6 +68,11 @@ pub struct Console {
     approvals: reflector::Store<Approval>,
     changes: tokio::sync::watch::Sender<u64>,
     port: u16,
+    /// Decisions are offered (not the read-only view).
+    decide: bool,
+    /// Requests must name 127.0.0.1 or localhost (not when listening wider,
+    /// read-only, behind a Service).
+    loopback: bool,
 }
 
 type Shared = Arc<Console>;
@@ -99,15 +116,9 @@ impl Console {
 }
 
 /// Starts the watches and serves until interrupted.
-pub async fn serve(
-    client: Client,
-    default_namespace: String,
-    namespace: Option<String>,
-    port: u16,
-    open: bool,
-) -> Result<(), Error> {
+pub async fn serve(client: Client, default_namespace: String, opts: Options) -> Result<(), Error> {
     let me = whoami(&client).await?;
-    let scope = match namespace {
+    let scope = match opts.namespace.clone() {
         Some(ns) => Scope::Namespace(ns),
         None => {
             // All namespaces when the user may list runs there, else the context's.
@@ -160,8 +171,13 @@ pub async fn serve(
             }
         }
     });
-    // Only loopback: the console acts with the user's credentials.
-    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    // Loopback unless read-only (clap enforces it too): a console that
+    // decides acts with the user's credentials.
+    let loopback = opts.address.ip().is_loopback();
+    if !loopback && !opts.read_only {
+        return Err(Error::Usage("--listen needs --read-only".into()));
+    }
+    let listener = tokio::net::TcpListener::bind(opts.address).await?;
     let port = listener.local_addr()?.port();
     let console = Arc::new(Console {
         client,
@@ -170,19 +186,22 @@ pub async fn serve(
         approvals,
         changes,
         port,
+        decide: !opts.read_only,
+        loopback,
     });
     let _ = console.runs.wait_until_ready().await;
     let _ = console.approvals.wait_until_ready().await;
-    let url = format!("http://127.0.0.1:{port}/");
+    let url = format!("http://{}:{port}/", opts.address.ip());
+    let mode = if opts.read_only { ", read-only" } else { "" };
     let what = match &scope {
         Scope::All => "all namespaces".to_owned(),
         Scope::Namespace(ns) => format!("namespace {ns}"),
     };
     println!(
-        "console: {url} ({what}, as {}); Ctrl-C to stop",
+        "console: {url} ({what}, as {}{mode}); Ctrl-C to stop",
         console.me.user
     );
-    if open {
+    if opts.open {
         let opener = if cfg!(target_os = "macos") {
             "open"
         } else {
@@ -200,13 +219,16 @@ pub async fn serve(
     Ok(())
 }
 
+/// The routes; the read-only view has no write route at all.
 fn router(console: Shared) -> Router {
-    Router::new()
+    let mut r = Router::new()
         .route("/", get(runs_page))
         .route("/approvals", get(inbox_page))
-        .route("/ns/{ns}/runs/{run}", get(run_page))
-        .route("/ns/{ns}/approvals/{name}/decide", post(decide))
-        .route("/events/runs", get(sse::runs))
+        .route("/ns/{ns}/runs/{run}", get(run_page));
+    if console.decide {
+        r = r.route("/ns/{ns}/approvals/{name}/decide", post(decide));
+    }
+    r.route("/events/runs", get(sse::runs))
         .route("/events/approvals", get(sse::approvals))
         .route("/events/ns/{ns}/runs/{run}", get(sse::run))
         .route("/assets/{file}", get(asset))
@@ -234,7 +256,7 @@ fn allowed(
         format!("127.0.0.1:{}", c.port),
         format!("localhost:{}", c.port),
     ];
-    if !h(header::HOST).is_some_and(|host| ours.iter().any(|o| o == host)) {
+    if c.loopback && !h(header::HOST).is_some_and(|host| ours.iter().any(|o| o == host)) {
         return Err((
             StatusCode::MISDIRECTED_REQUEST,
             "not this console's address",
@@ -271,7 +293,12 @@ async fn runs_page(State(c): State<Shared>, Query(f): Query<RunFilter>) -> Respo
 }
 
 async fn inbox_page(State(c): State<Shared>) -> Response {
-    page(pages::inbox_page(&c.me, &c.approvals(), Timestamp::now()))
+    page(pages::inbox_page(
+        &c.me,
+        &c.approvals(),
+        Timestamp::now(),
+        c.decide,
+    ))
 }
 
 async fn run_page(State(c): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {

@@ -215,19 +215,20 @@ fn run_row(r: &AgentRun, approvals: &[Approval], now: Timestamp) -> Markup {
 }
 
 /// The inbox page: pending approvals, those the user may decide first.
-pub fn inbox_page(me: &Identity, approvals: &[Approval], now: Timestamp) -> Markup {
+pub fn inbox_page(me: &Identity, approvals: &[Approval], now: Timestamp, decide: bool) -> Markup {
     let body = html! {
         h1 { "Approvals inbox" }
         div id="decisions" class="decisions" role="status" aria-live="polite" {}
         div id="inbox" hx-ext="sse" sse-connect="/events/approvals" sse-swap="inbox" {
-            (inbox(me, approvals, now))
+            (inbox(me, approvals, now, decide))
         }
     };
     layout("Approvals", me, "inbox", body)
 }
 
-/// The list of pending approvals (the fragment the stream sends again).
-pub fn inbox(me: &Identity, approvals: &[Approval], now: Timestamp) -> Markup {
+/// The list of pending approvals (the fragment the stream sends again);
+/// with the decision forms unless `decide` is false (the read-only view).
+pub fn inbox(me: &Identity, approvals: &[Approval], now: Timestamp, decide: bool) -> Markup {
     let mut pending: Vec<&Approval> = approvals.iter().filter(|a| render::is_pending(a)).collect();
     pending.sort_by_key(|a| {
         (
@@ -244,11 +245,11 @@ pub fn inbox(me: &Identity, approvals: &[Approval], now: Timestamp) -> Markup {
         @if pending.is_empty() {
             p class="empty" { "No approvals wait for a decision." }
         }
-        @for a in pending { (approval_card(me, a, now)) }
+        @for a in pending { (approval_card(me, a, now, decide)) }
     }
 }
 
-fn approval_card(me: &Identity, a: &Approval, now: Timestamp) -> Markup {
+fn approval_card(me: &Identity, a: &Approval, now: Timestamp, decide: bool) -> Markup {
     let name = a.metadata.name.clone().unwrap_or_default();
     let ns = a.metadata.namespace.clone().unwrap_or_default();
     let may = me.may_decide(a);
@@ -314,6 +315,11 @@ fn approval_card(me: &Identity, a: &Approval, now: Timestamp) -> Markup {
                 dt { "You" }
                 dd class="you" { @match &may { Ok(()) => "may decide", Err(r) => (r.explain(me, &name)) } }
             }
+            @if !decide {
+                p class="read-only" { "This console is read-only: decide with "
+                    code { "kubectl agentrun approve " (a.spec.run_name) } " or in your own "
+                    code { "kubectl agentrun console" } "." }
+            } @else {
             form class="decide" hx-post=(format!("/ns/{ns}/approvals/{name}/decide"))
                 hx-target="#decisions" hx-swap="afterbegin" {
                 label for=(format!("{id}-comment")) { "Comment" }
@@ -324,6 +330,7 @@ fn approval_card(me: &Identity, a: &Approval, now: Timestamp) -> Markup {
                             class=(if matches!(d, Decision::Rejected | Decision::MarkFailed) { "danger" } else { "" }) { (label) }
                     }
                 }
+            }
             }
         }
     }

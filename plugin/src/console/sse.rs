@@ -59,7 +59,7 @@ pub async fn approvals(
     State(c): State<Shared>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     stream(c, "inbox", |c| async move {
-        pages::inbox(&c.me, &c.approvals(), Timestamp::now())
+        pages::inbox(&c.me, &c.approvals(), Timestamp::now(), c.decide)
     })
 }
 
