@@ -50,13 +50,15 @@ struct Console {
 }
 
 async fn console(ns: &str, user: Option<&str>) -> Console {
-    console_with(ns, user, &[]).await
+    console_with(ns, user, &["-n", ns]).await
 }
 
+/// The console with `extra` arguments (no `-n`: all namespaces it may list);
+/// its log goes to `ns`'s scenario directory.
 async fn console_with(ns: &str, user: Option<&str>, extra: &[&str]) -> Console {
     let port = free_port();
     let mut cmd = tokio::process::Command::new(plugin_binary());
-    cmd.arg("--kubeconfig").arg(kubeconfig()).args(["-n", ns]);
+    cmd.arg("--kubeconfig").arg(kubeconfig());
     if let Some(u) = user {
         cmd.args(["--as", u]);
     }
@@ -596,7 +598,7 @@ async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
         assert_eq!(post(c.port, &decide, &headers).await, want, "{case}");
     }
     // The read-only view offers no decision and has no route for one.
-    let ro = console_with(&ns, Some("mallory"), &["--read-only"]).await;
+    let ro = console_with(&ns, Some("mallory"), &["-n", &ns, "--read-only"]).await;
     let inbox = agentrun_e2e::get_ok(ro.port, "/approvals").await;
     assert!(
         inbox.contains(&apv)
@@ -614,5 +616,97 @@ async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
     assert_eq!(a.spec.decision, None);
     assert_eq!(a.status.unwrap_or_default().phase, ApprovalPhase::Pending);
     b.close().await;
+    s.finish().await;
+}
+
+/// The chart's objects for its in-cluster console (ServiceAccount and its
+/// role), applied to the plane; deleted when dropped.
+struct ChartConsoleRbac {
+    file: String,
+    user: String,
+}
+
+impl ChartConsoleRbac {
+    async fn install(ns: &str) -> ChartConsoleRbac {
+        let suffix = ns.rsplit('-').next().expect("namespace suffix");
+        let release = format!("agentrun-operator-{suffix}");
+        let docs =
+            agentrun_e2e::support::chart::render(&release, ns, &["--set", "console.enabled=true"]);
+        let kinds = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"];
+        let items: Vec<Value> = docs
+            .into_iter()
+            .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == "console")
+            .filter(|d| kinds.iter().any(|k| d["kind"] == *k))
+            .collect();
+        assert_eq!(
+            items.len(),
+            3,
+            "the chart's console ServiceAccount and role: {items:#?}"
+        );
+        let file = agentrun_e2e::support::policies::manifest(
+            &format!("console-rbac-{suffix}"),
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        );
+        kubectl_ok(["apply", "--server-side", "-f", &file]).await;
+        ChartConsoleRbac {
+            file,
+            user: format!("system:serviceaccount:{ns}:{release}-console"),
+        }
+    }
+}
+
+impl Drop for ChartConsoleRbac {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(agentrun_e2e::support::kubectl::kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(kubeconfig())
+            .args(["delete", "--ignore-not-found", "-f", &self.file])
+            .output();
+    }
+}
+
+/// The chart's in-cluster console runs as its own ServiceAccount with read
+/// rights only: that is enough to list runs across namespaces and show a
+/// run with its Events, and it offers no decision.
+#[tokio::test]
+async fn the_charts_read_only_console_reads_everything_with_its_own_service_account() {
+    let s = Scenario::start("console-incluster").await;
+    let ns = s.namespace().to_owned();
+    let rbac = ChartConsoleRbac::install(&ns).await;
+    s.create_run(
+        "report",
+        json!({"steps": [sim_step("fetch", "Idempotent", json!({"result": {"rows": 7}}))]}),
+    )
+    .await;
+    s.wait_finished("report", RUN_TIMEOUT).await;
+    // RBAC takes a moment to reach the authorizer's cache.
+    let deadline = Instant::now() + PAGE_TIMEOUT;
+    let ro = loop {
+        let c = console_with(&ns, Some(&rbac.user), &["--read-only"]).await;
+        let (code, body) = agentrun_e2e::http_get(([127, 0, 0, 1], c.port).into(), "/")
+            .await
+            .unwrap_or((0, String::new()));
+        if code == 200 && body.contains(r#"data-run="report""#) {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the console as {} does not list run report: HTTP {code}\n{body}",
+            rbac.user
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let runs = agentrun_e2e::get_ok(ro.port, "/").await;
+    assert!(
+        runs.contains(&format!(r#"<strong id="whoami">{}</strong>"#, rbac.user)),
+        "{runs}"
+    );
+    let run = agentrun_e2e::get_ok(ro.port, &format!("/ns/{ns}/runs/report")).await;
+    assert!(
+        run.contains("StepSucceeded") && run.contains("attempt 1 succeeded"),
+        "the run page with its Events and timeline: {run}"
+    );
+    let inbox = agentrun_e2e::get_ok(ro.port, "/approvals").await;
+    assert!(!inbox.contains("hx-post"), "{inbox}");
     s.finish().await;
 }
