@@ -252,7 +252,12 @@ fn a_refusal_is_shown_verbatim_and_escaped() {
 fn the_run_page_shows_steps_decider_and_events() {
     let (run, approvals) = fixture("refund-approved");
     let now: Timestamp = "2026-12-02T01:17:39Z".parse().unwrap();
-    let html = run_page::run_page(&me("alice"), &run, &approvals, &[], now).into_string();
+    let alice = me("alice");
+    let frame = pages::Frame {
+        me: &alice,
+        warnings: vec!["watching Approvals: forbidden".into()],
+    };
+    let html = run_page::run_page(&frame, &run, &approvals, &[], now).into_string();
     for want in [
         r#"sse-connect="/events/ns/plugin-approve-uyx3za/runs/refund""#,
         r#"<tr data-step="refund">"#,
@@ -261,6 +266,7 @@ fn the_run_page_shows_steps_decider_and_events() {
         r#"<svg class="timeline""#,
         "No Events (they expire after an hour).",
         r#"<dialog id="help""#,
+        r#"<p class="warning" role="alert">watching Approvals: forbidden</p>"#,
     ] {
         assert!(html.contains(want), "the run page lacks {want}:\n{html}");
     }

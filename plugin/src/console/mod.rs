@@ -21,6 +21,7 @@ pub mod timeline;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use agentrun_operator::api::{AgentRun, Approval, Decision};
 use axum::Router;
@@ -70,6 +71,8 @@ pub struct Console {
     port: u16,
     /// Decisions are offered (not the read-only view).
     decide: bool,
+    /// What each watch last failed with, until it succeeds again.
+    trouble: Trouble,
     /// Requests must name 127.0.0.1 or localhost (not when listening wider,
     /// read-only, behind a Service).
     loopback: bool,
@@ -77,7 +80,41 @@ pub struct Console {
 
 type Shared = Arc<Console>;
 
+/// A watch's last error by what it watches, shown on every page.
+type Trouble = Arc<std::sync::Mutex<std::collections::BTreeMap<&'static str, String>>>;
+
+/// The API server's own message where there is one.
+fn said(e: &watcher::Error) -> String {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.message.clone(),
+        watcher::Error::WatchError(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn note(trouble: &Trouble, what: &'static str, error: Option<String>) {
+    if let Ok(mut t) = trouble.lock() {
+        match error {
+            Some(e) => t.insert(what, format!("watching {what}: {e}")),
+            None => t.remove(what),
+        };
+    }
+}
+
 impl Console {
+    fn frame(&self) -> pages::Frame<'_> {
+        let warnings = self
+            .trouble
+            .lock()
+            .map(|t| t.values().cloned().collect())
+            .unwrap_or_default();
+        pages::Frame {
+            me: &self.me,
+            warnings,
+        }
+    }
     fn runs(&self) -> Vec<AgentRun> {
         self.runs.state().iter().map(|r| (**r).clone()).collect()
     }
@@ -145,6 +182,8 @@ pub async fn serve(client: Client, default_namespace: String, opts: Options) -> 
         move || changes.send_modify(|n| *n += 1)
     };
     let (b1, b2) = (bump.clone(), bump);
+    let trouble: Trouble = Arc::default();
+    let (t1, t2) = (trouble.clone(), trouble.clone());
     tokio::spawn(async move {
         let mut s = watcher(runs_api, watcher::Config::default())
             .default_backoff()
@@ -153,8 +192,14 @@ pub async fn serve(client: Client, default_namespace: String, opts: Options) -> 
             .boxed();
         while let Some(ev) = s.next().await {
             match ev {
-                Ok(_) => b1(),
-                Err(e) => eprintln!("console: watching AgentRuns: {e}"),
+                Ok(_) => {
+                    note(&t1, "AgentRuns", None);
+                    b1()
+                }
+                Err(e) => {
+                    eprintln!("console: watching AgentRuns: {}", said(&e));
+                    note(&t1, "AgentRuns", Some(said(&e)));
+                }
             }
         }
     });
@@ -166,8 +211,14 @@ pub async fn serve(client: Client, default_namespace: String, opts: Options) -> 
             .boxed();
         while let Some(ev) = s.next().await {
             match ev {
-                Ok(_) => b2(),
-                Err(e) => eprintln!("console: watching Approvals: {e}"),
+                Ok(_) => {
+                    note(&t2, "Approvals", None);
+                    b2()
+                }
+                Err(e) => {
+                    eprintln!("console: watching Approvals: {}", said(&e));
+                    note(&t2, "Approvals", Some(said(&e)));
+                }
             }
         }
     });
@@ -187,10 +238,14 @@ pub async fn serve(client: Client, default_namespace: String, opts: Options) -> 
         changes,
         port,
         decide: !opts.read_only,
+        trouble,
         loopback,
     });
-    let _ = console.runs.wait_until_ready().await;
-    let _ = console.approvals.wait_until_ready().await;
+    // Serve once the first lists are in; a watch the API server refuses
+    // shows on every page instead of keeping the console from starting.
+    let ready = Duration::from_secs(10);
+    let _ = tokio::time::timeout(ready, console.runs.wait_until_ready()).await;
+    let _ = tokio::time::timeout(ready, console.approvals.wait_until_ready()).await;
     let url = format!("http://{}:{port}/", opts.address.ip());
     let mode = if opts.read_only { ", read-only" } else { "" };
     let what = match &scope {
@@ -283,7 +338,7 @@ fn page(m: Markup) -> Response {
 async fn runs_page(State(c): State<Shared>, Query(f): Query<RunFilter>) -> Response {
     let (runs, approvals) = (c.runs(), c.approvals());
     page(pages::runs_page(
-        &c.me,
+        &c.frame(),
         &runs,
         &approvals,
         &c.namespaces(),
@@ -294,7 +349,7 @@ async fn runs_page(State(c): State<Shared>, Query(f): Query<RunFilter>) -> Respo
 
 async fn inbox_page(State(c): State<Shared>) -> Response {
     page(pages::inbox_page(
-        &c.me,
+        &c.frame(),
         &c.approvals(),
         Timestamp::now(),
         c.decide,
@@ -304,11 +359,15 @@ async fn inbox_page(State(c): State<Shared>) -> Response {
 async fn run_page(State(c): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
     let Some((run, approvals)) = c.run(&ns, &name) else {
         let what = format!("No AgentRun {name} in namespace {ns} (or you may not list it).");
-        return (StatusCode::NOT_FOUND, pages::not_found(&c.me, &what)).into_response();
+        return (StatusCode::NOT_FOUND, pages::not_found(&c.frame(), &what)).into_response();
     };
-    let events = events_of(&c.client, &ns, &name).await.unwrap_or_default();
+    let mut frame = c.frame();
+    let events = events_of(&c.client, &ns, &name).await.unwrap_or_else(|e| {
+        frame.warnings.push(e.to_string());
+        Vec::new()
+    });
     page(run_page::run_page(
-        &c.me,
+        &frame,
         &run,
         &approvals,
         &events,

@@ -22,8 +22,16 @@ pub const PHASES: [&str; 8] = [
     "Cancelled",
 ];
 
+/// What every page shows around its content: who you are, and why what it
+/// shows may be incomplete (a watch the API server refuses or lost).
+pub struct Frame<'a> {
+    pub me: &'a Identity,
+    pub warnings: Vec<String>,
+}
+
 /// The page around every view: navigation, who you are, the help overlay.
-pub fn layout(title: &str, me: &Identity, current: &str, body: Markup) -> Markup {
+pub fn layout(title: &str, frame: &Frame<'_>, current: &str, body: Markup) -> Markup {
+    let me = frame.me;
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -51,7 +59,10 @@ pub fn layout(title: &str, me: &Identity, current: &str, body: Markup) -> Markup
                     button type="button" class="help-button" aria-haspopup="dialog" aria-controls="help"
                         aria-keyshortcuts="?" { "?" }
                 }
-                main id="main" tabindex="-1" { (body) }
+                main id="main" tabindex="-1" {
+                    @for w in &frame.warnings { p class="warning" role="alert" { (w) } }
+                    (body)
+                }
                 (help())
             }
         }
@@ -102,7 +113,7 @@ pub fn phase_badge(phase: &str) -> Markup {
 
 /// The runs page: the filter form and the live table.
 pub fn runs_page(
-    me: &Identity,
+    frame: &Frame<'_>,
     runs: &[AgentRun],
     approvals: &[Approval],
     namespaces: &[String],
@@ -140,7 +151,7 @@ pub fn runs_page(
             (runs_table(runs, approvals, f, now))
         }
     };
-    layout("Runs", me, "runs", body)
+    layout("Runs", frame, "runs", body)
 }
 
 /// The table of runs (the fragment the stream sends again on each change).
@@ -215,15 +226,20 @@ fn run_row(r: &AgentRun, approvals: &[Approval], now: Timestamp) -> Markup {
 }
 
 /// The inbox page: pending approvals, those the user may decide first.
-pub fn inbox_page(me: &Identity, approvals: &[Approval], now: Timestamp, decide: bool) -> Markup {
+pub fn inbox_page(
+    frame: &Frame<'_>,
+    approvals: &[Approval],
+    now: Timestamp,
+    decide: bool,
+) -> Markup {
     let body = html! {
         h1 { "Approvals inbox" }
         div id="decisions" class="decisions" role="status" aria-live="polite" {}
         div id="inbox" hx-ext="sse" sse-connect="/events/approvals" sse-swap="inbox" {
-            (inbox(me, approvals, now, decide))
+            (inbox(frame.me, approvals, now, decide))
         }
     };
-    layout("Approvals", me, "inbox", body)
+    layout("Approvals", frame, "inbox", body)
 }
 
 /// The list of pending approvals (the fragment the stream sends again);
@@ -348,10 +364,10 @@ pub fn decision_result(approval: &str, outcome: &Result<String, String>) -> Mark
     }
 }
 
-pub fn not_found(me: &Identity, what: &str) -> Markup {
+pub fn not_found(frame: &Frame<'_>, what: &str) -> Markup {
     layout(
         "Not found",
-        me,
+        frame,
         "",
         html! { h1 { "Not found" } p { (what) } p { a href="/" { "All runs" } } },
     )

@@ -8,13 +8,12 @@ use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 use maud::{Markup, html};
 
-use super::pages::{json_view, layout, phase_badge};
+use super::pages::{Frame, json_view, layout, phase_badge};
 use super::timeline;
-use crate::identity::Identity;
 use crate::render;
 
 pub fn run_page(
-    me: &Identity,
+    frame: &Frame<'_>,
     run: &AgentRun,
     approvals: &[Approval],
     events: &[Event],
@@ -32,7 +31,7 @@ pub fn run_page(
             (run_detail(run, approvals, events, now))
         }
     };
-    layout(&name, me, "run", body)
+    layout(&name, frame, "run", body)
 }
 
 fn effect(e: Option<EffectOutcome>) -> &'static str {
