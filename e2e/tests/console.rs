@@ -306,6 +306,41 @@ async fn runs_table_shows_a_new_run_within_two_seconds_without_reload() {
     // Its row follows the run: the phase cell moves on without a reload too.
     b.wait_js("the new run running", RUN_TIMEOUT,
         "const r = document.querySelector('tr[data-run=\"fresh\"]'); return r && /Running|Succeeded/.test(r.innerText)").await;
+    // The other columns, live too: tokens against the budget, what a run
+    // waits for and who may decide it, a failed run.
+    s.create_run("summarise", json!({"budget": {"tokens": 5000}, "steps": [
+        sim_step("read", "None", json!({"tokens": {"input": 1200, "output": 300}, "result": {"pages": 4}})),
+    ]}))
+    .await;
+    let mut gate = sim_step("refund", "NonIdempotent", json!({}));
+    gate["approval"] = json!({"question": "Refund order 4711?"});
+    s.create_run("refund", json!({"steps": [gate]})).await;
+    s.create_run(
+        "charge",
+        json!({"steps": [
+            {"name": "charge", "effect": "Idempotent", "retry": {"limit": 0},
+             "container": {"image": "registry.example/pay:1", "env": [{"name": "SIM_STEP",
+                "value": json!({"exitCode": 3}).to_string()}]}},
+        ]}),
+    )
+    .await;
+    let row = |run: &str, want: &str| {
+        format!(
+            "const r = document.querySelector('tr[data-run=\"{run}\"]'); return r && r.innerText.includes('{want}') && r.innerText"
+        )
+    };
+    for (run, want) in [
+        ("summarise", "1500/5000"),
+        ("refund", "approval (anyone)"),
+        ("charge", "Failed"),
+    ] {
+        b.wait_js(
+            &format!("run {run} showing {want}"),
+            RUN_TIMEOUT,
+            &row(run, want),
+        )
+        .await;
+    }
     b.screenshot("console-runs.png").await;
     // `?` opens the help overlay from the keyboard.
     b.client
