@@ -552,6 +552,70 @@ async fn approving_in_the_inbox_releases_the_step_as_the_impersonated_user() {
     s.finish().await;
 }
 
+/// A NonIdempotent step whose Pod vanished mid-run asks what it did; Retry
+/// in the inbox (with the key and the interrupted Pod shown) runs it again
+/// with the same idempotency key.
+#[tokio::test]
+async fn retry_in_the_inbox_answers_a_reconcile_question_and_reruns_with_the_same_key() {
+    let s = Scenario::start("console-reconcile").await;
+    let ns = s.namespace().to_owned();
+    let pay = json!({"name": "pay", "effect": "NonIdempotent",
+        "container": {"image": "registry.example/pay:1", "env": [{"name": "SIM_STEP",
+            "value": json!({"attempts": [{"runMs": 30000}, {"runMs": 50, "result": {"paid": true}}]}).to_string()}]}});
+    s.create_run("pay", json!({"steps": [pay]})).await;
+    let (running, pod) = s.wait_step_running("pay", "pay", RUN_TIMEOUT).await;
+    let key = status(&running).steps[0].idempotency_key.clone();
+    s.pods()
+        .delete(&pod, &Default::default())
+        .await
+        .expect("deleting the step Pod");
+    let apv = approval_of(&s, "pay").await;
+    let c = console(&ns, None).await;
+    let b = browser(&ns).await;
+    b.goto(&format!("{}approvals", c.url)).await;
+    let card = format!("article[data-approval=\"{apv}\"]");
+    let text = b
+        .wait_js(
+            "the Reconcile question in the inbox",
+            PAGE_TIMEOUT,
+            &format!("const a = document.querySelector('{card}'); return a && a.innerText"),
+        )
+        .await;
+    let text = text.as_str().unwrap();
+    assert!(
+        text.contains("Reconcile") && text.contains(&key) && text.contains(&pod),
+        "the key and the interrupted Pod are shown: {text}"
+    );
+    let buttons = b
+        .client
+        .execute(
+            &format!(
+                "return [...document.querySelectorAll('{card} button')].map(b => b.textContent)"
+            ),
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(buttons, json!(["Retry", "Mark succeeded", "Mark failed"]));
+    b.client
+        .find(Locator::Css(&format!("{card} button[value=Retry]")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let done = s.wait_finished("pay", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded));
+    let after = status(&done).steps[0].clone();
+    assert_eq!(
+        (after.attempt, after.idempotency_key.as_str()),
+        (2, key.as_str())
+    );
+    assert_eq!(s.ledger().executions_by_key().get(&key), Some(&2));
+    b.close().await;
+    s.finish().await;
+}
+
 /// A non-approver (the console started as mallory) may press Approve; the
 /// API server refuses, and the page shows its refusal word for word.
 #[tokio::test]
