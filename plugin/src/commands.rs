@@ -434,7 +434,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     Ok(())
 }
 
-pub(crate) async fn run_and_approvals(
+async fn run_and_approvals(
     client: &Client,
     ns: &str,
     run: &str,
