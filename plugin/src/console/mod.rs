@@ -152,6 +152,45 @@ impl Console {
     }
 }
 
+/// Keeps `writer`'s store in step with `api` (as the user), moves the change
+/// counter on every event, and records why the watch fails while it does.
+fn spawn_watch<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    what: &'static str,
+    changes: tokio::sync::watch::Sender<u64>,
+    trouble: Trouble,
+) where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    tokio::spawn(async move {
+        let mut s = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .reflect(writer)
+            .boxed();
+        while let Some(ev) = s.next().await {
+            match ev {
+                Ok(_) => {
+                    note(&trouble, what, None);
+                    changes.send_modify(|n| *n += 1);
+                }
+                Err(e) => {
+                    eprintln!("console: watching {what}: {}", said(&e));
+                    note(&trouble, what, Some(said(&e)));
+                }
+            }
+        }
+    });
+}
+
 /// Starts the watches and serves until interrupted.
 pub async fn serve(client: Client, default_namespace: String, opts: Options) -> Result<(), Error> {
     let me = whoami(&client).await?;
@@ -177,51 +216,21 @@ pub async fn serve(client: Client, default_namespace: String, opts: Options) -> 
     let (changes, _) = tokio::sync::watch::channel(0u64);
     let (runs, runs_w) = reflector::store();
     let (approvals, apv_w) = reflector::store();
-    let bump = {
-        let changes = changes.clone();
-        move || changes.send_modify(|n| *n += 1)
-    };
-    let (b1, b2) = (bump.clone(), bump);
     let trouble: Trouble = Arc::default();
-    let (t1, t2) = (trouble.clone(), trouble.clone());
-    tokio::spawn(async move {
-        let mut s = watcher(runs_api, watcher::Config::default())
-            .default_backoff()
-            .modify(|r: &mut AgentRun| r.metadata.managed_fields = None)
-            .reflect(runs_w)
-            .boxed();
-        while let Some(ev) = s.next().await {
-            match ev {
-                Ok(_) => {
-                    note(&t1, "AgentRuns", None);
-                    b1()
-                }
-                Err(e) => {
-                    eprintln!("console: watching AgentRuns: {}", said(&e));
-                    note(&t1, "AgentRuns", Some(said(&e)));
-                }
-            }
-        }
-    });
-    tokio::spawn(async move {
-        let mut s = watcher(apv_api, watcher::Config::default())
-            .default_backoff()
-            .modify(|a: &mut Approval| a.metadata.managed_fields = None)
-            .reflect(apv_w)
-            .boxed();
-        while let Some(ev) = s.next().await {
-            match ev {
-                Ok(_) => {
-                    note(&t2, "Approvals", None);
-                    b2()
-                }
-                Err(e) => {
-                    eprintln!("console: watching Approvals: {}", said(&e));
-                    note(&t2, "Approvals", Some(said(&e)));
-                }
-            }
-        }
-    });
+    spawn_watch(
+        runs_api,
+        runs_w,
+        "AgentRuns",
+        changes.clone(),
+        trouble.clone(),
+    );
+    spawn_watch(
+        apv_api,
+        apv_w,
+        "Approvals",
+        changes.clone(),
+        trouble.clone(),
+    );
     // Loopback unless read-only (clap enforces it too): a console that
     // decides acts with the user's credentials.
     let loopback = opts.address.ip().is_loopback();
