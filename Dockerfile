@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 #
-# The operator image: a static musl binary on distroless, running as 65532.
+# The operator image: static musl binaries on distroless, running as 65532:
+# the operator, and kubectl-agentrun for the chart's optional read-only console.
 #   docker build -t agentrun-operator:dev .
 # The crate uses rustls with ring, so musl needs no OpenSSL; ring's C and
 # assembly parts are built with musl-gcc.
@@ -20,11 +21,15 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --target "$TARGET" -p agentrun-operator --bin agentrun-operator \
- && cp "target/$TARGET/release/agentrun-operator" /agentrun-operator
+    cargo build --release --locked --target "$TARGET" -p agentrun-operator -p kubectl-agentrun \
+      --bin agentrun-operator --bin kubectl-agentrun \
+ && cp "target/$TARGET/release/agentrun-operator" /agentrun-operator \
+ && cp "target/$TARGET/release/kubectl-agentrun" /kubectl-agentrun
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=builder /agentrun-operator /agentrun-operator
+# The chart's optional read-only console (console.enabled) runs the plugin.
+COPY --from=builder /kubectl-agentrun /kubectl-agentrun
 USER 65532:65532
 # 8080: /metrics; 8081: /healthz and /readyz.
 EXPOSE 8080 8081

@@ -101,6 +101,7 @@ test: lint check-crds unit sdk-test
 	$(CLUSTER) promtool
 	$(CLUSTER) lua
 	$(CLUSTER) jaeger
+	$(CLUSTER) browser
 	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(CLUSTER) node up; $(MAKE) --no-print-directory integration
 
 # The cluster benchmark gets a plane of its own (separate ports and etcd) and

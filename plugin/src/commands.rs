@@ -129,6 +129,22 @@ pub enum Command {
     },
     /// Follow one run until it finishes.
     Watch { run: String },
+    /// A web console on 127.0.0.1, with your own credentials: runs, a
+    /// timeline per run, an approvals inbox (docs/console.md).
+    Console {
+        /// The port on 127.0.0.1 (0: any free one).
+        #[arg(long, default_value_t = 8099)]
+        port: u16,
+        /// Open it in the default browser.
+        #[arg(long)]
+        open: bool,
+        /// A view without decisions: no forms, no writes (the chart's in-cluster console).
+        #[arg(long)]
+        read_only: bool,
+        /// Listen on this address instead of 127.0.0.1; only with --read-only.
+        #[arg(long, requires = "read_only")]
+        listen: Option<std::net::IpAddr>,
+    },
     /// Print the plugin's version and the API it speaks.
     Version,
     /// Shell completion script.
@@ -177,7 +193,7 @@ impl Error {
     }
 }
 
-fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let what = what.into();
     move |source| match &source {
         kube::Error::Api(s) => Error::Refused(format!("{what}: {}", s.message)),
@@ -194,11 +210,21 @@ pub async fn connect(g: &Global) -> Result<(Client, String), Error> {
     let mut config = match &g.kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path).map_err(|e| Error::Config(e.to_string()))?;
-            Config::from_custom_kubeconfig(file, &opts).await
+            Config::from_custom_kubeconfig(file, &opts)
+                .await
+                .map_err(|e| Error::Config(e.to_string()))
         }
-        None => Config::from_kubeconfig(&opts).await,
-    }
-    .map_err(|e| Error::Config(e.to_string()))?;
+        None => match Config::from_kubeconfig(&opts).await {
+            // In a Pod without a kubeconfig (the chart's console), its
+            // ServiceAccount, as kubectl does.
+            Err(e)
+                if g.context.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() =>
+            {
+                Config::incluster().map_err(|ie| Error::Config(format!("{e}; in-cluster: {ie}")))
+            }
+            other => other.map_err(|e| Error::Config(e.to_string())),
+        },
+    }?;
     if let Some(user) = &g.as_user {
         config.auth_info.impersonate = Some(user.clone());
     }
@@ -386,6 +412,23 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             follow,
         } => logs(&client, &ns, &run, step.as_deref(), attempt, follow).await?,
         Command::Watch { run } => watch(&client, &ns, &run).await?,
+        Command::Console {
+            port,
+            open,
+            read_only,
+            listen,
+        } => {
+            let opts = crate::console::Options {
+                namespace: cli.global.namespace.clone(),
+                address: std::net::SocketAddr::new(
+                    listen.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()),
+                    port,
+                ),
+                open,
+                read_only,
+            };
+            crate::console::serve(client, ns, opts).await?
+        }
         Command::Version | Command::Completion { .. } => unreachable!("handled above"),
     }
     Ok(())
@@ -417,7 +460,7 @@ async fn run_and_approvals(
     Ok((r, approvals))
 }
 
-async fn events_of(client: &Client, ns: &str, run: &str) -> Result<Vec<Event>, Error> {
+pub(crate) async fn events_of(client: &Client, ns: &str, run: &str) -> Result<Vec<Event>, Error> {
     let mut events: Vec<Event> = Api::<Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
@@ -531,15 +574,35 @@ async fn decide(client: &Client, ns: &str, a: &DecideArgs, d: Decision) -> Resul
         .map_err(|r| Error::Refused(r.explain(&me, &name)))?;
     print!("{}", render::question(target));
     confirm(a.yes, &format!("Answer {d:?} as {}?", me.user))?;
-    let api_: Api<Approval> = Api::namespaced(client.clone(), ns);
-    let by_votes = kind == ApprovalKind::Approve && target.spec.quorum > 1;
+    println!(
+        "{}",
+        send_decision(client, target, &me, d, a.comment.as_deref()).await?
+    );
+    Ok(())
+}
+
+/// The API write of a decision on `target` as `me`: `spec.decision` with who
+/// decided, or one vote more where a quorum is needed. The one place both
+/// `approve`/`reject`/`reconcile` and the console decide; the API server's
+/// refusal comes back with its own message. Returns what was recorded.
+pub async fn send_decision(
+    client: &Client,
+    target: &Approval,
+    me: &Identity,
+    d: Decision,
+    comment: Option<&str>,
+) -> Result<String, Error> {
+    let name = target.name_any();
+    let ns = target.metadata.namespace.clone().unwrap_or_default();
+    let api_: Api<Approval> = Api::namespaced(client.clone(), &ns);
+    let by_votes = target.spec.kind == ApprovalKind::Approve && target.spec.quorum > 1;
     if by_votes {
         // The whole list with one vote more, under the resourceVersion read:
         // a vote that lands meanwhile makes this a conflict, never a loss.
         let mut votes = serde_json::to_value(&target.spec.votes).unwrap_or_else(|_| json!([]));
         if let Some(list) = votes.as_array_mut() {
             let mut vote = json!({"user": me.user, "decision": d});
-            if let Some(c) = &a.comment {
+            if let Some(c) = comment {
                 vote["comment"] = json!(c);
             }
             list.push(vote);
@@ -558,13 +621,13 @@ async fn decide(client: &Client, ns: &str, a: &DecideArgs, d: Decision) -> Resul
             .filter(|v| v.decision == Decision::Approved)
             .count()
             + usize::from(d == Decision::Approved);
-        println!(
+        Ok(format!(
             "approval {name}: {:?} vote by {} recorded ({have}/{} approvals)",
             d, me.user, target.spec.quorum
-        );
+        ))
     } else {
         let mut spec = json!({"decision": d, "decidedBy": me.user, "decidedByGroups": me.groups});
-        if let Some(c) = &a.comment {
+        if let Some(c) = comment {
             spec["comment"] = json!(c);
         }
         api_.patch(
@@ -574,9 +637,8 @@ async fn decide(client: &Client, ns: &str, a: &DecideArgs, d: Decision) -> Resul
         )
         .await
         .map_err(api(format!("deciding approval {name}")))?;
-        println!("approval {name}: {d:?} by {}", me.user);
+        Ok(format!("approval {name}: {d:?} by {}", me.user))
     }
-    Ok(())
 }
 
 async fn set_spec(

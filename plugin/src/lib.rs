@@ -1,8 +1,10 @@
 //! `kubectl agentrun`: inspect, answer and steer AgentRuns. The commands are
 //! in `commands`; what they print is in `render` (pure, tested on real
-//! status objects); who the user is and what they may decide in `identity`.
+//! status objects); who the user is and what they may decide in `identity`; the web console
+//! (`kubectl agentrun console`) in `console`.
 #![forbid(unsafe_code)]
 
 pub mod commands;
+pub mod console;
 pub mod identity;
 pub mod render;

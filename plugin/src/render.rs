@@ -131,7 +131,7 @@ pub fn waiting_for(run: &AgentRun, approvals: &[Approval]) -> Option<String> {
 
 /// For the list: `approval (user alice)`, or `approval (anyone)`; the
 /// Approval's name is in `describe` and `pending`.
-fn waiting_who(run: &AgentRun, approvals: &[Approval]) -> Option<String> {
+pub fn waiting_who(run: &AgentRun, approvals: &[Approval]) -> Option<String> {
     let status = run.status.as_ref()?;
     let cp = status
         .steps

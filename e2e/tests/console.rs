@@ -1,0 +1,811 @@
+//! `kubectl agentrun console` in headless Chromium (chromedriver, WebDriver)
+//! against a real operator and simulated kubelet on the plane: the runs
+//! table is live, the timeline shows what happened to each attempt, and a
+//! decision in the inbox is the API server's to take or refuse, as the
+//! impersonated user.
+//!
+//! ```text
+//!   test ──WebDriver──▶ chromedriver ──▶ chromium --headless=new
+//!                                            │ HTTP + SSE
+//!                                            ▼
+//!        kubectl-agentrun --as alice -n NS console --port P ──▶ kube-apiserver (+ policies)
+//! ```
+//!
+//! Needs `chromium` and `chromedriver` on PATH (`e2e/cluster browser` installs
+//! them) and fails, never skips, without them. With
+//! `AGENTRUN_CONSOLE_SCREENSHOTS=DIR` the tests write the screenshots in
+//! docs/images there.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use agentrun_e2e::support::policies::{Policies, wait_enforced};
+use agentrun_e2e::support::processes::{Process, free_port, log_dir, plugin_binary};
+use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_e2e::{client_as, kubeconfig, kubectl_ok, wait_for};
+use agentrun_operator::api::{Approval, ApprovalPhase, RunPhase, StepPhase};
+use fantoccini::{Client, ClientBuilder, Locator};
+use kube::api::{EvictParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+const PAGE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A program on PATH, or a panic that says how to install it.
+fn required(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{program} not found on PATH: the console tests need it; run `e2e/cluster browser` (apt-get install chromium chromium-driver)")
+        })
+}
+
+/// The console, started as `user` (none: the plane's admin) in `ns`.
+struct Console {
+    _process: Process,
+    url: String,
+    port: u16,
+}
+
+async fn console(ns: &str, user: Option<&str>) -> Console {
+    console_with(ns, user, &["-n", ns]).await
+}
+
+/// The console with `extra` arguments (no `-n`: all namespaces it may list);
+/// its log goes to `ns`'s scenario directory.
+async fn console_with(ns: &str, user: Option<&str>, extra: &[&str]) -> Console {
+    let port = free_port();
+    let mut cmd = tokio::process::Command::new(plugin_binary());
+    cmd.arg("--kubeconfig").arg(kubeconfig());
+    if let Some(u) = user {
+        cmd.args(["--as", u]);
+    }
+    cmd.args(["console", "--port", &port.to_string()])
+        .args(extra);
+    let log = log_dir(ns).join(format!("console-{}-{port}.log", user.unwrap_or("admin")));
+    let process = Process::start("console", cmd, log).expect("starting kubectl-agentrun console");
+    let url = format!("http://127.0.0.1:{port}/");
+    let deadline = Instant::now() + PAGE_TIMEOUT;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the console did not listen on {url} within {PAGE_TIMEOUT:?}\n{}",
+            process.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Console {
+        _process: process,
+        url,
+        port,
+    }
+}
+
+/// A raw HTTP/1.0 POST to the console with `headers`: the status code.
+async fn post(port: u16, path: &str, headers: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connecting to the console");
+    let body = "decision=Approved";
+    let req = format!(
+        "POST {path} HTTP/1.0\r\n{headers}Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Headless Chromium through a chromedriver of its own.
+struct Browser {
+    client: Client,
+    _driver: Process,
+}
+
+async fn browser(ns: &str) -> Browser {
+    let chromium = required("chromium");
+    let port = free_port();
+    let mut cmd = tokio::process::Command::new(required("chromedriver"));
+    cmd.arg(format!("--port={port}"));
+    let driver = Process::start("chromedriver", cmd, log_dir(ns).join("chromedriver.log"))
+        .expect("starting chromedriver");
+    let caps: serde_json::Map<String, Value> = serde_json::from_value(json!({
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1280,900", "--hide-scrollbars"],
+        }
+    }))
+    .unwrap();
+    let deadline = Instant::now() + PAGE_TIMEOUT;
+    loop {
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        match ClientBuilder::new(connector)
+            .capabilities(caps.clone())
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+        {
+            Ok(client) => {
+                return Browser {
+                    client,
+                    _driver: driver,
+                };
+            }
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!(
+                "no Chromium session through chromedriver within {PAGE_TIMEOUT:?}: {e}\n{}",
+                driver.log_tail(40)
+            ),
+        }
+    }
+}
+
+impl Browser {
+    async fn goto(&self, url: &str) {
+        self.client
+            .goto(url)
+            .await
+            .unwrap_or_else(|e| panic!("opening {url}: {e}"));
+    }
+
+    /// Evaluates `js` (a function body returning a value) until it returns
+    /// something other than null/false, or panics saying `what`.
+    async fn wait_js(&self, what: &str, timeout: Duration, js: &str) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.client.execute(js, vec![]).await.unwrap_or(Value::Null);
+            if !(v.is_null() || v == Value::Bool(false)) {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                let body = self
+                    .client
+                    .execute("return document.body.innerText", vec![])
+                    .await
+                    .unwrap_or_default();
+                panic!("timed out after {timeout:?} waiting for {what}; the page reads:\n{body}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn screenshot(&self, file: &str) {
+        let Some(dir) = std::env::var_os("AGENTRUN_CONSOLE_SCREENSHOTS") else {
+            return;
+        };
+        let png = self.client.screenshot().await.expect("a screenshot");
+        std::fs::write(PathBuf::from(dir).join(file), png).expect("writing the screenshot");
+    }
+
+    async fn close(self) {
+        let _ = self.client.close().await;
+    }
+}
+
+/// The chart's policies, with alice and mallory holding the approver role
+/// (whom only each approval's own policy tells apart), enforced.
+async fn policies(ns: &str) -> Policies {
+    let p = Policies::install(ns, &[]).await;
+    let approver = format!("--clusterrole={}-approver", p.release);
+    kubectl_ok([
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "approvers",
+        &approver,
+        "--user=alice",
+        "--user=mallory",
+    ])
+    .await;
+    wait_enforced(ns, true).await;
+    p
+}
+
+fn gated(step: &str) -> Value {
+    let mut s = sim_step(step, "NonIdempotent", json!({}));
+    s["approval"] =
+        json!({"question": format!("May {step} run?"), "approvers": {"users": ["alice"]}});
+    s
+}
+
+async fn approval_of(s: &Scenario, run: &str) -> String {
+    let r = s
+        .wait_run(run, "waiting on an Approval", RUN_TIMEOUT, |r| {
+            status(r).steps.iter().any(|c| c.approval.is_some())
+        })
+        .await;
+    let name = status(&r)
+        .steps
+        .iter()
+        .find_map(|c| c.approval.clone())
+        .unwrap();
+    wait_for(
+        &s.approvals(),
+        &name,
+        |a: Option<&Approval>| a.is_some(),
+        RUN_TIMEOUT,
+    )
+    .await;
+    name
+}
+
+/// The runs table shows a new run within 2 s of its creation, without a
+/// reload (the Server-Sent Events stream from the watch brings it).
+#[tokio::test]
+async fn runs_table_shows_a_new_run_within_two_seconds_without_reload() {
+    let s = Scenario::start("console-live").await;
+    let ns = s.namespace().to_owned();
+    let c = console(&ns, None).await;
+    let b = browser(&ns).await;
+    s.create_run(
+        "earlier",
+        json!({"steps": [sim_step("fetch", "Idempotent", json!({}))]}),
+    )
+    .await;
+    b.goto(&c.url).await;
+    b.wait_js(
+        "the earlier run's row",
+        PAGE_TIMEOUT,
+        "return document.querySelector('tr[data-run=\"earlier\"]') !== null",
+    )
+    .await;
+    // The page is open and connected; from here on nothing reloads it.
+    b.client
+        .execute(
+            "window.__loadedOnce = performance.timeOrigin; return true",
+            vec![],
+        )
+        .await
+        .unwrap();
+    b.wait_js("the live stream connected", PAGE_TIMEOUT,
+        "const e = document.getElementById('runs'); return e && e.getAttribute('data-live') === 'open'").await;
+    let created = Instant::now();
+    s.create_run(
+        "fresh",
+        json!({"steps": [
+            sim_step("plan", "None", json!({"runMs": 3000})),
+            sim_step("act", "Idempotent", json!({})),
+        ]}),
+    )
+    .await;
+    b.wait_js(
+        "the new run's row",
+        Duration::from_secs(2),
+        "return document.querySelector('tr[data-run=\"fresh\"]') !== null",
+    )
+    .await;
+    let took = created.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "the new run showed after {took:?}"
+    );
+    let same_page = b
+        .client
+        .execute(
+            "return window.__loadedOnce === performance.timeOrigin",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(same_page, Value::Bool(true), "the page was reloaded");
+    // Its row follows the run: the phase cell moves on without a reload too.
+    b.wait_js("the new run running", RUN_TIMEOUT,
+        "const r = document.querySelector('tr[data-run=\"fresh\"]'); return r && /Running|Succeeded/.test(r.innerText)").await;
+    // The other columns, live too: tokens against the budget, what a run
+    // waits for and who may decide it, a failed run.
+    s.create_run("summarise", json!({"budget": {"tokens": 5000}, "steps": [
+        sim_step("read", "None", json!({"tokens": {"input": 1200, "output": 300}, "result": {"pages": 4}})),
+    ]}))
+    .await;
+    let mut gate = sim_step("refund", "NonIdempotent", json!({}));
+    gate["approval"] = json!({"question": "Refund order 4711?"});
+    s.create_run("refund", json!({"steps": [gate]})).await;
+    s.create_run(
+        "charge",
+        json!({"steps": [
+            {"name": "charge", "effect": "Idempotent", "retry": {"limit": 0},
+             "container": {"image": "registry.example/pay:1", "env": [{"name": "SIM_STEP",
+                "value": json!({"exitCode": 3}).to_string()}]}},
+        ]}),
+    )
+    .await;
+    let row = |run: &str, want: &str| {
+        format!(
+            "const r = document.querySelector('tr[data-run=\"{run}\"]'); return r && r.innerText.includes('{want}') && r.innerText"
+        )
+    };
+    for (run, want) in [
+        ("summarise", "1500/5000"),
+        ("refund", "approval (anyone)"),
+        ("charge", "Failed"),
+    ] {
+        b.wait_js(
+            &format!("run {run} showing {want}"),
+            RUN_TIMEOUT,
+            &row(run, want),
+        )
+        .await;
+    }
+    b.screenshot("console-runs.png").await;
+    // `?` opens the help overlay from the keyboard.
+    b.client
+        .find(Locator::Css("body"))
+        .await
+        .unwrap()
+        .send_keys("?")
+        .await
+        .unwrap();
+    b.wait_js(
+        "the help overlay",
+        PAGE_TIMEOUT,
+        "return document.getElementById('help').open",
+    )
+    .await;
+    // A filter is a link: phase=Succeeded shows only finished runs.
+    s.wait_finished("earlier", RUN_TIMEOUT).await;
+    b.goto(&format!("{}?phase=Succeeded", c.url)).await;
+    b.wait_js("the filtered table", PAGE_TIMEOUT,
+        "return document.querySelector('tr[data-run=\"earlier\"]') !== null && document.querySelector('tr[data-run=\"fresh\"]') === null").await;
+    b.close().await;
+    s.finish().await;
+}
+
+/// The timeline of a step whose Pod was evicted and that ran again shows
+/// both attempts on one axis, the first drawn as disrupted.
+#[tokio::test]
+async fn timeline_of_an_evicted_and_rerun_step_shows_two_attempts_the_first_disrupted() {
+    let s = Scenario::start("console-timeline").await;
+    let ns = s.namespace().to_owned();
+    let spec = json!({"steps": [
+        sim_step("search", "None", json!({"result": {"hits": 3}})),
+        {"name": "crawl", "effect": "Idempotent", "retry": {"limit": 0}, "freshFor": "10m",
+         "container": {"image": "registry.example/crawler:1", "env": [{"name": "SIM_STEP",
+            "value": json!({"attempts": [{"runMs": 30000}, {"runMs": 1500, "result": {"pages": 12}}]}).to_string()}]}},
+    ]});
+    s.create_run("crawl", spec).await;
+    let (_, pod) = s.wait_step_running("crawl", "crawl", RUN_TIMEOUT).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.pods()
+        .evict(&pod, &EvictParams::default())
+        .await
+        .expect("eviction accepted");
+    let done = s.wait_finished("crawl", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded));
+    let c = console(&ns, None).await;
+    let b = browser(&ns).await;
+    b.goto(&format!("{}ns/{ns}/runs/crawl", c.url)).await;
+    let lanes = b
+        .wait_js(
+            "the timeline's lanes",
+            PAGE_TIMEOUT,
+            r#"
+            const lanes = [...document.querySelectorAll('svg.timeline g.lane')];
+            if (lanes.length < 2) return null;
+            return lanes.map(g => ({
+                label: g.querySelector('.lane-label').textContent,
+                bars: [...g.querySelectorAll('rect.bar')].map(r => ({
+                    kind: r.getAttribute('data-kind'),
+                    x: parseFloat(r.getAttribute('x')),
+                    w: parseFloat(r.getAttribute('width')),
+                    title: r.querySelector('title').textContent,
+                })),
+                fresh: g.querySelector('rect.fresh') !== null,
+            }));"#,
+        )
+        .await;
+    let crawl = lanes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["label"] == "crawl r1")
+        .unwrap_or_else(|| panic!("no lane for crawl: {lanes:#}"));
+    let bars = crawl["bars"].as_array().unwrap();
+    let kinds: Vec<&str> = bars.iter().map(|b| b["kind"].as_str().unwrap()).collect();
+    if kinds != ["disrupted", "succeeded"] {
+        let events = agentrun_e2e::kubectl([
+            "-n",
+            &ns,
+            "get",
+            "events.events.k8s.io",
+            "-o",
+            "custom-columns=TIME:.eventTime,REASON:.reason,NOTE:.note",
+        ])
+        .await;
+        eprintln!("the run's Events:\n{}", events.stdout);
+    }
+    assert_eq!(kinds, ["disrupted", "succeeded"], "{crawl:#}");
+    assert!(
+        bars[0]["title"]
+            .as_str()
+            .unwrap()
+            .contains("attempt 1 disrupted"),
+        "{crawl:#}"
+    );
+    assert!(
+        bars[1]["title"]
+            .as_str()
+            .unwrap()
+            .contains("attempt 2 succeeded"),
+        "{crawl:#}"
+    );
+    let end_of_first = bars[0]["x"].as_f64().unwrap() + bars[0]["w"].as_f64().unwrap();
+    assert!(
+        end_of_first <= bars[1]["x"].as_f64().unwrap() + 0.5,
+        "attempt 2 starts after attempt 1 ends, on one axis: {crawl:#}"
+    );
+    assert_eq!(
+        crawl["fresh"], true,
+        "freshFor shades the freshness window: {crawl:#}"
+    );
+    // The step table says the same: attempt 2, one disruption, and the result.
+    let row = b
+        .wait_js("the step table", PAGE_TIMEOUT,
+            "const r = document.querySelector('table.steps tr[data-step=\"crawl\"]'); return r && r.innerText")
+        .await;
+    let row = row.as_str().unwrap();
+    assert!(
+        row.contains("2 (1 disrupted)") && row.contains("Succeeded"),
+        "{row}"
+    );
+    b.wait_js("the disruption Event", PAGE_TIMEOUT,
+        "return [...document.querySelectorAll('table.events td')].some(td => td.textContent === 'StepDisrupted')").await;
+    b.screenshot("console-run.png").await;
+    b.close().await;
+    s.finish().await;
+}
+
+/// Approving in the inbox (the console started as alice) releases the step,
+/// and the decider the run page shows is alice, as the API server recorded.
+#[tokio::test]
+async fn approving_in_the_inbox_releases_the_step_as_the_impersonated_user() {
+    let s = Scenario::start("console-approve").await;
+    let ns = s.namespace().to_owned();
+    let _policies = policies(&ns).await;
+    s.create_run("refund", json!({"steps": [sim_step("lookup", "None", json!({"result": {"order": 42}})), gated("refund")]}))
+        .await;
+    let apv = approval_of(&s, "refund").await;
+    let c = console(&ns, Some("alice")).await;
+    let b = browser(&ns).await;
+    b.goto(&format!("{}approvals", c.url)).await;
+    let card = format!("article[data-approval=\"{apv}\"]");
+    let you = b
+        .wait_js("the approval in the inbox", PAGE_TIMEOUT,
+            &format!("const a = document.querySelector('{card}'); return a && a.querySelector('dd.you').textContent"))
+        .await;
+    assert_eq!(you, "may decide");
+    assert_eq!(
+        b.client
+            .find(Locator::Id("whoami"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "alice"
+    );
+    b.screenshot("console-inbox.png").await;
+    let article = b.client.find(Locator::Css(&card)).await.unwrap();
+    article
+        .find(Locator::Css("textarea[name=comment]"))
+        .await
+        .unwrap()
+        .send_keys("checked in the console")
+        .await
+        .unwrap();
+    article
+        .find(Locator::Css("button[value=Approved]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let said = b
+        .wait_js("the decision's outcome", PAGE_TIMEOUT,
+            &format!("const p = document.querySelector('#decisions [data-approval=\"{apv}\"]'); return p && (p.classList.contains('ok') ? 'ok' : p.className) + ': ' + p.textContent"))
+        .await;
+    assert_eq!(said, format!("ok: approval {apv}: Approved by alice"));
+    let done = s.wait_finished("refund", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded));
+    let refund = status(&done)
+        .steps
+        .into_iter()
+        .find(|c| c.name == "refund")
+        .unwrap();
+    assert_eq!(
+        (refund.phase, refund.decided_by.as_deref()),
+        (StepPhase::Succeeded, Some("alice"))
+    );
+    let a = s.approvals().get(&apv).await.unwrap();
+    assert_eq!(a.spec.decided_by.as_deref(), Some("alice"));
+    assert_eq!(a.spec.comment.as_deref(), Some("checked in the console"));
+    // The inbox empties by itself; the run page names the decider.
+    b.wait_js(
+        "the inbox emptied",
+        PAGE_TIMEOUT,
+        &format!("return document.querySelector('{card}') === null"),
+    )
+    .await;
+    b.goto(&format!("{}ns/{ns}/runs/refund", c.url)).await;
+    let decider = b
+        .wait_js("the decider", PAGE_TIMEOUT,
+            &format!("const e = document.querySelector('li[data-approval=\"{apv}\"] .decider'); return e && e.textContent"))
+        .await;
+    assert_eq!(decider, "alice");
+    b.wait_js("the approval bar naming alice", PAGE_TIMEOUT,
+        "return [...document.querySelectorAll('svg.timeline rect.bar-approval title')].some(t => t.textContent.includes('approval: Approved by alice'))").await;
+    b.close().await;
+    s.finish().await;
+}
+
+/// A NonIdempotent step whose Pod vanished mid-run asks what it did; Retry
+/// in the inbox (with the key and the interrupted Pod shown) runs it again
+/// with the same idempotency key.
+#[tokio::test]
+async fn retry_in_the_inbox_answers_a_reconcile_question_and_reruns_with_the_same_key() {
+    let s = Scenario::start("console-reconcile").await;
+    let ns = s.namespace().to_owned();
+    let pay = json!({"name": "pay", "effect": "NonIdempotent",
+        "container": {"image": "registry.example/pay:1", "env": [{"name": "SIM_STEP",
+            "value": json!({"attempts": [{"runMs": 30000}, {"runMs": 50, "result": {"paid": true}}]}).to_string()}]}});
+    s.create_run("pay", json!({"steps": [pay]})).await;
+    let (running, pod) = s.wait_step_running("pay", "pay", RUN_TIMEOUT).await;
+    let key = status(&running).steps[0].idempotency_key.clone();
+    s.pods()
+        .delete(&pod, &Default::default())
+        .await
+        .expect("deleting the step Pod");
+    let apv = approval_of(&s, "pay").await;
+    let c = console(&ns, None).await;
+    let b = browser(&ns).await;
+    b.goto(&format!("{}approvals", c.url)).await;
+    let card = format!("article[data-approval=\"{apv}\"]");
+    let text = b
+        .wait_js(
+            "the Reconcile question in the inbox",
+            PAGE_TIMEOUT,
+            &format!("const a = document.querySelector('{card}'); return a && a.innerText"),
+        )
+        .await;
+    let text = text.as_str().unwrap();
+    assert!(
+        text.contains("Reconcile") && text.contains(&key) && text.contains(&pod),
+        "the key and the interrupted Pod are shown: {text}"
+    );
+    let buttons = b
+        .client
+        .execute(
+            &format!(
+                "return [...document.querySelectorAll('{card} button')].map(b => b.textContent)"
+            ),
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(buttons, json!(["Retry", "Mark succeeded", "Mark failed"]));
+    b.client
+        .find(Locator::Css(&format!("{card} button[value=Retry]")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let done = s.wait_finished("pay", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded));
+    let after = status(&done).steps[0].clone();
+    assert_eq!(
+        (after.attempt, after.idempotency_key.as_str()),
+        (2, key.as_str())
+    );
+    assert_eq!(s.ledger().executions_by_key().get(&key), Some(&2));
+    b.close().await;
+    s.finish().await;
+}
+
+/// A non-approver (the console started as mallory) may press Approve; the
+/// API server refuses, and the page shows its refusal word for word.
+#[tokio::test]
+async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
+    let s = Scenario::start("console-refused").await;
+    let ns = s.namespace().to_owned();
+    let _policies = policies(&ns).await;
+    s.create_run("refund", json!({"steps": [gated("refund")]}))
+        .await;
+    let apv = approval_of(&s, "refund").await;
+    // What the API server says to mallory, asked directly (a dry run).
+    let as_mallory: kube::Api<Approval> = kube::Api::namespaced(client_as("mallory").await, &ns);
+    let patch = json!({"spec": {"decision": "Approved", "decidedBy": "mallory", "decidedByGroups": ["system:authenticated"]}});
+    let refusal = match as_mallory
+        .patch(
+            &apv,
+            &PatchParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => s.message,
+        other => panic!("the API server should refuse mallory: {other:?}"),
+    };
+    assert!(refusal.contains("mallory is not an approver"), "{refusal}");
+    let c = console(&ns, Some("mallory")).await;
+    let b = browser(&ns).await;
+    b.goto(&format!("{}approvals", c.url)).await;
+    let card = format!("article[data-approval=\"{apv}\"]");
+    b.wait_js(
+        "the approval in the inbox",
+        PAGE_TIMEOUT,
+        &format!("return document.querySelector('{card}') !== null"),
+    )
+    .await;
+    b.client
+        .find(Locator::Css(&format!("{card} button[value=Approved]")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let shown = b
+        .wait_js("the refusal", PAGE_TIMEOUT,
+            &format!("const p = document.querySelector('#decisions .refused[data-approval=\"{apv}\"] .message'); return p && p.textContent"))
+        .await;
+    let shown = shown.as_str().unwrap();
+    assert_eq!(
+        shown,
+        format!("deciding approval {apv}: {refusal}"),
+        "the API server's words, unchanged"
+    );
+    // Another page in the browser cannot decide as the user: a write must be
+    // the console's own htmx request, to the console's own address.
+    let decide = format!("/ns/{ns}/approvals/{apv}/decide");
+    let host = format!("Host: 127.0.0.1:{}\r\n", c.port);
+    let cases = [
+        (
+            "a plain cross-site form post",
+            format!("{host}Origin: http://evil.example\r\n"),
+            403,
+        ),
+        ("no htmx header", host.clone(), 403),
+        (
+            "htmx, but from another origin",
+            format!("{host}HX-Request: true\r\nOrigin: http://evil.example\r\n"),
+            403,
+        ),
+        (
+            "another host name (DNS rebinding)",
+            "Host: evil.example\r\nHX-Request: true\r\n".into(),
+            421,
+        ),
+    ];
+    for (case, headers, want) in cases {
+        assert_eq!(post(c.port, &decide, &headers).await, want, "{case}");
+    }
+    // The read-only view offers no decision and has no route for one.
+    let ro = console_with(&ns, Some("mallory"), &["-n", &ns, "--read-only"]).await;
+    let inbox = agentrun_e2e::get_ok(ro.port, "/approvals").await;
+    assert!(
+        inbox.contains(&apv)
+            && !inbox.contains("hx-post")
+            && inbox.contains("This console is read-only"),
+        "{inbox}"
+    );
+    let host = format!("Host: 127.0.0.1:{}\r\nHX-Request: true\r\n", ro.port);
+    assert_eq!(
+        post(ro.port, &decide, &host).await,
+        404,
+        "the read-only console has no write route"
+    );
+    let a = s.approvals().get(&apv).await.unwrap();
+    assert_eq!(a.spec.decision, None);
+    assert_eq!(a.status.unwrap_or_default().phase, ApprovalPhase::Pending);
+    b.close().await;
+    s.finish().await;
+}
+
+/// The chart's objects for its in-cluster console (ServiceAccount and its
+/// role), applied to the plane; deleted when dropped.
+struct ChartConsoleRbac {
+    file: String,
+    user: String,
+}
+
+impl ChartConsoleRbac {
+    async fn install(ns: &str) -> ChartConsoleRbac {
+        let suffix = ns.rsplit('-').next().expect("namespace suffix");
+        let release = format!("agentrun-operator-{suffix}");
+        let docs =
+            agentrun_e2e::support::chart::render(&release, ns, &["--set", "console.enabled=true"]);
+        let kinds = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"];
+        let items: Vec<Value> = docs
+            .into_iter()
+            .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == "console")
+            .filter(|d| kinds.iter().any(|k| d["kind"] == *k))
+            .collect();
+        assert_eq!(
+            items.len(),
+            3,
+            "the chart's console ServiceAccount and role: {items:#?}"
+        );
+        let file = agentrun_e2e::support::policies::manifest(
+            &format!("console-rbac-{suffix}"),
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        );
+        kubectl_ok(["apply", "--server-side", "-f", &file]).await;
+        ChartConsoleRbac {
+            file,
+            user: format!("system:serviceaccount:{ns}:{release}-console"),
+        }
+    }
+}
+
+impl Drop for ChartConsoleRbac {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(agentrun_e2e::support::kubectl::kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(kubeconfig())
+            .args(["delete", "--ignore-not-found", "-f", &self.file])
+            .output();
+    }
+}
+
+/// The chart's in-cluster console runs as its own ServiceAccount with read
+/// rights only: that is enough to list runs across namespaces and show a
+/// run with its Events, and it offers no decision.
+#[tokio::test]
+async fn the_charts_read_only_console_reads_everything_with_its_own_service_account() {
+    let s = Scenario::start("console-incluster").await;
+    let ns = s.namespace().to_owned();
+    let rbac = ChartConsoleRbac::install(&ns).await;
+    s.create_run(
+        "report",
+        json!({"steps": [sim_step("fetch", "Idempotent", json!({"result": {"rows": 7}}))]}),
+    )
+    .await;
+    s.wait_finished("report", RUN_TIMEOUT).await;
+    // RBAC takes a moment to reach the authorizer's cache.
+    let deadline = Instant::now() + PAGE_TIMEOUT;
+    let ro = loop {
+        let c = console_with(&ns, Some(&rbac.user), &["--read-only"]).await;
+        let (code, body) = agentrun_e2e::http_get(([127, 0, 0, 1], c.port).into(), "/")
+            .await
+            .unwrap_or((0, String::new()));
+        if code == 200 && body.contains(r#"data-run="report""#) {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the console as {} does not list run report: HTTP {code}\n{body}",
+            rbac.user
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let runs = agentrun_e2e::get_ok(ro.port, "/").await;
+    assert!(
+        runs.contains(&format!(r#"<strong id="whoami">{}</strong>"#, rbac.user)),
+        "{runs}"
+    );
+    let run = agentrun_e2e::get_ok(ro.port, &format!("/ns/{ns}/runs/report")).await;
+    assert!(
+        run.contains("StepSucceeded") && run.contains("attempt 1 succeeded"),
+        "the run page with its Events and timeline: {run}"
+    );
+    let inbox = agentrun_e2e::get_ok(ro.port, "/approvals").await;
+    assert!(!inbox.contains("hx-post"), "{inbox}");
+    s.finish().await;
+}

@@ -1,0 +1,202 @@
+//! The run page (`/ns/NS/runs/RUN`): the timeline, the step table with each
+//! result as JSON, compensations, approvals, plan revision history and the
+//! run's Events. Pure: a function of the objects and `now`.
+
+use agentrun_operator::api::{AgentRun, Approval, EffectOutcome, StepCheckpoint};
+use agentrun_operator::engine::reasons::Reason;
+use jiff::Timestamp;
+use k8s_openapi::api::events::v1::Event;
+use maud::{Markup, html};
+
+use super::pages::{Frame, json_view, layout, phase_badge};
+use super::timeline;
+use crate::render;
+
+pub fn run_page(
+    frame: &Frame<'_>,
+    run: &AgentRun,
+    approvals: &[Approval],
+    events: &[Event],
+    now: Timestamp,
+) -> Markup {
+    let name = run.metadata.name.clone().unwrap_or_default();
+    let ns = run.metadata.namespace.clone().unwrap_or_default();
+    let body = html! {
+        nav class="crumbs" aria-label="Breadcrumb" {
+            a href="/" { "Runs" } " / "
+            a href=(format!("/?namespace={ns}")) { (ns) } " / "
+            span aria-current="page" { (name) }
+        }
+        div id="run" hx-ext="sse" sse-connect=(format!("/events/ns/{ns}/runs/{name}")) sse-swap="run" {
+            (run_detail(run, approvals, events, now))
+        }
+    };
+    layout(&name, frame, "run", body)
+}
+
+fn effect(e: Option<EffectOutcome>) -> &'static str {
+    match e {
+        Some(EffectOutcome::Applied) => "Applied",
+        Some(EffectOutcome::NotApplied) => "NotApplied",
+        Some(EffectOutcome::Unknown) => "Unknown",
+        None => "-",
+    }
+}
+
+fn took(cp: &StepCheckpoint, now: Timestamp) -> String {
+    match (&cp.started_at, &cp.finished_at) {
+        (Some(a), Some(b)) => render::short(b.0.duration_since(a.0)),
+        (Some(a), None) if cp.phase == agentrun_operator::api::StepPhase::Running => {
+            format!("{} so far", render::short(now.duration_since(a.0)))
+        }
+        _ => "-".into(),
+    }
+}
+
+fn event_time(e: &Event) -> Option<Timestamp> {
+    e.event_time
+        .as_ref()
+        .map(|t| t.0)
+        .or_else(|| e.deprecated_last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// Everything below the breadcrumbs (the fragment the stream sends again).
+pub fn run_detail(
+    run: &AgentRun,
+    approvals: &[Approval],
+    events: &[Event],
+    now: Timestamp,
+) -> Markup {
+    let status = run.status.clone().unwrap_or_default();
+    let name = run.metadata.name.clone().unwrap_or_default();
+    let phase = status
+        .phase
+        .map(|p| format!("{p:?}"))
+        .unwrap_or_else(|| "-".into());
+    let tl = timeline::build(run, approvals, events, now);
+    let budget = run.spec.budget.as_ref().and_then(|b| b.tokens);
+    let plan_events: Vec<&Event> = events
+        .iter()
+        .filter(|e| {
+            let r = e.reason.as_deref().unwrap_or("");
+            r == Reason::PlanAdopted.as_str() || r == Reason::Replanned.as_str()
+        })
+        .collect();
+    html! {
+        header class="run-head" {
+            h1 { (name) " " (phase_badge(&phase)) }
+            p class="meta" {
+                "step " (status.current_step.clone().unwrap_or_else(|| "-".into()))
+                " · progress " (status.progress.clone().unwrap_or_else(|| "-".into()))
+                " · tokens " (status.tokens_used) @if let Some(b) = budget { " of " (b) }
+                " · step Pods " (status.step_executions)
+                @if let Some(c) = &run.metadata.creation_timestamp { " · created " (render::age(c.0, now)) " ago" }
+            }
+            @if let Some(w) = render::waiting_for(run, approvals) {
+                p class="waiting" { "Waiting for " a href="/approvals" { (w) } }
+            }
+        }
+        section aria-labelledby="tl-h" {
+            h2 id="tl-h" { "Timeline" }
+            div class="timeline-wrap" { (tl.svg()) }
+        }
+        section aria-labelledby="steps-h" {
+            h2 id="steps-h" { "Steps" }
+            div class="scroll" {
+                table class="steps" {
+                    thead { tr {
+                        th scope="col" { "Step" } th scope="col" { "Phase" } th scope="col" { "Attempt" }
+                        th scope="col" { "Effect" } th scope="col" { "Key" } th scope="col" { "Tokens" }
+                        th scope="col" { "Took" } th scope="col" { "Result" }
+                    } }
+                    tbody {
+                        @for cp in &status.steps {
+                            tr data-step=(cp.name) {
+                                th scope="row" { (cp.name) " " small { "r" (cp.plan_revision) } }
+                                td data-label="Phase" { (phase_badge(&format!("{:?}", cp.phase))) }
+                                td data-label="Attempt" { (cp.attempt) @if cp.disruptions > 0 { " " small { "(" (cp.disruptions) " disrupted)" } } }
+                                td data-label="Effect" { (effect(cp.effect)) }
+                                td data-label="Key" { code class="key" { (cp.idempotency_key) } }
+                                td data-label="Tokens" { (cp.tokens.map(|t| t.total().to_string()).unwrap_or_else(|| "-".into())) }
+                                td data-label="Took" { (took(cp, now)) }
+                                td data-label="Result" {
+                                    @if let Some(r) = &cp.result {
+                                        details { summary { (render::truncate(&r.to_string(), 40)) } (json_view(r)) }
+                                    } @else if cp.result_truncated { "not kept in status" } @else { "-" }
+                                    @if let Some(by) = &cp.decided_by { div class="decided" { "released by " strong { (by) } } }
+                                    @if let Some(u) = &cp.fresh_until {
+                                        div class="fresh-note" { "fresh until " time datetime=(u.0.to_string()) { (u.0) } @if u.0 <= now { " (stale)" } }
+                                    }
+                                    @if let Some(m) = &cp.message { div class="message" { (m) } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if !status.compensations.is_empty() {
+                h3 { "Compensations" }
+                ul {
+                    @for c in &status.compensations {
+                        li { "undo " (c.name) " r" (c.plan_revision) " · attempt " (c.attempt) " · " (phase_badge(&format!("{:?}", c.phase)))
+                            @if let Some(m) = &c.message { " · " (m) } }
+                    }
+                }
+            }
+        }
+        @if !approvals.is_empty() {
+            section aria-labelledby="apv-h" {
+                h2 id="apv-h" { "Approvals" }
+                ul class="approvals" {
+                    @for a in approvals {
+                        @let st = a.status.clone().unwrap_or_default();
+                        li data-approval=(a.metadata.name.clone().unwrap_or_default()) {
+                            code { (a.metadata.name.clone().unwrap_or_default()) } " " (format!("{:?}", a.spec.kind)) " · "
+                            (phase_badge(&format!("{:?}", st.phase)))
+                            @if let Some(by) = a.spec.decided_by.clone().or(st.decided_by.clone()) {
+                                " · decided by " strong class="decider" { (by) }
+                                @if let Some(at) = &st.decided_at { " at " (at.0) }
+                            }
+                            @if let Some(c) = &a.spec.comment { " · “" (c) "”" }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="plan-h" {
+            h2 id="plan-h" { "Plan" }
+            @if let Some(p) = &status.plan {
+                p { "Revision " (p.revision) " from " (format!("{:?}", p.source)) " (" (p.reason) "): " (p.step_names.join(" → ")) }
+            }
+            @if !plan_events.is_empty() {
+                ol class="plan-history" {
+                    @for e in &plan_events {
+                        li { @if let Some(t) = event_time(e) { time datetime=(t.to_string()) { (t) } " " } (e.note.clone().unwrap_or_default()) }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="ev-h" {
+            h2 id="ev-h" { "Events" }
+            @if events.is_empty() { p class="empty" { "No Events (they expire after an hour)." } }
+            @else {
+                div class="scroll" {
+                    table class="events" {
+                        thead { tr { th scope="col" { "Age" } th scope="col" { "Type" } th scope="col" { "Reason" } th scope="col" { "Message" } } }
+                        tbody {
+                            @for e in events.iter().rev() {
+                                tr class=(format!("ev-{}", e.type_.clone().unwrap_or_default().to_lowercase())) {
+                                    td { @if let Some(t) = event_time(e) { time datetime=(t.to_string()) title=(t.to_string()) { (render::age(t, now)) } } }
+                                    td { (e.type_.clone().unwrap_or_default()) }
+                                    td { (e.reason.clone().unwrap_or_default()) }
+                                    td { (e.note.clone().unwrap_or_default()) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Live updates: each page holds one Server-Sent Events stream that sends its
+//! live fragment again whenever the watches see a change (and once on
+//! connect, so nothing between the page load and the stream is missed).
+//! No polling: the stream waits on the watches' change counter.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use jiff::Timestamp;
+use maud::Markup;
+
+use super::filter::RunFilter;
+use super::{Shared, pages, run_page};
+use crate::commands::events_of;
+
+/// Bursts of changes (a status write and its Events) render once.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// A stream of `name` events, each `render()`ed after a change.
+fn stream<F, Fut>(
+    c: Shared,
+    name: &'static str,
+    render: F,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>>
+where
+    F: Fn(Shared) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Markup> + Send + 'static,
+{
+    let rx = c.changes.subscribe();
+    let s = futures::stream::unfold((c, rx, true), move |(c, mut rx, first)| {
+        let r = render(c.clone());
+        async move {
+            if !first {
+                rx.changed().await.ok()?;
+                tokio::time::sleep(SETTLE).await;
+                rx.borrow_and_update();
+            }
+            let html = r.await.into_string();
+            Some((Ok(Event::default().event(name).data(html)), (c, rx, false)))
+        }
+    });
+    Sse::new(s).keep_alive(KeepAlive::default())
+}
+
+pub async fn runs(
+    State(c): State<Shared>,
+    Query(f): Query<RunFilter>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    stream(c, "runs", move |c| {
+        let f = f.clone();
+        async move { pages::runs_table(&c.runs(), &c.approvals(), &f, Timestamp::now()) }
+    })
+}
+
+pub async fn approvals(
+    State(c): State<Shared>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    stream(c, "inbox", |c| async move {
+        pages::inbox(&c.me, &c.approvals(), Timestamp::now(), c.decide)
+    })
+}
+
+pub async fn run(
+    State(c): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    stream(c, "run", move |c| {
+        let (ns, name) = (ns.clone(), name.clone());
+        async move {
+            match c.run(&ns, &name) {
+                Some((r, approvals)) => {
+                    let events = events_of(&c.client, &ns, &name).await.unwrap_or_default();
+                    run_page::run_detail(&r, &approvals, &events, Timestamp::now())
+                }
+                None => {
+                    maud::html! { p class="empty" { "The run is gone (deleted, or its TTL passed)." } }
+                }
+            }
+        }
+    })
+}

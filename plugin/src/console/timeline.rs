@@ -1,0 +1,407 @@
+//! The run's timeline: every attempt of every step and compensation on one
+//! time axis, as server-drawn SVG. Pure: the run, its Approvals, its Events
+//! and `now` in, lanes and markup out.
+//!
+//! A checkpoint holds only its current attempt's times; the earlier ones come
+//! from the run's Events (`… attempt N as Pod P` when an attempt starts, and
+//! the Event that ended it: disrupted, timed out, retrying).
+//!
+//! ```text
+//!   lane "reserve r1"   [attempt 1 ▒disrupted▒][attempt 2 ████]░░fresh░░
+//!   lane "charge r1"            ⟦approval: alice⟧[attempt 1 ██]
+//!                        |r2 re-plan
+//! ```
+
+use agentrun_operator::api::{AgentRun, Approval, StepPhase};
+use agentrun_operator::engine::reasons::Reason;
+use jiff::Timestamp;
+use k8s_openapi::api::events::v1::Event;
+use maud::{Markup, html};
+
+/// How an attempt (or wait) went, each drawn in its own style.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarKind {
+    Running,
+    Succeeded,
+    Failed,
+    Disrupted,
+    TimedOut,
+    /// Waiting for a person's decision.
+    Approval,
+}
+
+impl BarKind {
+    pub fn class(self) -> &'static str {
+        match self {
+            BarKind::Running => "bar-running",
+            BarKind::Succeeded => "bar-succeeded",
+            BarKind::Failed => "bar-failed",
+            BarKind::Disrupted => "bar-disrupted",
+            BarKind::TimedOut => "bar-timedout",
+            BarKind::Approval => "bar-approval",
+        }
+    }
+    pub fn word(self) -> &'static str {
+        match self {
+            BarKind::Running => "running",
+            BarKind::Succeeded => "succeeded",
+            BarKind::Failed => "failed",
+            BarKind::Disrupted => "disrupted",
+            BarKind::TimedOut => "timed out",
+            BarKind::Approval => "approval",
+        }
+    }
+}
+
+/// One span on a lane.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bar {
+    pub start: Timestamp,
+    pub end: Timestamp,
+    pub kind: BarKind,
+    /// `attempt 2`, `approval: approved by alice`.
+    pub label: String,
+}
+
+/// One step or compensation (at one plan revision).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lane {
+    pub label: String,
+    pub bars: Vec<Bar>,
+    /// The freshness window: from when the result was recorded until `freshUntil`.
+    pub fresh: Option<(Timestamp, Timestamp)>,
+}
+
+/// The whole picture: lanes, re-plan marks, and the axis.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timeline {
+    pub lanes: Vec<Lane>,
+    /// `(when, "r2")`: a new plan revision was adopted.
+    pub replans: Vec<(Timestamp, String)>,
+    pub from: Timestamp,
+    pub to: Timestamp,
+}
+
+fn event_time(e: &Event) -> Option<Timestamp> {
+    e.event_time
+        .as_ref()
+        .map(|t| t.0)
+        .or_else(|| e.deprecated_last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+fn reason(e: &Event) -> &str {
+    e.reason.as_deref().unwrap_or("")
+}
+
+/// The Pod name of attempt `n`, from the current attempt's (`…-aN`).
+fn pod_of(current: Option<&str>, current_attempt: i32, n: i32) -> Option<String> {
+    let pod = current?;
+    let stem = pod.strip_suffix(&format!("-a{current_attempt}"))?;
+    Some(format!("{stem}-a{n}"))
+}
+
+/// What the record of one attempt says, whichever kind of checkpoint.
+struct Record<'a> {
+    label: String,
+    /// `step NAME` / `compensation of step NAME`: how its Events begin.
+    subject: String,
+    attempt: i32,
+    pod: Option<&'a str>,
+    phase: StepPhase,
+    started: Option<Timestamp>,
+    finished: Option<Timestamp>,
+    fresh_until: Option<Timestamp>,
+}
+
+fn attempts(r: &Record<'_>, events: &[Event], now: Timestamp) -> Vec<Bar> {
+    let mut bars = Vec::new();
+    for n in 1..=r.attempt {
+        let current = n == r.attempt;
+        let pod = pod_of(r.pod, r.attempt, n);
+        let started_event = pod.as_ref().and_then(|p| {
+            events
+                .iter()
+                .filter(|e| {
+                    e.note
+                        .as_deref()
+                        .is_some_and(|m| m.ends_with(&format!("as Pod {p}")))
+                })
+                .find_map(event_time)
+        });
+        // The Event's time has microseconds, status only seconds; an
+        // attempt never starts before the one it follows ended.
+        let start = match (started_event, current.then_some(r.started).flatten()) {
+            (Some(s), _) | (None, Some(s)) => s,
+            (None, None) => continue,
+        };
+        let start = bars.last().map_or(start, |b: &Bar| start.max(b.end));
+        // The Event that ended this attempt, if one did.
+        let tag = format!("{}: attempt {n} ", r.subject);
+        let ended = events
+            .iter()
+            .filter(|e| e.note.as_deref().is_some_and(|m| m.starts_with(&tag)))
+            .filter(|e| !reason(e).ends_with("Started"))
+            .filter_map(|e| Some((event_time(e)?, reason(e))))
+            .filter(|(t, _)| *t >= start)
+            .min_by_key(|(t, _)| *t);
+        let from_event = |(t, why): (Timestamp, &str)| {
+            let kind = if why == Reason::StepTimedOut.as_str() {
+                BarKind::TimedOut
+            } else if why == Reason::StepDisrupted.as_str()
+                || why == Reason::StepOutcomeUnknown.as_str()
+            {
+                BarKind::Disrupted
+            } else {
+                BarKind::Failed
+            };
+            (t, kind)
+        };
+        let (end, kind) = if current {
+            match (r.phase, r.finished) {
+                (StepPhase::Running, _) => (now, BarKind::Running),
+                (StepPhase::Succeeded, Some(f)) => (f, BarKind::Succeeded),
+                (StepPhase::Failed, Some(f)) => {
+                    (f, ended.map_or(BarKind::Failed, |e| from_event(e).1))
+                }
+                _ => match ended {
+                    Some(e) => from_event(e),
+                    None => (r.finished.unwrap_or(now), BarKind::Running),
+                },
+            }
+        } else {
+            match ended {
+                Some(e) => from_event(e),
+                None => (start, BarKind::Failed),
+            }
+        };
+        bars.push(Bar {
+            start,
+            end: end.max(start),
+            kind,
+            label: format!("attempt {n} {}", kind.word()),
+        });
+    }
+    bars
+}
+
+/// The timeline of `run`, as of `now`.
+pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Timestamp) -> Timeline {
+    let status = run.status.clone().unwrap_or_default();
+    let t =
+        |x: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| x.as_ref().map(|t| t.0);
+    let mut lanes = Vec::new();
+    for cp in &status.steps {
+        let role = match cp.role {
+            agentrun_operator::api::StepRole::Step => "step",
+            agentrun_operator::api::StepRole::Planner => "planner",
+            agentrun_operator::api::StepRole::Compactor => "compactor before step",
+        };
+        let rec = Record {
+            label: format!("{} r{}", cp.name, cp.plan_revision),
+            subject: format!("{role} {}", cp.name),
+            attempt: cp.attempt,
+            pod: cp.pod.as_deref(),
+            phase: cp.phase,
+            started: t(&cp.started_at),
+            finished: t(&cp.finished_at),
+            fresh_until: t(&cp.fresh_until),
+        };
+        let mut bars = attempts(&rec, events, now);
+        for a in approvals
+            .iter()
+            .filter(|a| a.spec.step == cp.name && a.spec.plan_revision == cp.plan_revision)
+        {
+            let Some(start) = a.metadata.creation_timestamp.as_ref().map(|t| t.0) else {
+                continue;
+            };
+            let st = a.status.clone().unwrap_or_default();
+            let end = st.decided_at.map_or(now, |d| d.0);
+            let who = a.spec.decided_by.clone().or(st.decided_by.clone());
+            let label = match (a.spec.decision, who) {
+                (Some(d), Some(by)) => format!("{d:?} by {by}"),
+                (Some(d), None) => format!("{d:?}"),
+                _ => format!("waiting ({:?})", st.phase),
+            };
+            bars.push(Bar {
+                start,
+                end: end.max(start),
+                kind: BarKind::Approval,
+                label: format!("approval: {label}"),
+            });
+        }
+        if bars.iter().all(|b| b.kind == BarKind::Approval)
+            && let (Some(by), Some(f)) = (&cp.decided_by, rec.finished)
+        {
+            // Released by a person without an Approval object left.
+            bars.push(Bar {
+                start: f,
+                end: f,
+                kind: BarKind::Approval,
+                label: format!("approval: released by {by}"),
+            });
+        }
+        // A wait comes before the attempt it released, also within one second.
+        bars.sort_by_key(|b| (b.start, b.kind != BarKind::Approval));
+        let fresh = match (rec.fresh_until, rec.finished) {
+            (Some(u), Some(f)) if cp.phase == StepPhase::Succeeded => Some((f, u)),
+            _ => None,
+        };
+        lanes.push(Lane {
+            label: rec.label.clone(),
+            bars,
+            fresh,
+        });
+    }
+    for c in &status.compensations {
+        let rec = Record {
+            label: format!("undo {} r{}", c.name, c.plan_revision),
+            subject: format!("compensation of step {}", c.name),
+            attempt: c.attempt,
+            pod: c.pod.as_deref(),
+            phase: c.phase,
+            started: t(&c.started_at),
+            finished: t(&c.finished_at),
+            fresh_until: None,
+        };
+        lanes.push(Lane {
+            label: rec.label.clone(),
+            bars: attempts(&rec, events, now),
+            fresh: None,
+        });
+    }
+    let mut replans: Vec<(Timestamp, String)> = events
+        .iter()
+        .filter(|e| {
+            reason(e) == Reason::Replanned.as_str() || reason(e) == Reason::PlanAdopted.as_str()
+        })
+        .filter_map(|e| {
+            let when = event_time(e)?;
+            let note = e.note.clone().unwrap_or_default();
+            let rev = note
+                .split_whitespace()
+                .skip_while(|w| *w != "revision")
+                .nth(1)
+                .map(|r| format!("r{}", r.trim_end_matches(|c: char| !c.is_ascii_digit())))
+                .unwrap_or_else(|| "re-plan".into());
+            Some((when, rev))
+        })
+        .collect();
+    replans.sort();
+    let created = run.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let starts = lanes.iter().flat_map(|l| l.bars.iter().map(|b| b.start));
+    let from = created.into_iter().chain(starts).min().unwrap_or(now);
+    let terminal = status.phase.is_some_and(|p| p.is_terminal());
+    let ends = lanes.iter().flat_map(|l| l.bars.iter().map(|b| b.end));
+    let last = ends
+        .chain(replans.iter().map(|r| r.0))
+        .chain(t(&status.completed_at))
+        .max()
+        .unwrap_or(now);
+    let to = if terminal { last } else { last.max(now) };
+    // At least a second of axis, so a run that took no time still has width.
+    let to = to.max(from + jiff::SignedDuration::from_secs(1));
+    // A freshness window that outlasts the run shows a quarter more axis
+    // (its end is in the bar's title), not hours that squash the attempts.
+    let span = to.duration_since(from);
+    let fresh_end = lanes.iter().filter_map(|l| l.fresh.map(|f| f.1)).max();
+    let to = match fresh_end {
+        Some(end) if end > to => end.min(to + span / 4),
+        _ => to,
+    };
+    Timeline {
+        lanes,
+        replans,
+        from,
+        to,
+    }
+}
+
+/// The SVG's geometry, in viewBox units.
+pub const WIDTH: f64 = 1000.0;
+pub const LABEL: f64 = 170.0;
+pub const LANE: f64 = 30.0;
+pub const TOP: f64 = 24.0;
+
+impl Timeline {
+    /// The x of `at` on the axis.
+    pub fn x(&self, at: Timestamp) -> f64 {
+        let span = self.to.duration_since(self.from).as_secs_f64().max(0.001);
+        let off = at.duration_since(self.from).as_secs_f64().clamp(0.0, span);
+        LABEL + (WIDTH - LABEL - 10.0) * off / span
+    }
+
+    pub fn height(&self) -> f64 {
+        TOP + LANE * self.lanes.len().max(1) as f64 + 8.0
+    }
+
+    /// The markup: an `<svg role="img">` with a title per bar.
+    pub fn svg(&self) -> Markup {
+        let h = self.height();
+        let span = self.to.duration_since(self.from);
+        let ticks: Vec<(f64, String)> = (0..=4)
+            .map(|i| {
+                let at = self.from + span * i / 4;
+                (self.x(at), tick(at.duration_since(self.from), span))
+            })
+            .collect();
+        html! {
+            svg class="timeline" viewBox=(format!("0 0 {WIDTH} {h}")) role="img"
+                aria-label=(format!("Timeline of {} lanes from {} to {}", self.lanes.len(), self.from, self.to))
+                xmlns="http://www.w3.org/2000/svg" {
+                defs {
+                    pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)" {
+                        rect class="hatch-bg" width="6" height="6" {}
+                        line class="hatch-line" x1="0" y1="0" x2="0" y2="6" {}
+                    }
+                }
+                @for (x, label) in &ticks {
+                    line class="tick" x1=(fmt(*x)) y1="16" x2=(fmt(*x)) y2=(fmt(h)) {}
+                    text class="tick-label" x=(fmt(*x)) y="12" text-anchor=(if *x >= WIDTH - 20.0 { "end" } else { "middle" }) { "+" (label) }
+                }
+                @for (i, lane) in self.lanes.iter().enumerate() {
+                    @let y = TOP + LANE * i as f64;
+                    g class="lane" {
+                        text class="lane-label" x="4" y=(fmt(y + 19.0)) { (crate::render::truncate(&lane.label, 22)) }
+                        @if let Some((a, b)) = lane.fresh {
+                            @let (x0, x1) = (self.x(a), self.x(b));
+                            rect class="fresh" x=(fmt(x0)) y=(fmt(y + 2.0)) width=(fmt((x1 - x0).max(1.0))) height=(fmt(LANE - 4.0)) {
+                                title { (lane.label) ": result fresh until " (b) }
+                            }
+                            @if b > self.to {
+                                text class="fresh-label" x=(fmt(x1 - 4.0)) y=(fmt(y + 19.0)) text-anchor="end" { "fresh →" }
+                            }
+                        }
+                        @for bar in &lane.bars {
+                            @let (x0, x1) = (self.x(bar.start), self.x(bar.end));
+                            @let inset = if bar.kind == BarKind::Approval { 9.0 } else { 5.0 };
+                            rect class=(format!("bar {}", bar.kind.class())) x=(fmt(x0)) y=(fmt(y + inset))
+                                width=(fmt((x1 - x0).max(3.0))) height=(fmt(LANE - 2.0 * inset)) rx="2"
+                                data-kind=(bar.kind.word()) {
+                                title { (lane.label) ": " (bar.label) " (" (bar.start) " – " (bar.end) ")" }
+                            }
+                        }
+                    }
+                }
+                @for (at, rev) in &self.replans {
+                    @let x = self.x(*at);
+                    line class="replan" x1=(fmt(x)) y1="16" x2=(fmt(x)) y2=(fmt(h)) {}
+                    text class="replan-label" x=(fmt(x + 3.0)) y=(fmt(h - 2.0)) { (rev) }
+                }
+            }
+        }
+    }
+}
+
+/// `+1.5s` on a short axis, `+3m` on a long one.
+fn tick(d: jiff::SignedDuration, span: jiff::SignedDuration) -> String {
+    if span.as_secs() < 20 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        crate::render::short(d)
+    }
+}
+
+fn fmt(v: f64) -> String {
+    format!("{v:.1}")
+}

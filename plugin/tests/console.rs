@@ -1,0 +1,273 @@
+//! The console's pure parts: the timeline's lanes and geometry from a run's
+//! status and Events, and the pages rendered from objects captured on the
+//! plane (`fixtures/`, as in render.rs). Expected values are literals.
+
+use std::path::PathBuf;
+
+use agentrun_operator::api::{AgentRun, Approval};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::events::v1::Event;
+use kubectl_agentrun::console::filter::RunFilter;
+use kubectl_agentrun::console::timeline::{self, BarKind};
+use kubectl_agentrun::console::{pages, run_page};
+use kubectl_agentrun::identity::Identity;
+use serde_json::json;
+
+fn fixture(name: &str) -> (AgentRun, Vec<Approval>) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(format!("{name}.json"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    (
+        serde_json::from_value(v["run"].clone()).unwrap(),
+        serde_json::from_value(v["approvals"].clone()).unwrap(),
+    )
+}
+
+fn me(user: &str) -> Identity {
+    Identity {
+        user: user.into(),
+        groups: vec!["system:authenticated".into()],
+    }
+}
+
+const T0: &str = "2026-12-02T01:00:00Z";
+
+fn at(secs: i64) -> Timestamp {
+    T0.parse::<Timestamp>().unwrap() + SignedDuration::from_secs(secs)
+}
+
+fn event(secs: i64, reason: &str, note: &str) -> Event {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("e{secs}{reason}"), "namespace": "shop"},
+        "eventTime": at(secs).to_string(),
+        "reason": reason, "note": note, "type": "Normal",
+        "reportingController": "agentrun.dev/operator", "reportingInstance": "op",
+        "action": note, "regarding": {"kind": "AgentRun", "name": "crawl"},
+    }))
+    .unwrap()
+}
+
+/// A step evicted 10 s into attempt 1, run again and succeeded at 20 s,
+/// fresh for an hour.
+fn evicted_run() -> (AgentRun, Vec<Event>) {
+    let run: AgentRun = serde_json::from_value(json!({
+        "apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+        "metadata": {"name": "crawl", "namespace": "shop", "uid": "u1", "creationTimestamp": at(0).to_string()},
+        "spec": {"steps": []},
+        "status": {
+            "phase": "Succeeded", "completedAt": at(20).to_string(), "progress": "1/1",
+            "steps": [{
+                "name": "crawl", "planRevision": 1, "attempt": 2, "idempotencyKey": "k1",
+                "pod": "crawl-crawl-0960e3-r1-a2", "phase": "Succeeded", "effect": "Applied",
+                "startedAt": at(10).to_string(), "finishedAt": at(20).to_string(),
+                "freshUntil": at(3600).to_string(), "disruptions": 1, "result": {"pages": 12},
+            }],
+        },
+    }))
+    .unwrap();
+    let events = vec![
+        event(
+            0,
+            "StepStarted",
+            "step crawl: attempt 1 as Pod crawl-crawl-0960e3-r1-a1",
+        ),
+        event(
+            10,
+            "StepDisrupted",
+            "step crawl: attempt 1 was disrupted (EvictionByEvictionAPI); it runs again with the same key",
+        ),
+        event(
+            10,
+            "StepStarted",
+            "step crawl: attempt 2 as Pod crawl-crawl-0960e3-r1-a2",
+        ),
+        event(20, "StepSucceeded", "step crawl succeeded on attempt 2"),
+    ];
+    (run, events)
+}
+
+#[test]
+fn an_evicted_and_rerun_step_has_two_attempts_the_first_disrupted() {
+    let (run, events) = evicted_run();
+    let tl = timeline::build(&run, &[], &events, at(30));
+    assert_eq!(tl.lanes.len(), 1);
+    let lane = &tl.lanes[0];
+    assert_eq!(lane.label, "crawl r1");
+    let bars: Vec<(BarKind, Timestamp, Timestamp, &str)> = lane
+        .bars
+        .iter()
+        .map(|b| (b.kind, b.start, b.end, b.label.as_str()))
+        .collect();
+    assert_eq!(
+        bars,
+        [
+            (BarKind::Disrupted, at(0), at(10), "attempt 1 disrupted"),
+            (BarKind::Succeeded, at(10), at(20), "attempt 2 succeeded"),
+        ]
+    );
+    assert_eq!(lane.fresh, Some((at(20), at(3600))));
+}
+
+#[test]
+fn the_axis_spans_the_run_plus_a_quarter_for_a_long_freshness_window() {
+    let (run, events) = evicted_run();
+    let tl = timeline::build(&run, &[], &events, at(30));
+    // A finished run's axis ends with it (20 s), plus 5 s of the fresh window.
+    assert_eq!((tl.from, tl.to), (at(0), at(25)));
+    // 820 units of axis from x = 170: 32.8 per second.
+    let xs: Vec<f64> = [0, 10, 20, 25, 3600].iter().map(|s| tl.x(at(*s))).collect();
+    assert_eq!(xs, [170.0, 498.0, 826.0, 990.0, 990.0]);
+    let svg = tl.svg().into_string();
+    for want in [
+        r#"<rect class="bar bar-disrupted" x="170.0" y="29.0" width="328.0" height="20.0""#,
+        r#"<rect class="bar bar-succeeded" x="498.0" y="29.0" width="328.0" height="20.0""#,
+        r#"<rect class="fresh" x="826.0" y="26.0" width="164.0" height="26.0""#,
+        "fresh →",
+        r#"viewBox="0 0 1000 62""#,
+    ] {
+        assert!(svg.contains(want), "the SVG lacks {want}:\n{svg}");
+    }
+}
+
+#[test]
+fn a_running_attempt_reaches_now_and_a_replan_is_marked() {
+    let (mut run, mut events) = evicted_run();
+    let st = run.status.as_mut().unwrap();
+    st.phase = Some(agentrun_operator::api::RunPhase::Running);
+    st.completed_at = None;
+    st.steps[0].phase = agentrun_operator::api::StepPhase::Running;
+    st.steps[0].finished_at = None;
+    st.steps[0].fresh_until = None;
+    events.truncate(3);
+    events.push(event(
+        12,
+        "Replanned",
+        "plan revision 2 from planner plan: 3 steps",
+    ));
+    let tl = timeline::build(&run, &[], &events, at(40));
+    let last = tl.lanes[0].bars.last().unwrap();
+    assert_eq!(
+        (last.kind, last.start, last.end),
+        (BarKind::Running, at(10), at(40))
+    );
+    assert_eq!(tl.replans, [(at(12), "r2".to_owned())]);
+    assert_eq!(tl.to, at(40));
+}
+
+#[test]
+fn the_approval_wait_is_a_bar_naming_who_decided() {
+    let (run, approvals) = fixture("refund-approved");
+    let tl = timeline::build(
+        &run,
+        &approvals,
+        &[],
+        "2026-12-02T01:17:39Z".parse().unwrap(),
+    );
+    let labels: Vec<(BarKind, &str)> = tl.lanes[0]
+        .bars
+        .iter()
+        .map(|b| (b.kind, b.label.as_str()))
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            (BarKind::Approval, "approval: Approved by alice"),
+            (BarKind::Succeeded, "attempt 1 succeeded"),
+        ]
+    );
+}
+
+#[test]
+fn the_runs_table_shows_phase_progress_and_who_may_decide() {
+    let (run, approvals) = fixture("refund-waiting");
+    let now: Timestamp = "2026-12-02T01:17:39Z".parse().unwrap();
+    let html = pages::runs_table(&[run], &approvals, &RunFilter::default(), now).into_string();
+    for want in [
+        r#"<tr data-run="refund""#,
+        r#"<span class="phase phase-waitingforapproval">WaitingForApproval</span>"#,
+        "approval (user alice)",
+        r#"<progress value="0" max="1" aria-label="0 of 1 steps">"#,
+        "1 of 1 runs",
+    ] {
+        assert!(html.contains(want), "the table lacks {want}:\n{html}");
+    }
+    let none = RunFilter {
+        phase: "Failed".into(),
+        ..Default::default()
+    };
+    let (run, approvals) = fixture("refund-waiting");
+    let html = pages::runs_table(&[run], &approvals, &none, now).into_string();
+    assert!(
+        html.contains("No runs match.") && html.contains("0 of 1 runs"),
+        "{html}"
+    );
+}
+
+#[test]
+fn the_inbox_offers_the_decisions_and_says_who_may_take_them() {
+    let (_, approvals) = fixture("refund-waiting");
+    let now: Timestamp = "2026-12-02T01:17:39Z".parse().unwrap();
+    let alice = pages::inbox(&me("alice"), &approvals, now, true).into_string();
+    for want in [
+        "May refund run?",
+        r#"<dd class="you">may decide</dd>"#,
+        r#"<button type="submit" name="decision" value="Approved" class="">Approve</button>"#,
+        r#"value="Rejected" class="danger">Reject</button>"#,
+        r#"<label for="approval-refund-refund-a9aff4-r1-approve-comment">Comment</label>"#,
+        "user alice",
+    ] {
+        assert!(alice.contains(want), "alice's inbox lacks {want}:\n{alice}");
+    }
+    let mallory = pages::inbox(&me("mallory"), &approvals, now, true).into_string();
+    assert!(
+        mallory.contains("mallory is not an approver; approvers: user alice"),
+        "{mallory}"
+    );
+    let read_only = pages::inbox(&me("alice"), &approvals, now, false).into_string();
+    assert!(
+        !read_only.contains("hx-post") && read_only.contains("This console is read-only"),
+        "{read_only}"
+    );
+    let (_, decided) = fixture("refund-approved");
+    let empty = pages::inbox(&me("alice"), &decided, now, true).into_string();
+    assert!(
+        empty.contains("No approvals wait for a decision."),
+        "{empty}"
+    );
+}
+
+#[test]
+fn a_refusal_is_shown_verbatim_and_escaped() {
+    let html = pages::decision_result("a1", &Err("deciding approval a1: <b>no</b> & never".into()))
+        .into_string();
+    assert_eq!(
+        html,
+        r#"<p class="refused" role="alert" data-approval="a1"><strong>Refused: </strong><span class="message">deciding approval a1: &lt;b&gt;no&lt;/b&gt; &amp; never</span></p>"#
+    );
+}
+
+#[test]
+fn the_run_page_shows_steps_decider_and_events() {
+    let (run, approvals) = fixture("refund-approved");
+    let now: Timestamp = "2026-12-02T01:17:39Z".parse().unwrap();
+    let alice = me("alice");
+    let frame = pages::Frame {
+        me: &alice,
+        warnings: vec!["watching Approvals: forbidden".into()],
+    };
+    let html = run_page::run_page(&frame, &run, &approvals, &[], now).into_string();
+    for want in [
+        r#"sse-connect="/events/ns/plugin-approve-uyx3za/runs/refund""#,
+        r#"<tr data-step="refund">"#,
+        r#"released by <strong>alice</strong>"#,
+        r#"decided by <strong class="decider">alice</strong>"#,
+        r#"<svg class="timeline""#,
+        "No Events (they expire after an hour).",
+        r#"<dialog id="help""#,
+        r#"<p class="warning" role="alert">watching Approvals: forbidden</p>"#,
+    ] {
+        assert!(html.contains(want), "the run page lacks {want}:\n{html}");
+    }
+}
