@@ -326,6 +326,9 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Command::Run(args) => {
+            // One TLS crypto provider for every rustls client in the process
+            // (kube's, the OTLP exporter's, the notifier's): ring.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             let provider = match init_tracing(args.log_format) {
                 Ok(provider) => provider,
                 Err(err) => {
