@@ -391,7 +391,10 @@ fn approval_lines(a: &Approval) -> String {
         a.metadata.name.as_deref().unwrap_or(""),
         a.spec.kind,
         st.phase,
-        st.votes.map(|v| format!("  votes {v}")).unwrap_or_default()
+        st.votes
+            .as_ref()
+            .map(|v| format!("  votes {v}"))
+            .unwrap_or_default()
     );
     let mut who = vec![];
     if let Some(r) = &a.spec.requested_by {
@@ -417,6 +420,9 @@ fn approval_lines(a: &Approval) -> String {
                 .unwrap_or_default()
         );
     }
+    if let Some(line) = notified(&st) {
+        let _ = writeln!(s, "      {line}");
+    }
     if let Some(d) = a.spec.decision {
         let by = st
             .decided_by
@@ -437,6 +443,26 @@ fn approval_lines(a: &Approval) -> String {
         let _ = writeln!(s, "      {:?}{by}", st.phase);
     }
     s
+}
+
+/// What the approval's notifications came to: `notified: 2 delivered`, or
+/// the `Notified` condition's message when something is held back.
+fn notified(st: &agentrun_operator::api::ApprovalStatus) -> Option<String> {
+    let c = st.conditions.iter().find(|c| c.type_ == "Notified")?;
+    let delivered = st
+        .notifications
+        .iter()
+        .filter(|d| d.state == agentrun_operator::api::DeliveryState::Delivered)
+        .count();
+    Some(if c.status == "True" {
+        format!("notified: {delivered} delivered")
+    } else {
+        // Within describe's 80 columns (6 of indent); the whole message is
+        // on the Approval's condition.
+        let head = format!("not notified ({}): ", c.reason);
+        let room = 74usize.saturating_sub(head.chars().count()).max(10);
+        format!("{head}{}", truncate(&c.message, room))
+    })
 }
 
 /// `kubectl agentrun pending`: approvals waiting for a decision, and

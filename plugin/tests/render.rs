@@ -162,3 +162,29 @@ fn colour_only_when_asked() {
     );
     assert!(coloured.contains("\x1b[32mSucceeded\x1b[0m"));
 }
+
+#[test]
+fn describe_says_whether_the_approvers_were_told() {
+    let (run, mut approvals) = fixture("refund-waiting");
+    let st = approvals[0].status.get_or_insert_with(Default::default);
+    st.conditions = vec![serde_json::from_value(serde_json::json!({
+        "type": "Notified", "status": "False", "reason": "ChannelUnknown",
+        "message": "requested notification to channel pay: channel pay is not configured in Secret ops/chan (channels: team)",
+        "lastTransitionTime": "2026-12-02T01:00:00Z",
+    }))
+    .unwrap()];
+    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    assert!(
+        out.contains("      not notified (ChannelUnknown): requested notification to channel pay"),
+        "{out}"
+    );
+    fits_80_columns(&out);
+    let st = approvals[0].status.as_mut().unwrap();
+    st.conditions[0].status = "True".into();
+    st.notifications = vec![serde_json::from_value(serde_json::json!({
+        "id": "u.requested.team", "channel": "team", "event": "Requested", "state": "Delivered", "attempts": 1,
+    }))
+    .unwrap()];
+    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    assert!(out.contains("      notified: 1 delivered\n"), "{out}");
+}
