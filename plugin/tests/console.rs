@@ -239,6 +239,34 @@ fn the_inbox_offers_the_decisions_and_says_who_may_take_them() {
 }
 
 #[test]
+fn the_inbox_says_whether_people_were_told() {
+    let (_, mut approvals) = fixture("refund-waiting");
+    let now: Timestamp = "2026-12-02T01:17:39Z".parse().unwrap();
+    let st = approvals[0].status.get_or_insert_with(Default::default);
+    st.conditions = vec![
+        serde_json::from_value(serde_json::json!({
+            "type": "Notified", "status": "False", "reason": "Retrying",
+            "message": "requested notification to channel team: HTTP 503: busy",
+            "lastTransitionTime": "2026-12-02T01:00:00Z",
+        }))
+        .unwrap(),
+    ];
+    let page = pages::inbox(&me("alice"), &approvals, now, true).into_string();
+    assert!(
+        page.contains(r#"<dt>Told</dt><dd class="notified">not yet (Retrying): requested notification to channel team: HTTP 503: busy</dd>"#),
+        "{page}"
+    );
+    let st = approvals[0].status.as_mut().unwrap();
+    st.conditions[0].status = "True".into();
+    st.notifications = vec![serde_json::from_value(serde_json::json!({
+        "id": "u.requested.team", "channel": "team", "event": "Requested", "state": "Delivered", "attempts": 2,
+    }))
+    .unwrap()];
+    let page = pages::inbox(&me("alice"), &approvals, now, true).into_string();
+    assert!(page.contains(">notified on team</dd>"), "{page}");
+}
+
+#[test]
 fn a_refusal_is_shown_verbatim_and_escaped() {
     let html = pages::decision_result("a1", &Err("deciding approval a1: <b>no</b> & never".into()))
         .into_string();

@@ -321,6 +321,9 @@ fn approval_card(me: &Identity, a: &Approval, now: Timestamp, decide: bool) -> M
                     }
                 }
                 dt { "May decide" } dd { (approvers) }
+                @if let Some(told) = notified(a) {
+                    dt { "Told" } dd class="notified" { (told) }
+                }
                 @if a.spec.quorum > 1 {
                     dt { "Votes" }
                     dd {
@@ -377,4 +380,21 @@ pub fn not_found(frame: &Frame<'_>, what: &str) -> Markup {
 pub fn json_view(v: &serde_json::Value) -> Markup {
     let text = serde_json::to_string_pretty(v).unwrap_or_default();
     html! { pre class="json" tabindex="0" { (text) } }
+}
+
+/// Whether the approval's people were told (its `Notified` condition).
+fn notified(a: &Approval) -> Option<String> {
+    let st = a.status.as_ref()?;
+    let c = st.conditions.iter().find(|c| c.type_ == "Notified")?;
+    let delivered: Vec<&str> = st
+        .notifications
+        .iter()
+        .filter(|d| d.state == agentrun_operator::api::DeliveryState::Delivered)
+        .map(|d| d.channel.as_str())
+        .collect();
+    Some(if c.status == "True" {
+        format!("notified on {}", delivered.join(", "))
+    } else {
+        format!("not yet ({}): {}", c.reason, c.message)
+    })
 }
