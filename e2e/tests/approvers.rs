@@ -110,32 +110,6 @@ async fn grant(ns: &str, p: &Policies) {
     }
 }
 
-/// The run's Approval once it exists (its name is recorded in the run first).
-async fn approval_of(s: &Scenario, run: &str, step: &str) -> String {
-    let r = s
-        .wait_run(run, "waiting on an Approval", RUN_TIMEOUT, |r| {
-            status(r)
-                .steps
-                .iter()
-                .any(|c| c.name == step && c.approval.is_some())
-        })
-        .await;
-    let name = status(&r)
-        .steps
-        .iter()
-        .find(|c| c.name == step)
-        .and_then(|c| c.approval.clone())
-        .expect("approval name");
-    wait_for(
-        &s.approvals(),
-        &name,
-        |a: Option<&Approval>| a.is_some(),
-        Duration::from_secs(30),
-    )
-    .await;
-    name
-}
-
 fn decision(d: &str) -> String {
     json!({"spec": {"decision": d}}).to_string()
 }
@@ -168,7 +142,7 @@ async fn only_an_approver_decides_and_is_recorded_as_the_decider() {
     let file = manifest(&format!("run-{ns}"), &run);
     let created = kubectl_as("dave", &["payments-leads"], &ns, &["create", "-f", &file]).await;
     assert!(created.success(), "{created:?}");
-    let apv = approval_of(&s, "refund", "refund").await;
+    let apv = s.approval_of("refund", Some("refund"), RUN_TIMEOUT).await;
     let a = s.approvals().get(&apv).await.unwrap();
     assert_eq!(a.spec.requested_by.as_deref(), Some("dave"));
 
@@ -291,7 +265,7 @@ async fn a_quorum_of_two_releases_once_and_one_rejection_compensates() {
     let mut pay = sim_step("pay", "NonIdempotent", json!({}));
     pay["approval"] = gate.clone();
     s.create_run("payout", json!({"steps": [pay]})).await;
-    let apv = approval_of(&s, "payout", "pay").await;
+    let apv = s.approval_of("payout", Some("pay"), RUN_TIMEOUT).await;
 
     let cast = |user: &'static str, as_user: &'static str, d: &'static str| {
         let ns = ns.clone();
@@ -375,7 +349,7 @@ async fn a_quorum_of_two_releases_once_and_one_rejection_compensates() {
     charge["approval"] = gate;
     s.create_run("charge", json!({"steps": [reserve, charge]}))
         .await;
-    let apv = approval_of(&s, "charge", "charge").await;
+    let apv = s.approval_of("charge", Some("charge"), RUN_TIMEOUT).await;
     let v = vote("carol", "Rejected");
     let out = kubectl_as(
         "carol",
@@ -538,7 +512,7 @@ async fn without_the_mutating_policy_the_client_names_the_decider_and_the_server
     let mut pay = sim_step("pay", "NonIdempotent", json!({}));
     pay["approval"] = json!({"approvers": {"users": ["alice"]}});
     s.create_run("pay", json!({"steps": [pay]})).await;
-    let apv = approval_of(&s, "pay", "pay").await;
+    let apv = s.approval_of("pay", Some("pay"), RUN_TIMEOUT).await;
     let patch = |body: Value| {
         let (ns, apv) = (ns.clone(), apv.clone());
         async move {

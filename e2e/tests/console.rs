@@ -19,10 +19,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use agentrun_e2e::support::policies::{Policies, wait_enforced};
+use agentrun_e2e::support::policies::Policies;
 use agentrun_e2e::support::processes::{Process, free_port, log_dir, plugin_binary};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_e2e::{client_as, kubeconfig, kubectl_ok, wait_for};
+use agentrun_e2e::{client_as, kubeconfig, kubectl_ok};
 use agentrun_operator::api::{Approval, ApprovalPhase, RunPhase, StepPhase};
 use fantoccini::{Client, ClientBuilder, Locator};
 use kube::api::{EvictParams, Patch, PatchParams};
@@ -196,52 +196,11 @@ impl Browser {
     }
 }
 
-/// The chart's policies, with alice and mallory holding the approver role
-/// (whom only each approval's own policy tells apart), enforced.
-async fn policies(ns: &str) -> Policies {
-    let p = Policies::install(ns, &[]).await;
-    let approver = format!("--clusterrole={}-approver", p.release);
-    kubectl_ok([
-        "-n",
-        ns,
-        "create",
-        "rolebinding",
-        "approvers",
-        &approver,
-        "--user=alice",
-        "--user=mallory",
-    ])
-    .await;
-    wait_enforced(ns, true).await;
-    p
-}
-
 fn gated(step: &str) -> Value {
     let mut s = sim_step(step, "NonIdempotent", json!({}));
     s["approval"] =
         json!({"question": format!("May {step} run?"), "approvers": {"users": ["alice"]}});
     s
-}
-
-async fn approval_of(s: &Scenario, run: &str) -> String {
-    let r = s
-        .wait_run(run, "waiting on an Approval", RUN_TIMEOUT, |r| {
-            status(r).steps.iter().any(|c| c.approval.is_some())
-        })
-        .await;
-    let name = status(&r)
-        .steps
-        .iter()
-        .find_map(|c| c.approval.clone())
-        .unwrap();
-    wait_for(
-        &s.approvals(),
-        &name,
-        |a: Option<&Approval>| a.is_some(),
-        RUN_TIMEOUT,
-    )
-    .await;
-    name
 }
 
 /// The runs table shows a new run within 2 s of its creation, without a
@@ -475,10 +434,10 @@ async fn timeline_of_an_evicted_and_rerun_step_shows_two_attempts_the_first_disr
 async fn approving_in_the_inbox_releases_the_step_as_the_impersonated_user() {
     let s = Scenario::start("console-approve").await;
     let ns = s.namespace().to_owned();
-    let _policies = policies(&ns).await;
+    let _policies = Policies::with_approvers(&ns, &["alice", "mallory"]).await;
     s.create_run("refund", json!({"steps": [sim_step("lookup", "None", json!({"result": {"order": 42}})), gated("refund")]}))
         .await;
-    let apv = approval_of(&s, "refund").await;
+    let apv = s.approval_of("refund", None, RUN_TIMEOUT).await;
     let c = console(&ns, Some("alice")).await;
     let b = browser(&ns).await;
     b.goto(&format!("{}approvals", c.url)).await;
@@ -569,7 +528,7 @@ async fn retry_in_the_inbox_answers_a_reconcile_question_and_reruns_with_the_sam
         .delete(&pod, &Default::default())
         .await
         .expect("deleting the step Pod");
-    let apv = approval_of(&s, "pay").await;
+    let apv = s.approval_of("pay", None, RUN_TIMEOUT).await;
     let c = console(&ns, None).await;
     let b = browser(&ns).await;
     b.goto(&format!("{}approvals", c.url)).await;
@@ -622,10 +581,10 @@ async fn retry_in_the_inbox_answers_a_reconcile_question_and_reruns_with_the_sam
 async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
     let s = Scenario::start("console-refused").await;
     let ns = s.namespace().to_owned();
-    let _policies = policies(&ns).await;
+    let _policies = Policies::with_approvers(&ns, &["alice", "mallory"]).await;
     s.create_run("refund", json!({"steps": [gated("refund")]}))
         .await;
-    let apv = approval_of(&s, "refund").await;
+    let apv = s.approval_of("refund", None, RUN_TIMEOUT).await;
     // What the API server says to mallory, asked directly (a dry run).
     let as_mallory: kube::Api<Approval> = kube::Api::namespaced(client_as("mallory").await, &ns);
     let patch = json!({"spec": {"decision": "Approved", "decidedBy": "mallory", "decidedByGroups": ["system:authenticated"]}});

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use agentrun_e2e::support::receiver::{Received, Receiver, Reply};
 use agentrun_e2e::support::scenario::{Scenario, sim_step, status};
-use agentrun_e2e::wait_for;
 use agentrun_operator::api::{Approval, Delivery, DeliveryState, RunPhase};
 use agentrun_operator::notify::send::signature;
 use k8s_openapi::api::core::v1::Secret;
@@ -111,24 +110,7 @@ async fn gated_run(s: &Scenario, run: &str, approval: Value) -> String {
     let mut step = sim_step("refund", "NonIdempotent", json!({}));
     step["approval"] = approval;
     s.create_run(run, json!({"steps": [step]})).await;
-    let r = s
-        .wait_run(run, "waiting on an Approval", TIMEOUT, |r| {
-            status(r).steps.iter().any(|c| c.approval.is_some())
-        })
-        .await;
-    let name = status(&r)
-        .steps
-        .iter()
-        .find_map(|c| c.approval.clone())
-        .expect("the approval's name");
-    wait_for(
-        &s.approvals(),
-        &name,
-        |a: Option<&Approval>| a.is_some(),
-        TIMEOUT,
-    )
-    .await;
-    name
+    s.approval_of(run, None, TIMEOUT).await
 }
 
 /// Waits until the Approval satisfies `check`.
@@ -152,6 +134,14 @@ async fn wait_approval(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until delivery `id` of approval `name` is in `state`.
+async fn wait_state(s: &Scenario, name: &str, id: &str, state: DeliveryState) -> Approval {
+    wait_approval(s, name, &format!("delivery {id} {state:?}"), |a| {
+        delivery(a, id).is_some_and(|d| d.state == state)
+    })
+    .await
 }
 
 fn deliveries(a: &Approval) -> Vec<Delivery> {
@@ -387,10 +377,7 @@ async fn a_failing_receiver_gets_exactly_the_retries() {
             i + 1
         );
     }
-    let a = wait_approval(&s, &name, "the delivery recorded", |a| {
-        delivery(a, &want).is_some_and(|d| d.state == DeliveryState::Delivered)
-    })
-    .await;
+    let a = wait_state(&s, &name, &want, DeliveryState::Delivered).await;
     let d = delivery(&a, &want).unwrap();
     assert_eq!(d.attempts, 4, "{d:?}");
     assert_eq!(d.last_error, None);
@@ -482,10 +469,7 @@ async fn a_crash_between_send_and_record_repeats_it_with_the_same_id() {
     assert_eq!(got[0].body, got[1].body);
     assert_signed(&got[1]);
     let want = id(&a, "requested", "team");
-    let a = wait_approval(&s, &name, "the delivery recorded", |a| {
-        delivery(a, &want).is_some_and(|d| d.state == DeliveryState::Delivered)
-    })
-    .await;
+    let a = wait_state(&s, &name, &want, DeliveryState::Delivered).await;
     assert_eq!(delivery(&a, &want).unwrap().attempts, 1);
     s.finish().await;
 }
@@ -534,10 +518,7 @@ async fn a_killed_operator_resumes_a_pending_delivery_after_restart() {
     assert!(got[1].at > killed);
     assert_no_more(&r, "/team", 2).await;
     assert_no_more(&r, "/audit", 1).await;
-    let a = wait_approval(&s, &name, "the retry recorded", |a| {
-        delivery(a, &team).is_some_and(|d| d.state == DeliveryState::Delivered)
-    })
-    .await;
+    let a = wait_state(&s, &name, &team, DeliveryState::Delivered).await;
     assert_eq!(delivery(&a, &team).unwrap().attempts, 2);
     s.finish().await;
 }
@@ -822,10 +803,7 @@ async fn https_is_verified_against_the_channels_roots() {
     assert_eq!(got[0].header("x-agentrun-event"), Some("requested"));
     let a = s.approvals().get(&name).await.unwrap();
     let system = id(&a, "requested", "system");
-    let a = wait_approval(&s, &name, "the untrusted receiver given up", |a| {
-        delivery(a, &system).is_some_and(|d| d.state == DeliveryState::Failed)
-    })
-    .await;
+    let a = wait_state(&s, &name, &system, DeliveryState::Failed).await;
     let err = delivery(&a, &system).unwrap().last_error.unwrap();
     assert!(
         err.contains("certificate") && err.contains("UnknownIssuer"),

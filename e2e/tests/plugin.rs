@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::support::policies::{Policies, wait_enforced};
+use agentrun_e2e::support::policies::Policies;
 use agentrun_e2e::support::processes::plugin_binary;
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_e2e::{kubeconfig, kubectl_ok, wait_for};
+use agentrun_e2e::kubeconfig;
 use agentrun_operator::api::{Approval, EffectOutcome, RunPhase, StepPhase};
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -44,52 +44,11 @@ async fn plugin(ns: &str, user: Option<&str>, groups: &[&str], args: &[&str]) ->
     }
 }
 
-/// The chart's policies and roles for this namespace, and the approver role
-/// for alice and mallory (whom only the approval's own policy tells apart).
-async fn policies(ns: &str) -> Policies {
-    let p = Policies::install(ns, &[]).await;
-    let approver = format!("--clusterrole={}-approver", p.release);
-    kubectl_ok([
-        "-n",
-        ns,
-        "create",
-        "rolebinding",
-        "approvers",
-        &approver,
-        "--user=alice",
-        "--user=mallory",
-    ])
-    .await;
-    wait_enforced(ns, true).await;
-    p
-}
-
 fn gated(step: &str) -> serde_json::Value {
     let mut s = sim_step(step, "NonIdempotent", json!({}));
     s["approval"] =
         json!({"question": format!("May {step} run?"), "approvers": {"users": ["alice"]}});
     s
-}
-
-async fn approval_of(s: &Scenario, run: &str) -> String {
-    let r = s
-        .wait_run(run, "waiting on an Approval", RUN_TIMEOUT, |r| {
-            status(r).steps.iter().any(|c| c.approval.is_some())
-        })
-        .await;
-    let name = status(&r)
-        .steps
-        .iter()
-        .find_map(|c| c.approval.clone())
-        .unwrap();
-    wait_for(
-        &s.approvals(),
-        &name,
-        |a: Option<&Approval>| a.is_some(),
-        RUN_TIMEOUT,
-    )
-    .await;
-    name
 }
 
 /// With AGENTRUN_CAPTURE_FIXTURES=<dir>, writes the run and its Approvals
@@ -122,11 +81,11 @@ async fn capture(s: &Scenario, run: &str, file: &str) {
 async fn approve_releases_reject_compensates_and_pending_knows_who_may_decide() {
     let s = Scenario::start("plugin-approve").await;
     let ns = s.namespace().to_owned();
-    let _policies = policies(&ns).await;
+    let _policies = Policies::with_approvers(&ns, &["alice", "mallory"]).await;
 
     s.create_run("refund", json!({"steps": [gated("refund")]}))
         .await;
-    let apv = approval_of(&s, "refund").await;
+    let apv = s.approval_of("refund", None, RUN_TIMEOUT).await;
 
     capture(&s, "refund", "refund-waiting").await;
     let pending = plugin(&ns, Some("alice"), &[], &["pending"]).await;
@@ -236,7 +195,7 @@ async fn approve_releases_reject_compensates_and_pending_knows_who_may_decide() 
     reserve["compensate"] = json!({"image": "registry.example/agent-step:1"});
     s.create_run("charge", json!({"steps": [reserve, gated("charge")]}))
         .await;
-    approval_of(&s, "charge").await;
+    s.approval_of("charge", None, RUN_TIMEOUT).await;
     let rejected = plugin(
         &ns,
         Some("alice"),

@@ -45,6 +45,20 @@ impl Policies {
         p
     }
 
+    /// The policies for `namespace`, with `users` holding the release's
+    /// approver role there (whom only each approval's own policy tells
+    /// apart), enforced.
+    pub async fn with_approvers(namespace: &str, users: &[&str]) -> Policies {
+        let p = Policies::install(namespace, &[]).await;
+        let role = format!("--clusterrole={}-approver", p.release);
+        let mut args = vec!["-n", namespace, "create", "rolebinding", "approvers", &role];
+        let users: Vec<String> = users.iter().map(|u| format!("--user={u}")).collect();
+        args.extend(users.iter().map(String::as_str));
+        kubectl_ok(args).await;
+        wait_enforced(namespace, true).await;
+        p
+    }
+
     fn path(&self) -> &str {
         self.file.to_str().expect("utf-8 path")
     }

@@ -189,6 +189,33 @@ impl Scenario {
         (recorded, pod)
     }
 
+    /// Waits until the run records an Approval (for `step`, or any) and the
+    /// Approval exists; returns its name.
+    pub async fn approval_of(&self, run: &str, step: Option<&str>, timeout: Duration) -> String {
+        let asks = |c: &agentrun_operator::api::StepCheckpoint| {
+            c.approval.is_some() && step.is_none_or(|s| c.name == s)
+        };
+        let r = self
+            .wait_run(run, "waiting on an Approval", timeout, |r| {
+                status(r).steps.iter().any(asks)
+            })
+            .await;
+        let name = status(&r)
+            .steps
+            .iter()
+            .find(|c| asks(c))
+            .and_then(|c| c.approval.clone())
+            .expect("the approval's name");
+        super::wait::wait_for(
+            &self.approvals(),
+            &name,
+            |a: Option<&Approval>| a.is_some(),
+            timeout,
+        )
+        .await;
+        name
+    }
+
     /// Waits for a terminal phase and returns the run.
     pub async fn wait_finished(&self, name: &str, timeout: Duration) -> AgentRun {
         self.wait_run(name, "finished", timeout, |r| {
