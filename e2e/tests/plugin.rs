@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
+use agentrun_e2e::kubeconfig;
 use agentrun_e2e::support::policies::Policies;
 use agentrun_e2e::support::processes::plugin_binary;
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_e2e::kubeconfig;
 use agentrun_operator::api::{Approval, EffectOutcome, RunPhase, StepPhase};
 use kube::api::DeleteParams;
 use serde_json::json;
