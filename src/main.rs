@@ -75,6 +75,13 @@ struct RunArgs {
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
 
+    /// Seconds one reconcile may take once it has its slot; past that it is
+    /// abandoned (as a crash would leave it) and the run is tried again. The
+    /// Kubernetes client has no read timeout, so this is what frees a slot
+    /// held by a request the API server never answers.
+    #[arg(long, env = "AGENTRUN_RECONCILE_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    reconcile_timeout_seconds: u64,
+
     /// Log format.
     #[arg(long, env = "AGENTRUN_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -229,6 +236,7 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
                 allow: args.notify_allow_cidr.clone(),
                 console_url: args.console_url.clone(),
             }),
+        reconcile_timeout: Duration::from_secs(args.reconcile_timeout_seconds),
     };
     let reporter = Reporter {
         controller: "agentrun-operator".into(),

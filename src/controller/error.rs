@@ -45,6 +45,12 @@ pub enum Error {
     /// The object has no name or namespace (never true for a stored object).
     #[error("object is missing {0}")]
     MissingMetadata(&'static str),
+
+    /// The reconcile did not finish in time (an API request that is never
+    /// answered): it was abandoned, as a crash would have left it, and
+    /// tried again with backoff.
+    #[error("reconcile of {run} did not finish within {after:?}; abandoned and tried again")]
+    Timeout { run: String, after: Duration },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -68,7 +74,8 @@ impl Error {
             Error::Reread { .. }
             | Error::WriteStatus { .. }
             | Error::Apply { .. }
-            | Error::CreateRefused { .. } => Category::Transient,
+            | Error::CreateRefused { .. }
+            | Error::Timeout { .. } => Category::Transient,
         }
     }
 
@@ -81,6 +88,7 @@ impl Error {
             Error::Apply { .. } => "apply",
             Error::CreateRefused { .. } => "create_refused",
             Error::MissingMetadata(_) => "missing_metadata",
+            Error::Timeout { .. } => "timeout",
         }
     }
 }

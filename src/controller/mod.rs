@@ -55,6 +55,9 @@ pub struct Scope {
     /// Notify people about approvals (`--notify-secret`); `None`: no
     /// notifications are sent.
     pub notify: Option<crate::notify::Settings>,
+    /// How long one reconcile may take once it has its slot before it is
+    /// abandoned and tried again (`--reconcile-timeout-seconds`).
+    pub reconcile_timeout: std::time::Duration,
 }
 
 impl Default for Scope {
@@ -63,6 +66,7 @@ impl Default for Scope {
             namespace: None,
             step_events: true,
             notify: None,
+            reconcile_timeout: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -96,6 +100,8 @@ pub struct Context {
     unreadable: Mutex<HashMap<String, i64>>,
     /// Reconciles doing work at once, granted first come, first served.
     slots: tokio::sync::Semaphore,
+    /// The deadline of one reconcile once it holds a slot.
+    reconcile_timeout: std::time::Duration,
 }
 
 /// Reconciles that do work at once. kube-runtime's own limit, once reached,
@@ -243,6 +249,7 @@ pub async fn run(
         runs: runs_store.clone(),
         unreadable: Mutex::new(HashMap::new()),
         slots: tokio::sync::Semaphore::new(CONCURRENT_RECONCILES),
+        reconcile_timeout: scope.reconcile_timeout,
     });
 
     // No limit here: `slots` is the limit (see CONCURRENT_RECONCILES).

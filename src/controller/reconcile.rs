@@ -136,11 +136,35 @@ pub(super) async fn reconcile(
     if let Some(uid) = run.metadata.uid.as_deref() {
         crate::telemetry::trace::adopt(&span, uid);
     }
-    let result = Box::pin(reconcile_inner(run, &ctx)).instrument(span).await;
+    // The Kubernetes client has no read timeout: a request that is never
+    // answered would hold this slot for good. Past the deadline the
+    // reconcile is dropped where it stands, as a crash would leave it (every
+    // step of it is safe to cut short), and the run is tried again.
+    let run_ref = obj_ref_string(&run);
+    let result = match tokio::time::timeout(
+        ctx.reconcile_timeout,
+        Box::pin(reconcile_inner(run, &ctx)).instrument(span),
+    )
+    .await
+    {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout {
+            run: run_ref,
+            after: ctx.reconcile_timeout,
+        }),
+    };
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
     result
+}
+
+fn obj_ref_string(run: &AgentRun) -> String {
+    format!(
+        "{}/{}",
+        run.metadata.namespace.as_deref().unwrap_or_default(),
+        run.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Action> {
