@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::DeserializeGuard;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -208,7 +208,7 @@ pub async fn run(
         .touched_objects();
 
     let ctx = Arc::new(Context {
-        events: events::EventSink::spawn(Recorder::new(client.clone(), reporter)),
+        events: events::EventSink::spawn(client.clone(), reporter),
         step_events: scope.step_events,
         expectations,
         client: client.clone(),
