@@ -471,9 +471,10 @@ fn commits_an_outcome(old: &AgentRunStatus, new: &AgentRunStatus) -> bool {
 /// fenced exactly as the apply was (D3), and since the stored status is then
 /// the one the diff was taken from, the patch applies to what it was made for.
 ///
-/// When the stored JSON differs in form from ours (a path the diff names is
-/// absent: 422), the whole status is written once instead, under the same
-/// precondition.
+/// A 422 means the patch did not apply to what is stored (a checkpoint it
+/// replaces is gone: the run was re-planned on a newer copy); the whole
+/// status is then written once instead, under the same precondition, which
+/// answers 409 when the run has moved on.
 async fn write_status(
     runs: &Api<AgentRun>,
     run: &AgentRun,
@@ -503,30 +504,60 @@ async fn write_status(
 /// The JSON patch that turns `old` (the status the decision was made on;
 /// `None` when the run has none yet) into `new`, under a resourceVersion
 /// precondition when `resource_version` is known.
+///
+/// The apiserver applies a patch to the stored object before it compares
+/// resourceVersions, so a patch decided on a status that has moved on must
+/// still apply to the newer one for the write to end in 409 rather than in
+/// 422. Hence whole values only: a changed top-level field is set whole, a
+/// changed checkpoint (of `steps`, `compensations`) is replaced whole at its
+/// index, new checkpoints are added at theirs — paths that a newer status
+/// has too, since checkpoints are only ever appended.
 pub(super) fn status_patch(
     old: Option<&AgentRunStatus>,
     new: &AgentRunStatus,
     resource_version: Option<&str>,
 ) -> json_patch::Patch {
+    use serde_json::Value;
     let to_json = |s: &AgentRunStatus| serde_json::to_value(s).unwrap_or_default();
     let mut ops = Vec::new();
     if let Some(rv) = resource_version {
         ops.push(json!({"op": "replace", "path": "/metadata/resourceVersion", "value": rv}));
     }
-    match old {
-        Some(old) => {
-            let diff = json_patch::diff(&to_json(old), &to_json(new));
-            for op in diff.0 {
-                let mut op = serde_json::to_value(op).unwrap_or_default();
-                if let Some(path) = op.get("path").and_then(|p| p.as_str()) {
-                    op["path"] = format!("/status{path}").into();
+    let (Some(old), Value::Object(new)) = (old.map(to_json), to_json(new)) else {
+        ops.push(json!({"op": "add", "path": "/status", "value": to_json(new)}));
+        return serde_json::from_value(Value::Array(ops))
+            .expect("the operations built here are JSON patch operations");
+    };
+    let empty = serde_json::Map::new();
+    let old = old.as_object().unwrap_or(&empty);
+    // Status keys are camelCase field names: no '/' or '~' to escape.
+    for (key, value) in &new {
+        match (old.get(key), value) {
+            (Some(a), b) if a == b => {}
+            (Some(Value::Array(a)), Value::Array(b))
+                if key == "steps" || key == "compensations" =>
+            {
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    if x != y {
+                        ops.push(json!({"op": "replace", "path": format!("/status/{key}/{i}"), "value": y}));
+                    }
                 }
-                ops.push(op);
+                for (i, y) in b.iter().enumerate().skip(a.len()) {
+                    ops.push(
+                        json!({"op": "add", "path": format!("/status/{key}/{i}"), "value": y}),
+                    );
+                }
+                for i in (b.len()..a.len()).rev() {
+                    ops.push(json!({"op": "remove", "path": format!("/status/{key}/{i}")}));
+                }
             }
+            _ => ops.push(json!({"op": "add", "path": format!("/status/{key}"), "value": value})),
         }
-        None => ops.push(json!({"op": "add", "path": "/status", "value": to_json(new)})),
     }
-    serde_json::from_value(serde_json::Value::Array(ops))
+    for key in old.keys().filter(|k| !new.contains_key(*k)) {
+        ops.push(json!({"op": "remove", "path": format!("/status/{key}")}));
+    }
+    serde_json::from_value(Value::Array(ops))
         .expect("the operations built here are JSON patch operations")
 }
 
@@ -602,6 +633,45 @@ mod tests {
         let patch: json_patch::Patch = serde_json::from_value(patch).unwrap();
         json_patch::patch(&mut doc, &patch).unwrap();
         assert_eq!(doc["metadata"]["resourceVersion"], "7");
+    }
+
+    fn condition(
+        type_: &str,
+        message: &str,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        serde_json::from_value(json!({
+            "type": type_, "status": "True", "reason": "Testing", "message": message,
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }))
+        .unwrap()
+    }
+
+    /// The apiserver applies the patch to what it stores, then compares
+    /// resourceVersions: a patch decided on a status that has moved on must
+    /// apply to the newer one, so that the answer is 409 (and the operator
+    /// re-reads), not 422.
+    #[test]
+    fn a_patch_decided_on_a_stale_status_applies_to_the_newer_one() {
+        let mut old = status(3);
+        old.conditions = vec![
+            condition("Progressing", "step 3"),
+            condition("Waiting", "a person"),
+        ];
+        let mut new = status(4);
+        new.conditions = vec![
+            condition("Progressing", "step 4"),
+            condition("Waiting", "a person, again"),
+        ];
+        // Stored meanwhile: two more steps, one condition fewer.
+        let mut newer = status(5);
+        newer.conditions = vec![condition("Progressing", "step 5")];
+        let patch = status_patch(Some(&old), &new, Some("10"));
+        let mut doc = stored("12", Some(&newer));
+        json_patch::patch(&mut doc, &patch).expect("the patch applies to the newer status");
+        assert_eq!(
+            doc["metadata"]["resourceVersion"], "10",
+            "the stale version: 409"
+        );
     }
 
     #[test]
