@@ -72,11 +72,15 @@ pub(super) async fn apply(
     // read) was asked for: it is no fresher than the request.
     let mut proven_at = std::time::Instant::now();
     if decision.status != current_status {
-        // A JSON patch of what changed, guarded by the resourceVersion we
-        // decided on: a stale or deposed operator gets 409 (D3).
+        // Guarded by the resourceVersion we decided on: a stale or deposed
+        // operator gets 409 (D3).
         let started = std::time::Instant::now();
         let started_at = std::time::SystemTime::now();
-        let written = write_status(runs, run, &decision.status).await;
+        let written = if ctx.status_patch {
+            write_status_patch(runs, run, &decision.status).await
+        } else {
+            write_status_apply(runs, run, &decision.status).await
+        };
         ctx.metrics
             .checkpoint_write_duration
             .observe(started.elapsed().as_secs_f64());
@@ -461,7 +465,29 @@ fn commits_an_outcome(old: &AgentRunStatus, new: &AgentRunStatus) -> bool {
     committed(new) > committed(old)
 }
 
-/// Writes `new` as the status of `run`: a JSON patch (RFC 6902) of only what
+/// Writes `new` as the status of `run` by server-side apply of the whole owned
+/// status under one field manager, with the resourceVersion decided on.
+async fn write_status_apply(
+    runs: &Api<AgentRun>,
+    run: &AgentRun,
+    new: &AgentRunStatus,
+) -> Result<AgentRun, kube::Error> {
+    let name = run.name_any();
+    let patch = json!({
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {
+            "name": name,
+            "resourceVersion": run.resource_version(),
+        },
+        "status": new,
+    });
+    let params = PatchParams::apply(labels::FIELD_MANAGER).force();
+    runs.patch_status(&name, &params, &Patch::Apply(&patch))
+        .await
+}
+
+/// `--status-patch` (experimental): writes `new` as a JSON patch (RFC 6902) of only what
 /// changed since the status the decision was made on, so that a step of a
 /// long run sends a few hundred bytes rather than the whole status (which a
 /// server-side apply of the owned status did, O(n) per step and O(n²) per
@@ -475,7 +501,7 @@ fn commits_an_outcome(old: &AgentRunStatus, new: &AgentRunStatus) -> bool {
 /// replaces is gone: the run was re-planned on a newer copy); the whole
 /// status is then written once instead, under the same precondition, which
 /// answers 409 when the run has moved on.
-async fn write_status(
+async fn write_status_patch(
     runs: &Api<AgentRun>,
     run: &AgentRun,
     new: &AgentRunStatus,

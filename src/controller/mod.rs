@@ -52,6 +52,9 @@ pub struct Scope {
     /// Publish an Event for every step start and success, not only for
     /// retries, disruptions, approvals, re-plans and the run's end.
     pub step_events: bool,
+    /// Write status as a JSON patch of what changed (experimental), not as a
+    /// server-side apply of the whole status.
+    pub status_patch: bool,
 }
 
 impl Default for Scope {
@@ -59,6 +62,7 @@ impl Default for Scope {
         Scope {
             namespace: None,
             step_events: true,
+            status_patch: false,
         }
     }
 }
@@ -77,6 +81,8 @@ pub struct Context {
     events: events::EventSink,
     /// Publish `StepStarted` and `StepSucceeded` (`--step-events`).
     step_events: bool,
+    /// Write status as a JSON patch (`--status-patch`).
+    status_patch: bool,
     /// Pod writes this process just made that the cache may not show yet.
     expectations: Arc<expectations::Expectations>,
     pub metrics: Arc<Metrics>,
@@ -210,6 +216,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         events: events::EventSink::spawn(client.clone(), reporter),
         step_events: scope.step_events,
+        status_patch: scope.status_patch,
         expectations,
         client: client.clone(),
         pods: pods.clone(),

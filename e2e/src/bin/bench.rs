@@ -134,6 +134,10 @@ struct Args {
     /// The operator's `--step-events` (an Event per step start and success).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     step_events: bool,
+    /// The operator's `--status-patch` (status written as a JSON patch of what
+    /// changed instead of a server-side apply of the whole status).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    status_patch: bool,
     /// Steps of the status-size run at which the cost of a step is sampled
     /// (the window of `--long-window` steps ending there), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10,100,500")]
@@ -328,6 +332,7 @@ fn start_operator(setup: &Setup, ns: &str, dir: &Path) -> Res<Operator> {
         .arg("--health-addr")
         .arg(health.to_string())
         .arg(format!("--step-events={}", setup.args.step_events))
+        .arg(format!("--status-patch={}", setup.args.status_patch))
         .env("KUBECONFIG", &setup.kubeconfig)
         .env("RUST_LOG", &setup.args.operator_log)
         .env_remove("AGENTRUN_FAILPOINT")
