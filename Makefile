@@ -18,6 +18,9 @@
 #   make bench         the engine micro-benchmark, then the cluster benchmark on its own
 #                      control plane (target/e2e-bench); BENCH_ARGS passes flags to it,
 #                      e.g. make bench BENCH_ARGS='--concurrency 1,50 --repeats 1'
+#   make bench-peers   AgentRuns against chains of Jobs (kube-controller-manager with its
+#                      default client QPS, then raised) on a plane of their own
+#                      (target/e2e-peers); PEERS_ARGS passes flags to every driver run
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -25,7 +28,7 @@ CARGO ?= cargo
 export AGENTRUN_E2E_DIR ?= $(CURDIR)/target/e2e
 CLUSTER := e2e/cluster
 
-.PHONY: demo demo-stop test observability lint check-crds crds unit integration cluster-build cluster-up cluster-down tools bench build
+.PHONY: demo demo-stop test observability lint check-crds crds unit integration cluster-build cluster-up cluster-down tools bench bench-peers build
 
 build:
 	$(CARGO) build --workspace --all-targets --locked
@@ -61,8 +64,10 @@ check-crds:
 	@for f in $(CRD_COPIES); do cmp -s crds/agentrun.dev_crds.yaml $$f \
 	  || { echo "$$f differs from crds/: run 'make crds' and commit the result" >&2; exit 1; }; done
 
+# --benches runs each criterion benchmark once in test mode (debug build), so a
+# benchmark whose setup no longer works fails here rather than in `make bench`.
 unit:
-	$(CARGO) test --workspace --lib --bins --locked
+	$(CARGO) test --workspace --lib --bins --benches --locked
 
 cluster-build:
 	$(CLUSTER) build
@@ -117,6 +122,27 @@ bench:
 	export AGENTRUN_E2E_DIR=$(BENCH_E2E_DIR); unset KUBECONFIG; \
 	  trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; \
 	  target/release/bench $(BENCH_ARGS)
+
+# The Job controller as a peer (docs/performance.md, "Side by side"): the same
+# driver, once with AgentRuns and twice with chains of 10 single-Pod Jobs, kcm
+# restarted between with a raised client QPS/burst. Tables in target/e2e-peers/.
+PEERS_E2E_DIR ?= $(CURDIR)/target/e2e-peers
+PEERS_ARGS ?= --concurrency 1,50,200 --repeats 3
+KCM_DEFAULT := --controllers job-controller
+KCM_RAISED := --controllers job-controller --kube-api-qps 1000 --kube-api-burst 2000
+PEERS := target/release/bench --resume-runs 0 --status-steps 0 $(PEERS_ARGS)
+
+bench-peers:
+	$(CARGO) build --release --locked -p agentrun-operator -p agentrun-e2e --bins
+	$(CLUSTER) build
+	export AGENTRUN_E2E_DIR=$(PEERS_E2E_DIR); unset KUBECONFIG; \
+	  trap '$(CLUSTER) down' EXIT; \
+	  $(CLUSTER) down; AGENTRUN_KCM_ARGS='$(KCM_DEFAULT)' $(CLUSTER) up; \
+	  $(PEERS) --peer agentrun --report $(PEERS_E2E_DIR)/agentrun.md; \
+	  $(PEERS) --peer jobs --label 'kcm client QPS 20, burst 30 (defaults)' --report $(PEERS_E2E_DIR)/jobs-default-qps.md; \
+	  $(CLUSTER) down; AGENTRUN_KCM_ARGS='$(KCM_RAISED)' $(CLUSTER) up; \
+	  $(PEERS) --peer jobs --label 'kcm client QPS 1000, burst 2000' --report $(PEERS_E2E_DIR)/jobs-raised-qps.md; \
+	  cat $(PEERS_E2E_DIR)/agentrun.md $(PEERS_E2E_DIR)/jobs-default-qps.md $(PEERS_E2E_DIR)/jobs-raised-qps.md
 
 # The chaos suite (e2e/README.md, "Chaos suite") on a plane of its own
 # (target/e2e-chaos), always taken down; CHAOS_ARGS passes flags to the driver,

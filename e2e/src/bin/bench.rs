@@ -134,6 +134,32 @@ struct Args {
     /// The operator's `--step-events` (an Event per step start and success).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     step_events: bool,
+    /// Steps of the status-size run at which the cost of a step is sampled
+    /// (the window of `--long-window` steps ending there), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,500")]
+    long_marks: Vec<usize>,
+    /// Steps per sampled window of the status-size run.
+    #[arg(long, default_value_t = 10)]
+    long_window: usize,
+    /// Also write every batch's figures as JSON to this file (for tests).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// What runs the batches: `agentrun` (the operator, one AgentRun per
+    /// run) or `jobs` (kube-controller-manager's Job controller, one chain of
+    /// single-Pod Jobs per run, the driver creating Job i+1 once it sees Job i
+    /// Complete; the plane's kcm must run `job-controller`, see
+    /// `AGENTRUN_KCM_ARGS` in e2e/cluster).
+    #[arg(long, value_enum, default_value_t = Peer::Agentrun)]
+    peer: Peer,
+    /// A label for this invocation's rows (e.g. the kcm client QPS).
+    #[arg(long, default_value = "")]
+    label: String,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Peer {
+    Agentrun,
+    Jobs,
 }
 
 /// Where things are.
@@ -196,13 +222,16 @@ async fn bench(args: Args) -> Res<()> {
     let mut batches: BTreeMap<usize, Vec<Batch>> = BTreeMap::new();
     for &n in &args.concurrency {
         for r in 1..=args.repeats {
-            let b = run_batch(&setup, n, args.steps, r).await?;
+            let b = match args.peer {
+                Peer::Agentrun => run_batch(&setup, n, args.steps, r).await?,
+                Peer::Jobs => job_batch(&setup, n, args.steps, r).await?,
+            };
             println!("{}", b.line());
             batches.entry(n).or_default().push(b);
         }
     }
     let mut resumes = Vec::new();
-    if args.resume_runs > 0 {
+    if args.resume_runs > 0 && args.peer == Peer::Agentrun {
         for r in 1..=args.repeats {
             let res = resume_batch(&setup, args.resume_runs, r).await?;
             println!("{}", res.line());
@@ -210,7 +239,7 @@ async fn bench(args: Args) -> Res<()> {
         }
     }
     let mut sizes = Vec::new();
-    if args.status_steps > 0 {
+    if args.status_steps > 0 && args.peer == Peer::Agentrun {
         for r in 1..=args.status_repeats {
             let s = status_size(&setup, args.status_steps, r).await?;
             println!("{}", s.line());
@@ -221,6 +250,20 @@ async fn bench(args: Args) -> Res<()> {
     println!("\n{table}");
     if let Some(path) = &args.report {
         std::fs::write(path, &table).map_err(io(format!("writing {}", path.display())))?;
+    }
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "batches": batches.values().flatten().map(Batch::json).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, doc.to_string()).map_err(io(format!("writing {}", path.display())))?;
+    }
+    // Figures of runs that did not succeed describe no working operator.
+    let failed: usize = batches.values().flatten().map(|b| b.failed_runs).sum();
+    if failed > 0 {
+        return Err(BenchError::Stage(format!(
+            "{failed} runs did not succeed; logs in {}",
+            setup.out_dir.display()
+        )));
     }
     Ok(())
 }
@@ -378,32 +421,43 @@ fn parse_labels(s: &str) -> HashMap<&str, &str> {
     out
 }
 
-/// Scrapes the apiserver's `/metrics` with the admin client certificate.
-async fn apiserver_requests(setup: &Setup) -> Res<Requests> {
-    let port = std::fs::read_to_string(setup.e2e_dir.join("state/apiserver.port"))
-        .map_err(io("reading the apiserver port"))?;
+/// Scrapes `/metrics` of the plane's kube-apiserver (with the admin client
+/// certificate) or etcd (plain HTTP on loopback).
+async fn scrape(setup: &Setup, which: &str) -> Res<String> {
+    let port_file = if which == "etcd" {
+        "etcd.port"
+    } else {
+        "apiserver.port"
+    };
+    let port = std::fs::read_to_string(setup.e2e_dir.join("state").join(port_file))
+        .map_err(io(format!("reading the {which} port")))?;
     let pki = setup.e2e_dir.join("pki");
-    let out = Command::new("curl")
-        .arg("-sf")
-        .arg("--max-time")
-        .arg("30")
-        .arg("--cacert")
-        .arg(pki.join("ca.crt"))
-        .arg("--cert")
-        .arg(pki.join("admin.crt"))
-        .arg("--key")
-        .arg(pki.join("admin.key"))
-        .arg(format!("https://127.0.0.1:{}/metrics", port.trim()))
-        .output()
-        .await
-        .map_err(io("running curl"))?;
+    let mut cmd = Command::new("curl");
+    cmd.arg("-sf").arg("--max-time").arg("30");
+    if which == "etcd" {
+        cmd.arg(format!("http://127.0.0.1:{}/metrics", port.trim()));
+    } else {
+        cmd.arg("--cacert")
+            .arg(pki.join("ca.crt"))
+            .arg("--cert")
+            .arg(pki.join("admin.crt"))
+            .arg("--key")
+            .arg(pki.join("admin.key"))
+            .arg(format!("https://127.0.0.1:{}/metrics", port.trim()));
+    }
+    let out = cmd.output().await.map_err(io("running curl"))?;
     if !out.status.success() {
         return Err(BenchError::Stage(format!(
-            "scraping apiserver /metrics failed: {}",
+            "scraping {which} /metrics failed: {}",
             out.status
         )));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `apiserver_request_total` and request durations, from the apiserver's `/metrics`.
+async fn apiserver_requests(setup: &Setup) -> Res<Requests> {
+    let text = scrape(setup, "apiserver").await?;
     let mut m = Requests::new();
     for line in text.lines() {
         let (rest, code) = if let Some(r) = line.strip_prefix("apiserver_request_total{") {
@@ -781,6 +835,24 @@ struct Batch {
 }
 
 impl Batch {
+    fn json(&self) -> Value {
+        json!({
+            "runs": self.runs,
+            "steps": self.steps,
+            "repeat": self.repeat,
+            "wallSeconds": self.wall_s,
+            "writes": self.writes,
+            "writesPerStep": self.writes_per_step,
+            "conflicts409": self.conflicts_409,
+            "handoffP50Ms": self.handoff_p50_ms,
+            "handoffP99Ms": self.handoff_p99_ms,
+            "cpuMsPerStep": self.cpu_ms_per_step,
+            "rssIdleKiB": self.rss_idle_kib,
+            "rssPeakKiB": self.hwm_kib,
+            "failedRuns": self.failed_runs,
+        })
+    }
+
     fn line(&self) -> String {
         let writes: Vec<String> = self
             .writes
@@ -984,6 +1056,248 @@ async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
 }
 
 // ---------------------------------------------------------------------------
+// The Job controller as a peer
+
+fn job_name(run: usize, step: usize) -> String {
+    format!("{}-{}", run_name(run), step_name(step))
+}
+
+/// One single-Pod Job: step `step` of chain `run`. Its Pod carries the labels
+/// simkubelet and this driver's watch look for.
+fn job_manifest(run: usize, step: usize) -> k8s_openapi::api::batch::v1::Job {
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job_name(run, step)},
+        "spec": {
+            "backoffLimit": 0,
+            "completions": 1,
+            "parallelism": 1,
+            "template": {
+                "metadata": {"labels": {
+                    labels::RUN: run_name(run),
+                    labels::STEP: step_name(step),
+                    labels::ATTEMPT: "1",
+                }},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "step", "image": "registry.example/agent-step:1"}],
+                },
+            },
+        },
+    }))
+    .expect("the Job manifest matches the Job type")
+}
+
+/// The Job controller's writes in a window: every write verb on pods (not
+/// pods/status, simkubelet's), jobs/status and events; jobs themselves only
+/// for PUT/PATCH (the driver POSTs them). Keyed "verb resource[/sub]".
+fn job_controller_writes(before: &Requests, after: &Requests) -> (BTreeMap<String, f64>, f64) {
+    let mut by = BTreeMap::new();
+    let mut conflicts = 0.0;
+    for (k, v) in after {
+        let d = v - before.get(k).copied().unwrap_or(0.0);
+        let (verb, _group, resource, sub, code) = k;
+        if d <= 0.0 || !WRITE_VERBS.contains(&verb.as_str()) || code == "sum" || code == "count" {
+            continue;
+        }
+        let ours = match (resource.as_str(), sub.as_str()) {
+            ("pods", "") | ("jobs", "status") | ("events", "") => true,
+            ("jobs", "") => verb != "POST",
+            _ => false,
+        };
+        if !ours {
+            continue;
+        }
+        if code == "409" {
+            conflicts += d;
+        }
+        let name = if sub.is_empty() {
+            format!("{verb} {resource}")
+        } else {
+            format!("{verb} {resource}/{sub}")
+        };
+        *by.entry(name).or_default() += d;
+    }
+    (by, conflicts)
+}
+
+/// `n` chains of `steps` single-Pod Jobs run by kube-controller-manager: the
+/// driver creates the first Job of every chain, then Job i+1 of a chain once
+/// its watch shows Job i `Complete`. The same figures as [`run_batch`], the
+/// controller being the plane's kube-controller-manager.
+async fn job_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<Batch> {
+    use k8s_openapi::api::batch::v1::Job;
+    let deadline = Duration::from_secs(setup.args.deadline_secs);
+    let (ns, dir) = namespace(setup, &format!("bench-jobs-{n}x{steps}-r{repeat}")).await?;
+    let nsname = ns.name().to_owned();
+    eprintln!("[bench] batch {n} Job chains x {steps} Jobs, repeat {repeat}: namespace {nsname}");
+    let kcm_pid: u32 =
+        std::fs::read_to_string(setup.e2e_dir.join("state/kube-controller-manager.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| {
+                BenchError::Stage("no kube-controller-manager pid in the plane's state".into())
+            })?;
+    let mut kubelet = start_simkubelet(setup, &nsname, &dir)?;
+    let (seen, watch_task) = observe(&setup.client, &nsname);
+    let jobs: Api<Job> = Api::namespaced(setup.client.clone(), &nsname);
+    // The chain driver: Job i Complete → create Job i+1; the last one
+    // Complete (or any Failed) → the chain is finished.
+    let chains = {
+        let jobs = jobs.clone();
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let stream = watcher(jobs.clone(), watcher::Config::default())
+                .default_backoff()
+                .applied_objects();
+            futures::pin_mut!(stream);
+            let mut created: std::collections::HashSet<String> = std::collections::HashSet::new();
+            while let Some(ev) = stream.next().await {
+                let Ok(job) = ev else { continue };
+                let cond = |t: &str| {
+                    job.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == t && c.status == "True"))
+                };
+                let name = job.name_any();
+                let Some((run, step)) = name.rsplit_once("-s") else {
+                    continue;
+                };
+                let (Some(r), Ok(i)) = (
+                    run.strip_prefix('r').and_then(|r| r.parse::<usize>().ok()),
+                    step.parse::<usize>(),
+                ) else {
+                    continue;
+                };
+                if cond("Failed") {
+                    lock(&seen)
+                        .finished
+                        .entry(run.to_owned())
+                        .or_insert((Instant::now(), RunPhase::Failed));
+                } else if cond("Complete") {
+                    if i + 1 >= steps {
+                        lock(&seen)
+                            .finished
+                            .entry(run.to_owned())
+                            .or_insert((Instant::now(), RunPhase::Succeeded));
+                    } else if created.insert(job_name(r, i + 1)) {
+                        let jobs = jobs.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = jobs
+                                .create(&PostParams::default(), &job_manifest(r, i + 1))
+                                .await
+                            {
+                                eprintln!("[bench] creating Job {}: {e}", job_name(r, i + 1));
+                            }
+                        });
+                    }
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (rss_idle, _) = rss_kib(kcm_pid);
+    let before = apiserver_requests(setup).await?;
+    let mut pids = plane_pids(setup);
+    pids.push(("operator", kcm_pid));
+    pids.push(("simkubelet", kubelet.pid().unwrap_or(0)));
+    let cpu_before: Vec<f64> = pids.iter().map(|(_, p)| cpu_ms(*p)).collect();
+    // kcm lives across batches, so its VmHWM is not this batch's: sample VmRSS.
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(rss_idle));
+    let sampler = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                let (rss, _) = rss_kib(kcm_pid);
+                peak.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let t0 = Instant::now();
+    futures::stream::iter((0..n).map(|r| {
+        let jobs = jobs.clone();
+        async move {
+            jobs.create(&PostParams::default(), &job_manifest(r, 0))
+                .await
+                .map(|_| ())
+                .map_err(self::api(format!("creating Job {}", job_name(r, 0))))
+        }
+    }))
+    .buffer_unordered(setup.args.create_parallelism.max(1))
+    .try_collect::<Vec<()>>()
+    .await?;
+    let result = wait_seen(&seen, "every Job chain finished", deadline, |s| {
+        (s.finished.len() < n).then(|| format!("{}/{n} chains finished", s.finished.len()))
+    })
+    .await;
+    let cpu: BTreeMap<&'static str, f64> = pids
+        .iter()
+        .zip(cpu_before)
+        .map(|((name, p), before)| (*name, (cpu_ms(*p) - before) / (n * steps) as f64))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    sampler.abort();
+    let (rss_end, _) = rss_kib(kcm_pid);
+    let after = apiserver_requests(setup).await?;
+    watch_task.abort();
+    chains.abort();
+    kubelet.kill().await;
+    let finished_at = match result {
+        Ok(_) => lock(&seen)
+            .finished
+            .values()
+            .map(|(t, _)| *t)
+            .max()
+            .unwrap_or(t0),
+        Err(e) => {
+            teardown(setup, ns).await?;
+            return Err(BenchError::Stage(format!(
+                "Job batch {n}x{steps} repeat {repeat}: {e} (logs in {})",
+                dir.display()
+            )));
+        }
+    };
+    let g = std::mem::take(&mut *lock(&seen));
+    let wall = finished_at.duration_since(t0).as_secs_f64();
+    let total_steps = (n * steps) as f64;
+    let (writes, conflicts) = job_controller_writes(&before, &after);
+    let h = handoffs(&g, steps);
+    let batch = Batch {
+        runs: n,
+        steps,
+        repeat,
+        wall_s: wall,
+        steps_per_s: total_steps / wall,
+        writes_per_step: writes.values().sum::<f64>() / total_steps,
+        writes,
+        server_ms: server_latency(&before, &after),
+        conflicts_409: conflicts,
+        handoff_p50_ms: percentile(&h, 50.0),
+        handoff_p99_ms: percentile(&h, 99.0),
+        handoff_max_ms: h.last().copied().unwrap_or(f64::NAN),
+        handoffs: h.len(),
+        cpu_ms_per_step: cpu,
+        rss_idle_kib: rss_idle,
+        rss_end_kib: rss_end,
+        hwm_kib: peak.load(std::sync::atomic::Ordering::Relaxed),
+        reconciles: 0.0,
+        reconcile_mean_ms: 0.0,
+        status_writes: 0.0,
+        failed_runs: g
+            .finished
+            .values()
+            .filter(|(_, p)| *p != RunPhase::Succeeded)
+            .count(),
+    };
+    // Jobs (and their Pods) go with the namespace.
+    teardown(setup, ns).await?;
+    Ok(batch)
+}
+
+// ---------------------------------------------------------------------------
 // Resume
 
 #[derive(Clone, Debug, Default)]
@@ -1175,6 +1489,129 @@ struct StatusSize {
     handoff_p99_ms: f64,
     first_handoffs_ms: f64,
     last_handoffs_ms: f64,
+    windows: Vec<LongWindow>,
+}
+
+/// What the plane and the operator had done at one instant of a long run.
+#[derive(Clone, Debug, Default)]
+struct Sample {
+    /// Step Pods seen Succeeded.
+    done: usize,
+    /// CPU ms per process, read before and after the scrapes.
+    cpu_before: BTreeMap<&'static str, f64>,
+    cpu_after: BTreeMap<&'static str, f64>,
+    /// Request bodies of the writes to agentruns (the operator's status
+    /// writes; the driver's create is excluded): (bytes, count).
+    status_body: (f64, f64),
+    /// etcd's total bytes put.
+    etcd_put_bytes: f64,
+}
+
+/// Reads CPU, scrapes the apiserver and etcd, reads CPU again: a window
+/// opened with the second reading and closed with the first leaves the
+/// scrapes out.
+async fn sample(setup: &Setup, seen: &Shared, pids: &[(&'static str, u32)]) -> Res<Sample> {
+    let cpu =
+        || -> BTreeMap<&'static str, f64> { pids.iter().map(|(n, p)| (*n, cpu_ms(*p))).collect() };
+    let cpu_before = cpu();
+    let done = lock(seen)
+        .pods
+        .values()
+        .filter(|p| p.succeeded_seen.is_some())
+        .count();
+    let text = scrape(setup, "apiserver").await?;
+    let mut status_body = (0.0, 0.0);
+    for line in text.lines() {
+        let (rest, slot) =
+            if let Some(r) = line.strip_prefix("apiserver_request_body_size_bytes_sum{") {
+                (r, 0)
+            } else if let Some(r) = line.strip_prefix("apiserver_request_body_size_bytes_count{") {
+                (r, 1)
+            } else {
+                continue;
+            };
+        let Some((l, v)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let l = parse_labels(l);
+        if l.get("resource") != Some(&"agentruns") || l.get("verb") == Some(&"create") {
+            continue;
+        }
+        let v: f64 = v.trim().parse().unwrap_or(0.0);
+        if slot == 0 {
+            status_body.0 += v;
+        } else {
+            status_body.1 += v;
+        }
+    }
+    let etcd = scrape(setup, "etcd").await?;
+    let etcd_put_bytes = metric(&etcd, "etcd_debugging_mvcc_total_put_size_in_bytes");
+    Ok(Sample {
+        done,
+        cpu_before,
+        cpu_after: cpu(),
+        status_body,
+        etcd_put_bytes,
+    })
+}
+
+/// The cost of the steps of one window of a long run.
+#[derive(Clone, Debug, Default)]
+struct LongWindow {
+    mark: usize,
+    steps: usize,
+    handoff_p50_ms: f64,
+    /// Mean request body of a status write.
+    status_write_bytes: f64,
+    status_writes: f64,
+    /// Bytes etcd stored per step (every object written, Pods included).
+    etcd_bytes_per_step: f64,
+    cpu_ms_per_step: BTreeMap<&'static str, f64>,
+}
+
+impl LongWindow {
+    fn between(mark: usize, a: &Sample, b: &Sample) -> LongWindow {
+        let steps = b.done.saturating_sub(a.done).max(1);
+        let writes = b.status_body.1 - a.status_body.1;
+        LongWindow {
+            mark,
+            steps,
+            handoff_p50_ms: f64::NAN,
+            status_write_bytes: if writes > 0.0 {
+                (b.status_body.0 - a.status_body.0) / writes
+            } else {
+                f64::NAN
+            },
+            status_writes: writes,
+            etcd_bytes_per_step: (b.etcd_put_bytes - a.etcd_put_bytes) / steps as f64,
+            cpu_ms_per_step: b
+                .cpu_before
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        *k,
+                        (v - a.cpu_after.get(k).copied().unwrap_or(0.0)) / steps as f64,
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn row(&self) -> String {
+        let cpu = |k: &str| self.cpu_ms_per_step.get(k).copied().unwrap_or(f64::NAN);
+        format!(
+            "| {} | {} | {:.1} | {:.0} | {:.2} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            self.mark,
+            self.steps,
+            self.handoff_p50_ms,
+            self.status_write_bytes,
+            self.status_writes / self.steps as f64,
+            self.etcd_bytes_per_step,
+            cpu("kube-apiserver"),
+            cpu("etcd"),
+            cpu("operator"),
+        )
+    }
 }
 
 impl StatusSize {
@@ -1206,20 +1643,70 @@ async fn status_size(setup: &Setup, steps: usize, repeat: usize) -> Res<StatusSi
     wait_ready(&op, Duration::from_secs(60)).await?;
     let (seen, watch_task) = observe(&setup.client, &nsname);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let pids = {
+        let mut p = plane_pids(setup);
+        p.push(("operator", op.proc.pid().unwrap_or(0)));
+        p.push(("simkubelet", kubelet.pid().unwrap_or(0)));
+        p
+    };
+    let window = setup.args.long_window.max(1);
+    // Windows of `window` steps ending at each mark: (start, end, mark).
+    let mut marks: Vec<usize> = setup
+        .args
+        .long_marks
+        .iter()
+        .copied()
+        .filter(|m| *m <= steps)
+        .collect();
+    marks.sort_unstable();
+    marks.dedup();
+    let mut starts: Vec<Option<Sample>> = vec![None; marks.len()];
+    let mut measured = vec![false; marks.len()];
+    let mut windows = Vec::new();
+    let first = sample(setup, &seen, &pids).await?;
+    for (i, m) in marks.iter().enumerate() {
+        if *m <= window {
+            starts[i] = Some(first.clone());
+        }
+    }
     let t0 = Instant::now();
     create_runs(setup, &nsname, 1, steps, setup.args.status_result_bytes).await?;
-    let r = wait_seen(&seen, "the run finished", deadline, |s| {
-        s.finished.is_empty().then(|| {
-            format!(
-                "{} Pods succeeded",
-                s.pods
-                    .values()
-                    .filter(|p| p.succeeded_seen.is_some())
-                    .count()
-            )
-        })
-    })
-    .await;
+    let succeeded = |s: &Seen| {
+        s.pods
+            .values()
+            .filter(|p| p.succeeded_seen.is_some())
+            .count()
+    };
+    let r = loop {
+        let (done, finished) = {
+            let g = lock(&seen);
+            (succeeded(&g), !g.finished.is_empty())
+        };
+        for i in 0..marks.len() {
+            let m = marks[i];
+            if measured[i] {
+                continue;
+            }
+            if starts[i].is_none() && done >= m.saturating_sub(window) {
+                starts[i] = Some(sample(setup, &seen, &pids).await?);
+            } else if done >= m
+                && let Some(start) = starts[i].take()
+            {
+                let end = sample(setup, &seen, &pids).await?;
+                windows.push(LongWindow::between(m, &start, &end));
+                measured[i] = true;
+            }
+        }
+        if finished {
+            break Ok(Instant::now());
+        }
+        if t0.elapsed() > deadline {
+            break Err(BenchError::Stage(format!(
+                "aborted: the run did not finish within {deadline:?} ({done} Pods succeeded)"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     watch_task.abort();
     op.proc.kill().await;
     kubelet.kill().await;
@@ -1267,7 +1754,14 @@ async fn status_size(setup: &Setup, steps: usize, repeat: usize) -> Res<StatusSi
         percentile(&s, 50.0)
     };
     let k = ordered.len().min(50);
+    // ordered[j] is the hand-off into step j + 1.
+    for w in &mut windows {
+        let hi = w.mark.saturating_sub(1).min(ordered.len());
+        let lo = w.mark.saturating_sub(window).min(hi);
+        w.handoff_p50_ms = med(&ordered[lo..hi]);
+    }
     let res = StatusSize {
+        windows,
         steps,
         repeat,
         status_bytes,
@@ -1319,8 +1813,13 @@ fn summary(
 ) -> String {
     let mut t = String::new();
     t.push_str(&format!(
-        "{}\n\nMedians of {} repeats (min–max in brackets); {} steps per run, simkubelet steps of 0 ms.\n\n",
+        "{}\n\nPeer: {}{}. Medians of {} repeats (min–max in brackets); {} steps per run, simkubelet steps of 0 ms.\n\n",
         machine_line(setup),
+        match setup.args.peer {
+            Peer::Agentrun => "AgentRuns (controller: agentrun-operator)",
+            Peer::Jobs => "chains of single-Pod Jobs (controller: kube-controller-manager; \"operator\" columns are its figures, RSS peak sampled every 100 ms; the driver's POST jobs are not counted as the controller's)",
+        },
+        if setup.args.label.is_empty() { String::new() } else { format!(", {}", setup.args.label) },
         setup.args.repeats,
         setup.args.steps
     ));
@@ -1460,6 +1959,18 @@ fn summary(
     }
     for s in sizes {
         t.push_str(&format!("\n{}\n", s.line()));
+        if !s.windows.is_empty() {
+            t.push_str(&format!(
+                "\nCost of a step along that run (windows of {} steps ending at the step shown):\n\n",
+                setup.args.long_window
+            ));
+            t.push_str("| step | steps in window | hand-off p50 (ms) | status write body (bytes) | status writes / step | etcd bytes put / step | kube-apiserver CPU ms / step | etcd CPU ms / step | operator CPU ms / step |\n");
+            t.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+            for w in &s.windows {
+                t.push_str(&w.row());
+                t.push('\n');
+            }
+        }
     }
     t
 }
