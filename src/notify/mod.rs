@@ -272,7 +272,7 @@ async fn reconcile(a: Arc<Approval>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let mut wrote = false;
 
     for d in p.settle {
-        warn_once(&ctx, &approval, &deliveries, &d, true);
+        warn_once(&ctx, &approval, &deliveries, &d);
         upsert(&mut deliveries, d);
         write(&ctx, &approval, &deliveries, previous.as_ref()).await?;
         wrote = true;
@@ -331,12 +331,22 @@ async fn reconcile(a: Arc<Approval>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         if let Some(next) = d.next_attempt_at.as_ref().map(|t| t.0) {
             wake = Some(wake.map_or(next, |w| w.min(next)));
         }
-        warn_once(&ctx, &approval, &deliveries, &d, false);
+        warn_once(&ctx, &approval, &deliveries, &d);
         upsert(&mut deliveries, d);
         write(&ctx, &approval, &deliveries, previous.as_ref()).await?;
         wrote = true;
     }
-    if !wrote && needs_condition(&approval, &deliveries) {
+    // A record this process holds that an earlier write did not get to the
+    // API server (it failed) is written now, so a restart does not send it
+    // again.
+    let cached = a
+        .status
+        .as_ref()
+        .map(|s| s.notifications.as_slice())
+        .unwrap_or_default();
+    if !wrote
+        && (progress(&deliveries) != progress(cached) || needs_condition(&approval, &deliveries))
+    {
         write(&ctx, &approval, &deliveries, previous.as_ref()).await?;
     }
     Ok(match wake {
@@ -408,6 +418,14 @@ async fn write(
             "conditions": condition.into_iter().collect::<Vec<_>>(),
         },
     });
+    // Known to this process from now on, whether or not the write below
+    // gets through: a failed write is retried, never the send.
+    if let Some(uid) = a.uid() {
+        ctx.written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid, deliveries.to_vec());
+    }
     let api: Api<Approval> = Api::namespaced(ctx.client.clone(), &ns);
     api.patch_status(
         &name,
@@ -419,21 +437,20 @@ async fn write(
         approval: format!("{ns}/{name}"),
         source,
     })?;
-    if let Some(uid) = a.uid() {
-        ctx.written
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(uid, deliveries.to_vec());
-    }
     Ok(())
 }
 
 /// A Warning Event when a delivery first meets a problem (or a new one):
 /// on the approval, and for a channel that is not configured on the run
 /// too, where the run's author looks.
-fn warn_once(ctx: &Ctx, a: &Approval, before: &[Delivery], d: &Delivery, settle: bool) {
+fn warn_once(ctx: &Ctx, a: &Approval, before: &[Delivery], d: &Delivery) {
     let old = before.iter().find(|x| x.id == d.id);
-    let troubled = matches!(d.state, DeliveryState::Failed) || settle;
+    let waits_for_config = d.state == DeliveryState::Pending
+        && matches!(
+            d.reason.as_deref(),
+            Some("ChannelUnknown" | "ChannelInvalid" | "ChannelsUnreadable")
+        );
+    let troubled = d.state == DeliveryState::Failed || waits_for_config;
     if !troubled || old.is_some_and(|o| o.reason == d.reason && o.last_error == d.last_error) {
         return;
     }
