@@ -48,6 +48,11 @@ async fn bench_driver_completes_a_ten_step_run_within_todays_write_count() {
     let dir = e2e_dir();
     let json = dir.join("bench-smoke.json");
     let _ = std::fs::remove_file(&json);
+    // Events are the one kind of write that others make too on this plane:
+    // with the real node up, kube-scheduler reports every simulated Pod it
+    // cannot place (FailedScheduling). The operator's own are counted from
+    // the Events it reported, watched while the driver runs.
+    let ours = count_operator_events().await;
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bench"))
         .args(["--concurrency", "1", "--repeats", "1", "--resume-runs", "0"])
         .args(["--status-steps", "0", "--deadline-secs", "120"])
@@ -79,8 +84,15 @@ async fn bench_driver_completes_a_ten_step_run_within_todays_write_count() {
     assert_eq!(batches.len(), 1, "one batch: {doc}");
     let b = &batches[0];
     assert_eq!(b["failedRuns"], 0, "{b}");
-    let writes: BTreeMap<String, f64> =
+    let mut writes: BTreeMap<String, f64> =
         serde_json::from_value(b["writes"].clone()).expect("writes by kind");
+    let operator_events = ours.stop().await;
+    let all_events = writes.get("POST events").copied().unwrap_or(0.0);
+    assert!(
+        operator_events as f64 <= all_events,
+        "the watch saw {operator_events} operator Events, the apiserver served {all_events} Event creates"
+    );
+    writes.insert("POST events".into(), operator_events as f64);
     let w = |k: &str| writes.get(k).copied().unwrap_or(0.0);
     let status =
         w("APPLY agentruns/status") + w("PATCH agentruns/status") + w("PUT agentruns/status");
@@ -112,4 +124,63 @@ async fn bench_driver_completes_a_ten_step_run_within_todays_write_count() {
         "{:.2} writes per step, above {WRITES_PER_STEP_MAX}: {report}",
         total / STEPS as f64
     );
+}
+
+/// Counts the Events created in the benchmark's namespaces by the operator
+/// (`reportingController: agentrun-operator`) from now until `stop`.
+struct EventCount {
+    task: tokio::task::JoinHandle<()>,
+    seen: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+async fn count_operator_events() -> EventCount {
+    use futures::StreamExt;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::runtime::watcher;
+
+    let client = agentrun_e2e::client().await;
+    let events: kube::Api<Event> = kube::Api::all(client);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut ready = Some(ready_tx);
+            let mut stream = watcher(events, watcher::Config::default()).boxed();
+            while let Some(Ok(e)) = stream.next().await {
+                match e {
+                    watcher::Event::InitDone => {
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    watcher::Event::Apply(ev) | watcher::Event::InitApply(ev) => {
+                        let ns = ev.metadata.namespace.clone().unwrap_or_default();
+                        if ns.starts_with("bench-")
+                            && ev.reporting_controller.as_deref() == Some("agentrun-operator")
+                            && let Some(uid) = ev.metadata.uid.clone()
+                        {
+                            seen.lock().unwrap().insert(uid);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(30), ready_rx)
+        .await
+        .expect("the Event watch listed within 30 s")
+        .expect("the Event watch runs");
+    seen.lock().unwrap().clear();
+    EventCount { task, seen }
+}
+
+impl EventCount {
+    /// The Events counted; a moment first, for the last ones to arrive.
+    async fn stop(self) -> usize {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        self.task.abort();
+        self.seen.lock().unwrap().len()
+    }
 }
