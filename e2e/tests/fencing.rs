@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agentrun_e2e::chaos::proxy::{self, FaultProxy, ProxyConfig};
+use agentrun_e2e::chaos::proxy::FaultProxy;
 use agentrun_e2e::ledger::{LedgerEvent, Outcome};
 use agentrun_e2e::support::processes::{OperatorConfig, Process, free_port, start_operator};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
@@ -91,15 +91,7 @@ impl Pair {
         let mut proxies = Vec::new();
         let mut cfgs = Vec::new();
         for id in ["operator-a", "operator-b"] {
-            let upstream = proxy::upstream_client().await.expect("the proxy's client");
-            let p = FaultProxy::start(
-                upstream,
-                "127.0.0.1:0".parse().unwrap(),
-                ProxyConfig::default(),
-            )
-            .await
-            .expect("starting a proxy");
-            p.set_enabled(false);
+            let p = FaultProxy::quiet().await;
             let kubeconfig = agentrun_e2e::support::processes::log_dir(s.namespace())
                 .join(format!("{id}-kubeconfig"));
             p.write_kubeconfig(&kubeconfig, s.namespace())

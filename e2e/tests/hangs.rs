@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::chaos::proxy::{self, FaultProxy, ProxyConfig};
+use agentrun_e2e::chaos::proxy::FaultProxy;
 use agentrun_e2e::support::processes::{log_dir, start_operator};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step};
 use agentrun_operator::api::RunPhase;
@@ -24,15 +24,7 @@ const STUCK: usize = 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_whose_requests_hang_do_not_stop_the_others() {
     let mut s = Scenario::start_without_operator("hung-requests").await;
-    let upstream = proxy::upstream_client().await.expect("the proxy's client");
-    let p = FaultProxy::start(
-        upstream,
-        "127.0.0.1:0".parse().unwrap(),
-        ProxyConfig::default(),
-    )
-    .await
-    .expect("starting a proxy");
-    p.set_enabled(false);
+    let p = FaultProxy::quiet().await;
     // Every request naming a stuck run (its reads and status writes) waits
     // five minutes before it is forwarded; list and watch requests of the
     // collection are not held back.

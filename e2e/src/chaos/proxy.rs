@@ -294,6 +294,22 @@ impl FaultProxy {
         Ok(FaultProxy { addr, state, task })
     }
 
+    /// A proxy in front of the e2e plane on a free loopback port, with fault
+    /// injection off (stalls still work): for tests that hold back traffic
+    /// on demand.
+    pub async fn quiet() -> FaultProxy {
+        let upstream = upstream_client().await.expect("the proxy's client");
+        let p = FaultProxy::start(
+            upstream,
+            "127.0.0.1:0".parse().unwrap(),
+            ProxyConfig::default(),
+        )
+        .await
+        .expect("starting a proxy");
+        p.set_enabled(false);
+        p
+    }
+
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
