@@ -81,6 +81,12 @@ pub struct ChannelLabel {
     pub channel: String,
 }
 
+/// A watch of the run controller: `agentruns`, `pods` or `approvals`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabel {
+    pub watch: String,
+}
+
 /// Label set of `agentrun_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
@@ -128,6 +134,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub notifications: Family<NotificationLabels, Counter>,
     pub notification_latency: HistogramFamily<ChannelLabel>,
+    pub watch_errors: Family<WatchLabel, Counter>,
     /// Sets the cache-derived gauges; installed by the controller once its caches exist.
     refresh: std::sync::Mutex<Option<Refresh>>,
 }
@@ -162,6 +169,7 @@ impl Metrics {
             leader: Gauge::default(),
             notifications: Family::default(),
             notification_latency: Family::new_with_constructor(notification_latencies),
+            watch_errors: Family::default(),
             refresh: std::sync::Mutex::new(None),
         };
         let r = registry.sub_registry_with_prefix("agentrun");
@@ -224,6 +232,11 @@ impl Metrics {
             "notification_latency_seconds",
             "Time from an approval event (asked, escalated, decided, expired) to its notification's delivery",
             m.notification_latency.clone(),
+        );
+        r.register(
+            "watch_errors",
+            "Errors of the controller's watches (agentruns, pods, approvals); each watch relists or resumes after its own backoff",
+            m.watch_errors.clone(),
         );
         r.register(
             "build",

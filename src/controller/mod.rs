@@ -24,7 +24,7 @@ mod reconcile;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::DeserializeGuard;
 use kube::runtime::events::{Recorder, Reporter};
@@ -35,7 +35,7 @@ use tracing::{info, warn};
 
 use crate::api::{AgentRun, Approval};
 use crate::labels;
-use crate::metrics::{Health, Metrics, NamespaceLabel, PhaseLabel, Refresh};
+use crate::metrics::{Health, Metrics, NamespaceLabel, PhaseLabel, Refresh, WatchLabel};
 
 pub use error::{Category, Error, Result};
 
@@ -252,16 +252,14 @@ pub async fn run(
         reconcile_timeout: scope.reconcile_timeout,
     });
 
-    // No limit here: `slots` is the limit (see CONCURRENT_RECONCILES).
-    let controller = Controller::for_stream(run_stream, runs_store.clone())
-        .with_config(controller::Config::default().concurrency(0))
-        .owns_stream(pod_stream)
-        .watches_stream(approval_stream, |approval: Approval| {
-            // The Approval names its run; the owner reference says the same.
-            let ns = approval.namespace()?;
-            Some(ObjectRef::new(&approval.spec.run_name).within(&ns))
-        })
-        .graceful_shutdown_on(shutdown);
+    let controller = controller(
+        run_stream,
+        runs_store.clone(),
+        pod_stream,
+        approval_stream,
+        &metrics,
+    )
+    .graceful_shutdown_on(shutdown);
 
     tokio::spawn(orphans::release_orphans(
         client.clone(),
@@ -296,6 +294,66 @@ pub async fn run(
         .await;
     drop(notifier_stop);
     info!("controller stopped");
+}
+
+/// The run controller over its three watches: runs, their step Pods and
+/// their Approvals.
+///
+/// A watch error ends at [`retried_by_its_watch`] and never reaches the
+/// controller. kube-runtime backs off the controller's merged trigger stream
+/// on every error it yields, and polls none of the watches meanwhile; its
+/// backoff grows while errors come without an event between them, to 30 s.
+/// One failing watch (an API server restarting, a resource whose watch keeps
+/// failing) would so hold back every run's reconcile and every cache for as
+/// long. Each watch already retries on its own, with its own backoff
+/// (`default_backoff`), so nothing is lost by dropping the error there.
+fn controller(
+    runs: impl Stream<Item = Result<DeserializeGuard<AgentRun>, watcher::Error>> + Send + 'static,
+    store: Store<DeserializeGuard<AgentRun>>,
+    pods: impl Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
+    approvals: impl Stream<Item = Result<Approval, watcher::Error>> + Send + 'static,
+    metrics: &Arc<Metrics>,
+) -> Controller<DeserializeGuard<AgentRun>> {
+    // No limit here: `slots` is the limit (see CONCURRENT_RECONCILES).
+    Controller::for_stream(
+        runs.filter_map(retried_by_its_watch("agentruns", metrics.clone())),
+        store,
+    )
+    .with_config(controller::Config::default().concurrency(0))
+    .owns_stream(pods.filter_map(retried_by_its_watch("pods", metrics.clone())))
+    .watches_stream(
+        approvals.filter_map(retried_by_its_watch("approvals", metrics.clone())),
+        |approval: Approval| {
+            // The Approval names its run; the owner reference says the same.
+            let ns = approval.namespace()?;
+            Some(ObjectRef::new(&approval.spec.run_name).within(&ns))
+        },
+    )
+}
+
+/// Logs and counts a watch's error and drops it (see [`controller`]); the
+/// watch itself relists or resumes after its backoff.
+fn retried_by_its_watch<K: Send + 'static>(
+    watch: &'static str,
+    metrics: Arc<Metrics>,
+) -> impl FnMut(Result<K, watcher::Error>) -> future::Ready<Option<Result<K, watcher::Error>>>
++ Send
++ 'static {
+    move |item| {
+        future::ready(match item {
+            Ok(object) => Some(Ok(object)),
+            Err(err) => {
+                warn!(watch, error = %err, "watch failed; it is retried with backoff");
+                metrics
+                    .watch_errors
+                    .get_or_create(&WatchLabel {
+                        watch: watch.to_owned(),
+                    })
+                    .inc();
+                None
+            }
+        })
+    }
 }
 
 /// Marks `bit` in `synced` when a watch stream finishes its initial list.
@@ -354,4 +412,74 @@ fn gauges(
                 .set(secs);
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use kube::runtime::controller::Action;
+    use prometheus_client::registry::Registry;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// The Approval watch fails six times in a row, as it does while the API
+    /// server restarts; then a run changes. Its reconcile starts at once, and
+    /// the errors are counted. (A backoff of the controller's trigger stream
+    /// would hold it back at least 0.8 s, kube-runtime's first delay; the
+    /// bound below is half that, far above an in-process hand-over.)
+    #[tokio::test]
+    async fn a_failing_watch_holds_back_no_reconcile() {
+        let metrics = Metrics::register(&mut Registry::default());
+        let (store, mut writer) = reflector::store::<DeserializeGuard<AgentRun>>();
+        let run = DeserializeGuard(Ok(AgentRun::test()));
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(run.clone()));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+
+        let (changed, runs) = futures::channel::mpsc::unbounded();
+        let approvals =
+            futures::stream::iter((0..6).map(|_| Err(watcher::Error::NoResourceVersion)))
+                .chain(futures::stream::pending());
+        let (seen, mut reconciled) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+        let controller = controller(
+            runs.map(Ok),
+            store,
+            futures::stream::pending(),
+            approvals,
+            &metrics,
+        );
+        tokio::spawn(
+            controller
+                .run(
+                    |_run, seen: Arc<tokio::sync::mpsc::UnboundedSender<Instant>>| async move {
+                        let _ = seen.send(Instant::now());
+                        Ok::<_, Infallible>(Action::await_change())
+                    },
+                    |_run, _err, _seen| Action::await_change(),
+                    Arc::new(seen),
+                )
+                .for_each(|_| async {}),
+        );
+
+        // The errors are taken before the run changes.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let changed_at = Instant::now();
+        changed.unbounded_send(run).unwrap();
+        let started = reconciled.recv().await.expect("a reconcile");
+        assert!(
+            started - changed_at < Duration::from_millis(400),
+            "the run's reconcile started {:?} after it changed",
+            started - changed_at
+        );
+        let errors = metrics
+            .watch_errors
+            .get_or_create(&WatchLabel {
+                watch: "approvals".into(),
+            })
+            .get();
+        assert_eq!(errors, 6);
+    }
 }
