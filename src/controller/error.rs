@@ -42,6 +42,15 @@ pub enum Error {
     #[error("{run}: the API server refused to create {names}")]
     CreateRefused { run: String, names: String },
 
+    /// Reading a step Pod the run records and the cache does not show failed.
+    #[error("reading Pod {pod} of {run}: {source}")]
+    ReadPod {
+        run: String,
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+
     /// The object has no name or namespace (never true for a stored object).
     #[error("object is missing {0}")]
     MissingMetadata(&'static str),
@@ -72,6 +81,7 @@ impl Error {
             Error::StatusConflict { .. } => Category::Conflict,
             Error::MissingMetadata(_) => Category::Permanent,
             Error::Reread { .. }
+            | Error::ReadPod { .. }
             | Error::WriteStatus { .. }
             | Error::Apply { .. }
             | Error::CreateRefused { .. }
@@ -84,6 +94,7 @@ impl Error {
         match self {
             Error::StatusConflict { .. } => "conflict",
             Error::Reread { .. } => "reread",
+            Error::ReadPod { .. } => "read_pod",
             Error::WriteStatus { .. } => "write_status",
             Error::Apply { .. } => "apply",
             Error::CreateRefused { .. } => "create_refused",

@@ -19,7 +19,7 @@ use tracing::{Instrument as _, debug, instrument, warn};
 use super::Context;
 use super::apply;
 use super::error::{Error, Result, backoff};
-use crate::api::{AgentRun, Approval};
+use crate::api::{AgentRun, Approval, StepPhase};
 use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::{self, Observed};
 use crate::metrics::CategoryLabel;
@@ -97,6 +97,59 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         approvals,
         stand_ins,
     })
+}
+
+/// Reads the Pods that running NonIdempotent attempts record as seen (their
+/// UID) and the cache does not hold. The cache can be behind the run: a new
+/// leader's Pod list older than the run it read, whose previous leader
+/// recorded the Pod in between; a Pod watch that relists. Such a Pod would
+/// look lost, and for such a step a lost Pod asks a person whether it acted
+/// (D6). It is called lost on the API server's word only: a Pod found is
+/// decided on as read, a Pod not found is gone.
+async fn read_recorded_pods(run: &AgentRun, world: &mut World, ctx: &Context) -> Result<()> {
+    let Some(status) = run.status.as_ref() else {
+        return Ok(());
+    };
+    let unseen: Vec<&str> = status
+        .steps
+        .iter()
+        .filter(|c| c.phase == StepPhase::Running && c.pod_uid.is_some())
+        .filter_map(|c| c.pod.as_deref())
+        .filter(|name| {
+            !world
+                .pods
+                .iter()
+                .any(|p| p.metadata.name.as_deref() == Some(*name))
+        })
+        .collect();
+    if unseen.is_empty() {
+        return Ok(());
+    }
+    let ns = run.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    let uid = run
+        .metadata
+        .uid
+        .as_deref()
+        .ok_or(Error::MissingMetadata("uid"))?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    for name in unseen {
+        let read = pods.get_opt(name).await.map_err(|source| Error::ReadPod {
+            run: obj_ref_string(run),
+            pod: name.to_owned(),
+            source,
+        })?;
+        match read {
+            Some(pod) if pod.owner_references().iter().any(|r| r.uid == uid) => {
+                debug!(
+                    pod = name,
+                    "the Pod cache does not show a recorded Pod yet; deciding on the Pod as read"
+                );
+                world.pods.push(pod);
+            }
+            _ => debug!(pod = name, "a recorded Pod is gone"),
+        }
+    }
+    Ok(())
 }
 
 #[instrument(skip(run, ctx), fields(run = %run.name_any(), namespace = run.namespace().unwrap_or_default()))]
@@ -180,7 +233,8 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
     let mut refused: Vec<engine::Refusal> = Vec::new();
     let mut refusals_told = false;
     loop {
-        let world = observe(&current, ctx)?;
+        let mut world = observe(&current, ctx)?;
+        read_recorded_pods(&current, &mut world, ctx).await?;
         let decision = engine::decide(&Observed {
             run: &current,
             pods: &world.pods,

@@ -10,7 +10,8 @@
 //!             holds the lease, SIGCONT: the old leader must act on nothing from its
 //!             stale cache and step down (it exits; it is restarted as a standby)
 //!   failpoint some starts get AGENTRUN_FAILPOINT=after-status-write:<n>: the process
-//!             aborts right after its n-th status write (counted when it does)
+//!             aborts right after its n-th status write (counted when it does); every
+//!             restart is armed until one has aborted there, then a share of them
 //! ```
 
 use std::os::unix::process::ExitStatusExt;
@@ -144,7 +145,14 @@ impl Operators {
             }
             let slot = &self.slots[i];
             if slot.process.is_none() && slot.restart_at.is_some_and(|at| now >= at) {
-                let failpoint = (faults_on && rng.chance(self.failpoint_rate)).then(|| {
+                // Every start is armed until one process has aborted at its
+                // failpoint, so a run whose work ends early still has one.
+                let rate = if self.counts.failpoint_crashes == 0 {
+                    1.0
+                } else {
+                    self.failpoint_rate
+                };
+                let failpoint = (faults_on && rng.chance(rate)).then(|| {
                     format!(
                         "after-status-write:{}",
                         rng.range(self.failpoint_writes.0, self.failpoint_writes.1)

@@ -19,6 +19,9 @@
 //! ([`FaultProxy::stall`]): hold back, for a while, the requests or the watch
 //! events of one resource — a slow link to the Lease, a cache that lags the
 //! runs. Stalls are not faults: they are not counted and apply with faults off.
+//! Likewise it can *hide* Pods from lists and watches
+//! ([`FaultProxy::hide_pods`]), as a cache that lags the API server would,
+//! while a read of the one Pod still shows it.
 //!
 //! It listens on loopback only and forwards with a `kube::Client` built from
 //! the admin kubeconfig (TLS and client certificate handled there, its own
@@ -212,6 +215,13 @@ struct Stall {
     until: tokio::time::Instant,
 }
 
+/// Pods whose name contains `fragment` left out of Pod lists and watch
+/// events until `until`.
+struct Hide {
+    fragment: String,
+    until: tokio::time::Instant,
+}
+
 struct State {
     upstream: kube::Client,
     config: ProxyConfig,
@@ -219,6 +229,7 @@ struct State {
     counters: Counters,
     rng: Mutex<Rng>,
     stalls: Mutex<Vec<Stall>>,
+    hidden: Mutex<Vec<Hide>>,
 }
 
 impl State {
@@ -240,6 +251,21 @@ impl State {
             .filter(|s| path.contains(&s.fragment) && (event || !s.watches_only))
             .map(|s| s.until)
             .max()
+    }
+
+    /// Whether a Pod of this name is hidden from lists and watches now.
+    fn hidden(&self, name: &str) -> bool {
+        let now = tokio::time::Instant::now();
+        let hidden = self.hidden.lock().unwrap_or_else(|p| p.into_inner());
+        hidden
+            .iter()
+            .any(|h| h.until > now && name.contains(&h.fragment))
+    }
+
+    fn hiding(&self) -> bool {
+        let now = tokio::time::Instant::now();
+        let hidden = self.hidden.lock().unwrap_or_else(|p| p.into_inner());
+        hidden.iter().any(|h| h.until > now)
     }
 
     /// Stalls may be shortened while traffic waits: look again every 50 ms.
@@ -289,6 +315,7 @@ impl FaultProxy {
             enabled: AtomicBool::new(true),
             counters: Counters::default(),
             stalls: Mutex::new(Vec::new()),
+            hidden: Mutex::new(Vec::new()),
         });
         let task = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(FaultProxy { addr, state, task })
@@ -335,6 +362,18 @@ impl FaultProxy {
             fragment: fragment.to_owned(),
             watches_only,
             until: now + duration,
+        });
+    }
+
+    /// Leaves the Pods whose name contains `fragment` out of every Pod list
+    /// and Pod watch for `duration` from now (watches started meanwhile stay
+    /// filtered until then), as a cache behind the API server would show
+    /// them; a read of the one Pod is answered as usual.
+    pub fn hide_pods(&self, fragment: &str, duration: Duration) {
+        let mut hidden = self.state.hidden.lock().unwrap_or_else(|p| p.into_inner());
+        hidden.push(Hide {
+            fragment: fragment.to_owned(),
+            until: tokio::time::Instant::now() + duration,
         });
     }
 
@@ -611,6 +650,11 @@ async fn handle(
     if let Some(headers) = out.headers_mut() {
         copy_headers(&parts.headers, headers);
     }
+    let pod_collection = method == Method::GET && is_pod_collection(&path);
+    if pod_collection && !watch && state.hiding() {
+        let bytes = body.collect().await?.to_bytes();
+        return Ok(out.body(full(without_hidden_items(bytes, &state)))?);
+    }
     let body: ProxyBody = if watch {
         let after = state.with_rng(|rng| {
             rng.duration(
@@ -618,7 +662,13 @@ async fn handle(
                 state.config.watch_cut_after.1,
             )
         });
-        cut_after(body, after, path, what, state.clone())
+        let filter = pod_collection && state.hiding();
+        let body = cut_after(body, after, path, what, state.clone());
+        if filter {
+            without_hidden_events(body, state.clone())
+        } else {
+            body
+        }
     } else {
         let delay = state.enabled() && state.with_rng(|rng| rng.chance(state.config.delay_rate));
         if delay {
@@ -629,6 +679,74 @@ async fn handle(
         body.map_err(|e| Box::new(e) as BoxError).boxed_unsync()
     };
     Ok(out.body(body)?)
+}
+
+/// A list or watch of Pods: `/api/v1/pods` or `/api/v1/namespaces/NS/pods`.
+fn is_pod_collection(path: &str) -> bool {
+    let segments: Vec<&str> = path.split('/').collect();
+    matches!(
+        segments.as_slice(),
+        ["", "api", "v1", "pods"] | ["", "api", "v1", "namespaces", _, "pods"]
+    )
+}
+
+/// A Pod list without the hidden Pods (unparsable bodies pass unchanged).
+fn without_hidden_items(bytes: Bytes, state: &State) -> Bytes {
+    let Ok(mut list) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return bytes;
+    };
+    if let Some(items) = list
+        .get_mut("items")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        items.retain(|pod| {
+            !pod["metadata"]["name"]
+                .as_str()
+                .is_some_and(|name| state.hidden(name))
+        });
+    }
+    Bytes::from(list.to_string())
+}
+
+/// A Pod watch without the events of hidden Pods: the stream is split into
+/// its lines (one event each) and a line about a hidden Pod is dropped.
+fn without_hidden_events(body: ProxyBody, state: Arc<State>) -> ProxyBody {
+    let frames = BodyStream::new(body);
+    let stream = futures::stream::unfold(
+        (frames, Vec::<u8>::new(), state, false),
+        |(mut frames, mut pending, state, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                if let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    let hidden = serde_json::from_slice::<serde_json::Value>(&line)
+                        .ok()
+                        .and_then(|e| e["object"]["metadata"]["name"].as_str().map(str::to_owned))
+                        .is_some_and(|name| state.hidden(&name));
+                    if hidden {
+                        continue;
+                    }
+                    let frame: Result<Frame<Bytes>, BoxError> = Ok(Frame::data(Bytes::from(line)));
+                    return Some((frame, (frames, pending, state, false)));
+                }
+                match frames.next().await {
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(data) => pending.extend_from_slice(&data),
+                        Err(other) => return Some((Ok(other), (frames, pending, state, false))),
+                    },
+                    Some(Err(err)) => return Some((Err(err), (frames, pending, state, true))),
+                    None if pending.is_empty() => return None,
+                    None => {
+                        let rest = Bytes::from(std::mem::take(&mut pending));
+                        return Some((Ok(Frame::data(rest)), (frames, pending, state, true)));
+                    }
+                }
+            }
+        },
+    );
+    BodyExt::boxed_unsync(StreamBody::new(stream))
 }
 
 /// The watch body, aborted with an error after `after` if faults are still on
@@ -723,6 +841,17 @@ mod tests {
         assert_eq!(event["type"], "ERROR");
         assert_eq!(event["object"]["code"], 410);
         assert!(line.ends_with(b"\n"));
+    }
+
+    #[test]
+    fn only_pod_lists_and_watches_are_pod_collections() {
+        assert!(is_pod_collection("/api/v1/pods"));
+        assert!(is_pod_collection("/api/v1/namespaces/ns/pods"));
+        assert!(!is_pod_collection("/api/v1/namespaces/ns/pods/p"));
+        assert!(!is_pod_collection("/api/v1/namespaces/ns/pods/p/status"));
+        assert!(!is_pod_collection(
+            "/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns"
+        ));
     }
 
     #[test]
