@@ -25,6 +25,13 @@ pub const RESULT_FINALIZER: &str = "agentrun.dev/result";
 pub const REQUESTED_BY: &str = "agentrun.dev/requested-by";
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "agentrun-operator";
+/// Annotation on a step Pod: the identity of the leader that created it. With
+/// the chart's step Pod policy the API server refuses the create unless that
+/// identity holds the leader Lease, so an operator paused past its lease and
+/// deposed cannot start a Pod for an attempt its successor has closed.
+pub const LEADER: &str = "agentrun.dev/leader";
+/// What the API server says when that policy refuses a step Pod.
+pub const NOT_THE_LEADER: &str = "which does not hold the leader Lease";
 
 /// Environment variables a step container receives.
 pub mod env {

@@ -149,6 +149,14 @@ fn parse_notify_secret(s: &str) -> Result<(String, String), String> {
     agentrun_operator::notify::parse_secret_ref(s)
 }
 
+/// The Lease's namespace: `--lease-namespace`, else the Pod's, else `default`.
+fn lease_namespace(args: &RunArgs) -> String {
+    args.lease_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| "default".into())
+}
+
 fn default_identity() -> String {
     std::env::var("POD_NAME")
         .ok()
@@ -237,6 +245,13 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
                 console_url: args.console_url.clone(),
             }),
         reconcile_timeout: Duration::from_secs(args.reconcile_timeout_seconds),
+        leader: args
+            .leader_elect
+            .then(|| agentrun_operator::controller::Leader {
+                identity: identity.clone(),
+                lease_name: args.lease_name.clone(),
+                lease_namespace: lease_namespace(&args),
+            }),
     };
     let reporter = Reporter {
         controller: "agentrun-operator".into(),
@@ -263,11 +278,7 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
     // A standby is healthy and ready; it just does not act.
     health.set_ready(true);
 
-    let lease_namespace = args
-        .lease_namespace
-        .clone()
-        .or_else(|| std::env::var("POD_NAMESPACE").ok())
-        .unwrap_or_else(|| "default".into());
+    let lease_namespace = lease_namespace(&args);
     let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
         .with_namespace(&lease_namespace)
         .with_identity(&identity)

@@ -570,7 +570,7 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
     assert!(of_kind(&validating_only, "MutatingAdmissionPolicyBinding").is_empty());
     assert_eq!(
         of_kind(&validating_only, "ValidatingAdmissionPolicy").len(),
-        2
+        3
     );
 
     let none = render(
@@ -579,6 +579,44 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
         &["--set", "admissionPolicies.enabled=false"],
     );
     assert!(of_kind(&none, "ValidatingAdmissionPolicy").is_empty());
+    assert!(of_kind(&none, "ValidatingAdmissionPolicyBinding").is_empty());
+
+    // The step Pod fence reads the release's Lease, where the operator elects
+    // its leader, and is left out without leader election or on request.
+    let fence = named(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "agentrun-operator-step-pods",
+    );
+    assert_eq!(
+        fence["spec"]["paramRef"],
+        serde_json::json!({"name": "agentrun-operator", "namespace": "agentrun-system", "parameterNotFoundAction": "Allow"})
+    );
+    let policy = named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "agentrun-operator-step-pods",
+    );
+    assert_eq!(policy["spec"]["paramKind"]["kind"], "Lease");
+    let deployment = named(&docs, "Deployment", "agentrun-operator");
+    assert!(
+        deployment
+            .to_string()
+            .contains("--lease-name=agentrun-operator"),
+        "the fence and the operator name the same Lease"
+    );
+    for off in [
+        "leaderElection.fencePods=false",
+        "leaderElection.enabled=false",
+    ] {
+        let docs = render("agentrun-operator", "agentrun-system", &["--set", off]);
+        assert!(
+            !of_kind(&docs, "ValidatingAdmissionPolicy")
+                .iter()
+                .any(|p| p["metadata"]["name"] == "agentrun-operator-step-pods"),
+            "{off}"
+        );
+    }
 
     let viewer = named(&docs, "ClusterRole", "agentrun-viewer");
     assert_eq!(

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use agentrun_e2e::chaos::proxy::FaultProxy;
 use agentrun_e2e::ledger::{LedgerEvent, Outcome};
+use agentrun_e2e::support::policies::{fence_namespace, wait_fenced};
 use agentrun_e2e::support::processes::{OperatorConfig, Process, free_port, start_operator};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
 use agentrun_operator::api::{Approval, RunPhase, StepPhase};
@@ -618,5 +619,74 @@ async fn a_running_pod_missing_from_a_lagging_cache_is_read_before_it_is_called_
         approvals.iter().map(|a| a.name_any()).collect::<Vec<_>>()
     );
     assert_eq!(s.ledger().executions().count(), 1, "the step ran once");
+    s.finish().await;
+}
+
+/// A leader stopped between its proof and its Pod create sends the create
+/// after the pause: no client-side check can be later than that. Meanwhile
+/// the standby took the Lease, ran the attempt and committed it, and the
+/// finished Pod was deleted, so the name is free again. With the chart's step
+/// Pod fence the API server refuses the late create, because its creator no
+/// longer holds the Lease; without it the step ran a second time.
+///
+/// ```text
+///   A: records attempt 1, proof checked ── SIGSTOP (before-create-pod) ─────── SIGCONT ─▶ create → 403
+///   B:                                   takes the Lease, creates attempt 1, commits it
+///   driver:                              deletes attempt 1's finished Pod
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_create_sent_after_the_lease_moved_on_is_refused_by_the_api_server() {
+    let s = Scenario::start_without_operator("fenced-late-create").await;
+    fence_namespace(s.namespace()).await;
+    let mut pair = Pair::start_with(&s, Some("before-create-pod:1:stop")).await;
+    wait_fenced(s.namespace()).await;
+    s.create_run(
+        RUN,
+        json!({"steps": [sim_step("charge", "NonIdempotent", json!({"runMs": 50}))]}),
+    )
+    .await;
+    let a = pair.ops[0].take().expect("operator-a runs");
+    wait_stopped(&a, "before creating the Pod").await;
+    // From here on A does not hear of the Lease: it keeps believing it leads.
+    pair.proxies[0].stall("/leases", false, Duration::from_secs(300));
+
+    wait_holder(&pair.leases, "operator-b", &[pair.ops[1].as_ref().unwrap()]).await;
+    let done = s.wait_finished(RUN, TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded), "{:?}", done.status);
+    let cp = status(&done).steps[0].clone();
+    let pod = cp.pod.clone().expect("attempt 1's Pod");
+    let pods = s.pods();
+    agentrun_e2e::wait_for(
+        &pods,
+        &pod,
+        |p: Option<&k8s_openapi::api::core::v1::Pod>| {
+            p.is_some_and(|p| !p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
+        },
+        TIMEOUT,
+    )
+    .await;
+    pods.delete(&pod, &DeleteParams::default())
+        .await
+        .expect("deleting attempt 1's finished Pod");
+    agentrun_e2e::wait_for_deleted(&pods, &pod, TIMEOUT).await;
+
+    // A wakes and sends the create it had checked before its sleep.
+    let after = pair.resume(0, a).await;
+    assert!(
+        after.contains(labels::NOT_THE_LEADER),
+        "operator-a's late create was not refused by the fence:\n{after}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        pods.get_opt(&pod).await.unwrap().is_none(),
+        "operator-a created attempt 1's Pod again after it was committed:\n{after}"
+    );
+    let runs = s.ledger().executions_by_key();
+    assert_eq!(
+        runs.get(&cp.idempotency_key),
+        Some(&1),
+        "the committed attempt ran again: {runs:?}\n{after}"
+    );
+    pair.stop().await;
     s.finish().await;
 }

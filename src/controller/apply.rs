@@ -9,7 +9,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType as KubeEventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::error::Error;
 use super::reconcile::World;
@@ -33,6 +33,22 @@ pub(super) enum Outcome {
 impl From<Error> for Outcome {
     fn from(e: Error) -> Self {
         Outcome::Failed(e)
+    }
+}
+
+/// Whether a read of the leader Lease, from the API server and not a cache,
+/// names this instance as its holder.
+async fn holds_the_lease(ctx: &Context, leader: &super::Leader) -> bool {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(ctx.client.clone(), &leader.lease_namespace);
+    match leases.get(&leader.lease_name).await {
+        Ok(lease) => {
+            lease.spec.and_then(|s| s.holder_identity).as_deref() == Some(leader.identity.as_str())
+        }
+        Err(err) => {
+            debug!(error = %err, "reading the leader Lease failed");
+            false
+        }
     }
 }
 
@@ -159,6 +175,7 @@ pub(super) async fn apply(
             run: run_ref.clone(),
             source,
         })?;
+        failpoints::hit("after-proof-read");
         if fresh.resource_version() != run.resource_version() {
             debug!("the run moved on since the decision; deciding again before acting");
             return Err(Outcome::Stale(Box::new(fresh)));
@@ -215,6 +232,12 @@ pub(super) async fn apply(
                         return Err(Outcome::Stale(Box::new(fresh)));
                     }
                 }
+                let mut pod = pod;
+                if let Some(leader) = &ctx.leader {
+                    pod.annotations_mut()
+                        .insert(labels::LEADER.to_owned(), leader.identity.clone());
+                }
+                failpoints::hit("before-create-pod");
                 let pod_name = pod.name_any();
                 let pp = PostParams {
                     field_manager: Some(labels::FIELD_MANAGER.into()),
@@ -244,6 +267,38 @@ pub(super) async fn apply(
                         debug!(pod = %pod_name, "step pod already exists");
                         ctx.expectations.created(existing, &ctx.pods);
                         ctx.metrics.duplicate_creates_suppressed.inc();
+                    }
+                    Err(kube::Error::Api(status))
+                        if status.code == 403
+                            && status.message.contains(labels::NOT_THE_LEADER) =>
+                    {
+                        let leader = ctx
+                            .leader
+                            .as_ref()
+                            .expect("only a leader's Pods are fenced");
+                        if !holds_the_lease(ctx, leader).await {
+                            // Deposed while this decision was applied: not the
+                            // run's problem. The lease watch stops this process.
+                            warn!(pod = %pod_name, message = %status.message, "a step pod was refused: this instance no longer leads");
+                            return Err(fail(
+                                format!("creating pod {pod_name}"),
+                                kube::Error::Api(status),
+                            ));
+                        }
+                        // The Lease, read just now, names this instance: the
+                        // policy decided on a stale copy of it (see
+                        // docs/operations.md, "Leader election"). Create without
+                        // the fence rather than stop every run.
+                        tracing::error!(pod = %pod_name, message = %status.message, "the step Pod fence refused the Lease holder: it reads a stale Lease; creating the Pod unfenced");
+                        pod.annotations_mut().remove(labels::LEADER);
+                        match pods.create(&pp, &pod).await {
+                            Ok(created) => {
+                                info!(pod = %pod_name, "created step pod");
+                                observe_handoff(ctx, &decision.status, &created);
+                                ctx.expectations.created(created, &ctx.pods);
+                            }
+                            Err(err) => return Err(fail(format!("creating pod {pod_name}"), err)),
+                        }
                     }
                     Err(kube::Error::Api(status)) => {
                         info!(pod = %pod_name, code = status.code, message = %status.message, "the API server refused a step pod");

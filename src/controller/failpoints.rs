@@ -8,11 +8,13 @@
 //! on for the binaries its tests start; without it `hit` does nothing and a
 //! set `AGENTRUN_FAILPOINT` is only warned about at startup.
 //!
-//! Points: `after-create-pod` (a step Pod was just created),
+//! Points: `before-create-pod` (a step Pod is about to be created, its proof
+//! checked), `after-create-pod` (a step Pod was just created),
 //! `after-checkpoint` (a status write that commits a step outcome succeeded,
 //! before any finalizer is released), `after-status-write` (any status write),
-//! `after-proof-read` (the read that proves a run current before a Pod
-//! create returned), `after-notify-send` (a notification was sent, its
+//! `after-proof-read` (a read that proves a run current before a Pod create
+//! returned: the fence of a decision that writes no status, or the read again
+//! before a create once the proof is older than a second), `after-notify-send` (a notification was sent, its
 //! record not yet written).
 
 #[cfg(feature = "failpoints")]

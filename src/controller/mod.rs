@@ -58,6 +58,18 @@ pub struct Scope {
     /// How long one reconcile may take once it has its slot before it is
     /// abandoned and tried again (`--reconcile-timeout-seconds`).
     pub reconcile_timeout: std::time::Duration,
+    /// This instance in the leader Lease (`--leader-elect`): its identity is
+    /// set on the step Pods it creates (`agentrun.dev/leader`); `None` without
+    /// leader election.
+    pub leader: Option<Leader>,
+}
+
+/// This instance's place in leader election.
+#[derive(Clone, Debug)]
+pub struct Leader {
+    pub identity: String,
+    pub lease_name: String,
+    pub lease_namespace: String,
 }
 
 impl Default for Scope {
@@ -67,6 +79,7 @@ impl Default for Scope {
             step_events: true,
             notify: None,
             reconcile_timeout: std::time::Duration::from_secs(60),
+            leader: None,
         }
     }
 }
@@ -102,6 +115,8 @@ pub struct Context {
     slots: tokio::sync::Semaphore,
     /// The deadline of one reconcile once it holds a slot.
     reconcile_timeout: std::time::Duration,
+    /// This instance's Lease, its identity annotated on the step Pods it creates.
+    leader: Option<Leader>,
 }
 
 /// Reconciles that do work at once. kube-runtime's own limit, once reached,
@@ -250,6 +265,7 @@ pub async fn run(
         unreadable: Mutex::new(HashMap::new()),
         slots: tokio::sync::Semaphore::new(CONCURRENT_RECONCILES),
         reconcile_timeout: scope.reconcile_timeout,
+        leader: scope.leader.clone(),
     });
 
     let controller = controller(

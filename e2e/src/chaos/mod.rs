@@ -364,6 +364,12 @@ pub async fn run(cfg: ChaosConfig) -> Report {
     let mut op_cfg = OperatorConfig::new(&ns);
     op_cfg.kubeconfig = operator_kubeconfig;
     op_cfg.lease_duration_seconds = cfg.lease_duration_seconds;
+    // As the chart installs it with leader election: the API server refuses a
+    // step Pod from an operator that no longer holds the Lease.
+    let fence = cfg.operators > 1;
+    if fence {
+        crate::support::policies::fence_namespace(&ns).await;
+    }
     let mut operators = Operators::start(
         &op_cfg,
         cfg.operators,
@@ -371,6 +377,9 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         cfg.failpoint_rate,
         cfg.failpoint_writes,
     );
+    if fence {
+        crate::support::policies::wait_fenced(&ns).await;
+    }
 
     let shared = Arc::new(Shared::default());
     let runs_api: Api<AgentRun> = Api::namespaced(client.clone(), &ns);

@@ -148,3 +148,97 @@ pub async fn wait_enforced(ns: &str, mutating: bool) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// Waits until the step Pod fence of `ns` is enforced: once its Lease has a
+/// holder, a dry-run create of a step Pod that names another creator is
+/// refused. Call it after the leader is elected.
+pub async fn wait_fenced(ns: &str) {
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "fence-probe",
+            "annotations": {agentrun_operator::labels::LEADER: "nobody-holds-this"},
+        },
+        "spec": {"containers": [{"name": "c", "image": "registry.example/probe:1"}]},
+    });
+    let file = manifest(&format!("fence-probe-{ns}"), &pod);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = kubectl(["-n", ns, "create", "--dry-run=server", "-f", &file]).await;
+        if !out.success()
+            && out
+                .stderr
+                .contains(agentrun_operator::labels::NOT_THE_LEADER)
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the step Pod fence is not enforced after 30 s: {out:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The label that puts a test namespace under the plane's step Pod fence.
+pub const FENCED: &str = "e2e.agentrun.dev/fenced";
+
+/// Puts `namespace` under the chart's step Pod fence (templates/leader-fence.yaml):
+/// the API server refuses a step Pod whose creator (`agentrun.dev/leader`)
+/// does not hold the Lease `agentrun-operator` of the Pod's own namespace,
+/// where the tests' operators elect their leader. Enforced once [`wait_fenced`]
+/// returns.
+///
+/// The policy is installed once for the whole plane and never deleted: after
+/// some cycles of creating and deleting such a policy (a `paramKind` Lease)
+/// within one kube-apiserver's life, a new one was seen to find no params
+/// (and so, with `parameterNotFoundAction: Allow`, to refuse nothing) until the
+/// API server restarted. Its binding selects the namespaces labelled [`FENCED`]
+/// and looks the Lease up in the namespace of each Pod (no `paramRef.namespace`).
+pub async fn fence_namespace(namespace: &str) {
+    let rendered = ok(helm_cmd()
+        .current_dir(repo_root())
+        .args([
+            "template",
+            "agentrun-e2e-fence",
+            CHART,
+            "--namespace",
+            "default",
+        ])
+        .args(["--show-only", "templates/leader-fence.yaml"])
+        .args(["--set", "leaderElection.leaseName=agentrun-operator"])
+        .arg("--set-json")
+        .arg(format!(
+            "admissionPolicies.namespaceSelector={}",
+            json!({"matchLabels": {FENCED: "true"}})
+        )));
+    let mut items = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&rendered) {
+        let mut v: Value = serde::Deserialize::deserialize(doc).expect("the rendered fence");
+        if v.is_null() {
+            continue;
+        }
+        if let Some(param_ref) = v
+            .pointer_mut("/spec/paramRef")
+            .and_then(Value::as_object_mut)
+        {
+            param_ref.remove("namespace");
+        }
+        items.push(v);
+    }
+    assert_eq!(items.len(), 2, "the fence is a policy and its binding");
+    let file = manifest(
+        "plane-fence",
+        &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+    );
+    kubectl_ok(["apply", "--server-side", "-f", &file]).await;
+    kubectl_ok([
+        "label",
+        "namespace",
+        namespace,
+        &format!("{FENCED}=true"),
+        "--overwrite",
+    ])
+    .await;
+}
