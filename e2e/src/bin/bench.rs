@@ -243,7 +243,7 @@ async fn bench(args: Args) -> Res<()> {
     let client = connect(&kubeconfig).await?;
     install_crds(&client).await;
     if args.peer == Peer::Argo {
-        install_argo_crds(&client, &argo_dir.join("crds")).await?;
+        install_argo_crds(&client, &argo_dir.join("crds/full")).await?;
     }
     let out_dir = e2e_dir.join("bench");
     std::fs::create_dir_all(&out_dir).map_err(io(format!("creating {}", out_dir.display())))?;
@@ -1362,8 +1362,8 @@ fn default_argo_dir() -> PathBuf {
     cache.join("argo-v4.0.5")
 }
 
-/// Server-side applies Argo's CRDs (every `*.yaml` in `dir`, the minimal ones
-/// that Argo's own install manifests carry).
+/// Server-side applies Argo's CRDs (every `*.yaml` in `dir`: the full ones,
+/// with their schema, which Argo's install manifests apply).
 async fn install_argo_crds(client: &Client, dir: &Path) -> Res<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
