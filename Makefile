@@ -19,8 +19,10 @@
 #                      control plane (target/e2e-bench); BENCH_ARGS passes flags to it,
 #                      e.g. make bench BENCH_ARGS='--concurrency 1,50 --repeats 1'
 #   make bench-peers   AgentRuns against chains of Jobs (kube-controller-manager with its
-#                      default client QPS, then raised) on a plane of their own
-#                      (target/e2e-peers); PEERS_ARGS passes flags to every driver run
+#                      default client QPS, then raised) and Argo Workflows (its
+#                      workflow-controller, built by `e2e/cluster argo`: defaults, raised
+#                      QPS, then a 1 s requeue too) on a plane of their own (target/e2e-peers);
+#                      PEERS_ARGS passes flags to every driver run
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -123,18 +125,26 @@ bench:
 	  trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; \
 	  target/release/bench $(BENCH_ARGS)
 
-# The Job controller as a peer (docs/performance.md, "Side by side"): the same
-# driver, once with AgentRuns and twice with chains of 10 single-Pod Jobs, kcm
-# restarted between with a raised client QPS/burst. Tables in target/e2e-peers/.
+# The Job controller and Argo Workflows as peers (docs/performance.md, "Side by
+# side"): the same driver, once with AgentRuns, twice with chains of 10
+# single-Pod Jobs (kcm restarted between with a raised client QPS/burst) and
+# three times with Workflows of 10 sequential steps (Argo's workflow-controller,
+# one per batch: its defaults, a raised client QPS/burst, then also its
+# DEFAULT_REQUEUE_TIME lowered from 10s to 1s). Argo is built for
+# this only (`e2e/cluster argo`); `make test` never builds it. Tables in
+# target/e2e-peers/.
 PEERS_E2E_DIR ?= $(CURDIR)/target/e2e-peers
 PEERS_ARGS ?= --concurrency 1,50,200 --repeats 3
 KCM_DEFAULT := --controllers job-controller
 KCM_RAISED := --controllers job-controller --kube-api-qps 1000 --kube-api-burst 2000
 PEERS := target/release/bench --resume-runs 0 --status-steps 0 $(PEERS_ARGS)
+ARGO_RAISED := --argo-qps 1000 --argo-burst 2000
+ARGO_TUNED := $(ARGO_RAISED) --argo-requeue-time 1s
 
 bench-peers:
 	$(CARGO) build --release --locked -p agentrun-operator -p agentrun-e2e --bins
 	$(CLUSTER) build
+	$(CLUSTER) argo
 	export AGENTRUN_E2E_DIR=$(PEERS_E2E_DIR); unset KUBECONFIG; \
 	  trap '$(CLUSTER) down' EXIT; \
 	  $(CLUSTER) down; AGENTRUN_KCM_ARGS='$(KCM_DEFAULT)' $(CLUSTER) up; \
@@ -142,7 +152,11 @@ bench-peers:
 	  $(PEERS) --peer jobs --label 'kcm client QPS 20, burst 30 (defaults)' --report $(PEERS_E2E_DIR)/jobs-default-qps.md; \
 	  $(CLUSTER) down; AGENTRUN_KCM_ARGS='$(KCM_RAISED)' $(CLUSTER) up; \
 	  $(PEERS) --peer jobs --label 'kcm client QPS 1000, burst 2000' --report $(PEERS_E2E_DIR)/jobs-raised-qps.md; \
-	  cat $(PEERS_E2E_DIR)/agentrun.md $(PEERS_E2E_DIR)/jobs-default-qps.md $(PEERS_E2E_DIR)/jobs-raised-qps.md
+	  $(PEERS) --peer argo --label 'Argo client QPS 20, burst 30 (defaults)' --report $(PEERS_E2E_DIR)/argo-default-qps.md; \
+	  $(PEERS) --peer argo $(ARGO_RAISED) --label 'Argo client QPS 1000, burst 2000' --report $(PEERS_E2E_DIR)/argo-raised-qps.md; \
+	  $(PEERS) --peer argo $(ARGO_TUNED) --label 'Argo client QPS 1000, burst 2000, DEFAULT_REQUEUE_TIME 1s' --report $(PEERS_E2E_DIR)/argo-tuned.md; \
+	  cat $(PEERS_E2E_DIR)/agentrun.md $(PEERS_E2E_DIR)/jobs-default-qps.md $(PEERS_E2E_DIR)/jobs-raised-qps.md \
+	    $(PEERS_E2E_DIR)/argo-default-qps.md $(PEERS_E2E_DIR)/argo-raised-qps.md $(PEERS_E2E_DIR)/argo-tuned.md
 
 # The chaos suite (e2e/README.md, "Chaos suite") on a plane of its own
 # (target/e2e-chaos), always taken down; CHAOS_ARGS passes flags to the driver,

@@ -13,6 +13,11 @@
 //! operator RSS; then a resume batch (operator SIGKILLed with N runs in
 //! flight) and the status size of one long run. It prints its figures; it is
 //! not a test and asserts no target.
+//!
+//! `--peer jobs` and `--peer argo` run the same batches with another controller
+//! instead of the operator: chains of Jobs (kube-controller-manager) or Argo
+//! Workflows (a workflow-controller started per batch, simkubelet playing Argo's
+//! `wait` sidecar); see docs/performance.md, "Side by side".
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -145,12 +150,28 @@ struct Args {
     #[arg(long)]
     json: Option<PathBuf>,
     /// What runs the batches: `agentrun` (the operator, one AgentRun per
-    /// run) or `jobs` (kube-controller-manager's Job controller, one chain of
+    /// run), `jobs` (kube-controller-manager's Job controller, one chain of
     /// single-Pod Jobs per run, the driver creating Job i+1 once it sees Job i
     /// Complete; the plane's kcm must run `job-controller`, see
-    /// `AGENTRUN_KCM_ARGS` in e2e/cluster).
+    /// `AGENTRUN_KCM_ARGS` in e2e/cluster) or `argo` (Argo Workflows'
+    /// workflow-controller, one Workflow of sequential steps per run; built by
+    /// `e2e/cluster argo`).
     #[arg(long, value_enum, default_value_t = Peer::Agentrun)]
     peer: Peer,
+    /// Argo's directory: `workflow-controller` and `crds/` (default:
+    /// $AGENTRUN_ARGO_DIR, else the cache's argo-v4.0.5, as `e2e/cluster argo` builds it).
+    #[arg(long)]
+    argo_dir: Option<PathBuf>,
+    /// The workflow-controller's client rate limit (`--qps`; Argo's default 20).
+    #[arg(long, default_value_t = 20.0)]
+    argo_qps: f32,
+    /// The workflow-controller's client burst (`--burst`; Argo's default 30).
+    #[arg(long, default_value_t = 30)]
+    argo_burst: u32,
+    /// The workflow-controller's `DEFAULT_REQUEUE_TIME` (how long a Workflow waits in
+    /// its queue after a Pod or task-result event); empty keeps Argo's default (10s).
+    #[arg(long, default_value = "")]
+    argo_requeue_time: String,
     /// A label for this invocation's rows (e.g. the kcm client QPS).
     #[arg(long, default_value = "")]
     label: String,
@@ -160,6 +181,7 @@ struct Args {
 enum Peer {
     Agentrun,
     Jobs,
+    Argo,
 }
 
 /// Where things are.
@@ -170,6 +192,8 @@ struct Setup {
     kubeconfig: PathBuf,
     operator_bin: PathBuf,
     simkubelet_bin: PathBuf,
+    /// Argo's workflow-controller (`--peer argo` only).
+    argo_controller_bin: PathBuf,
     out_dir: PathBuf,
 }
 
@@ -204,8 +228,23 @@ async fn bench(args: Args) -> Res<()> {
     };
     let operator_bin = bin(&args.operator_bin, "agentrun-operator")?;
     let simkubelet_bin = bin(&args.simkubelet_bin, "simkubelet")?;
+    let argo_dir = args
+        .argo_dir
+        .clone()
+        .or_else(|| std::env::var_os("AGENTRUN_ARGO_DIR").map(PathBuf::from))
+        .unwrap_or_else(default_argo_dir);
+    let argo_controller_bin = argo_dir.join("workflow-controller");
+    if args.peer == Peer::Argo && !argo_controller_bin.exists() {
+        return Err(BenchError::Stage(format!(
+            "{} not found: build it with `e2e/cluster argo`",
+            argo_controller_bin.display()
+        )));
+    }
     let client = connect(&kubeconfig).await?;
     install_crds(&client).await;
+    if args.peer == Peer::Argo {
+        install_argo_crds(&client, &argo_dir.join("crds/full")).await?;
+    }
     let out_dir = e2e_dir.join("bench");
     std::fs::create_dir_all(&out_dir).map_err(io(format!("creating {}", out_dir.display())))?;
     let setup = Setup {
@@ -215,6 +254,7 @@ async fn bench(args: Args) -> Res<()> {
         kubeconfig,
         operator_bin,
         simkubelet_bin,
+        argo_controller_bin,
         out_dir,
     };
     println!("{}", machine_line(&setup));
@@ -225,6 +265,7 @@ async fn bench(args: Args) -> Res<()> {
             let b = match args.peer {
                 Peer::Agentrun => run_batch(&setup, n, args.steps, r).await?,
                 Peer::Jobs => job_batch(&setup, n, args.steps, r).await?,
+                Peer::Argo => argo_batch(&setup, n, args.steps, r).await?,
             };
             println!("{}", b.line());
             batches.entry(n).or_default().push(b);
@@ -347,6 +388,10 @@ fn start_simkubelet(setup: &Setup, ns: &str, dir: &Path) -> Res<Process> {
         .arg(dir.join("ledger.jsonl"))
         .env("KUBECONFIG", &setup.kubeconfig)
         .env("RUST_LOG", "warn");
+    if setup.args.peer == Peer::Argo {
+        // Also Argo's wait sidecar: the step Pods' task results.
+        cmd.arg("--argo-task-results");
+    }
     Process::start("simkubelet", cmd, dir.join("simkubelet.log")).map_err(io("starting simkubelet"))
 }
 
@@ -1298,6 +1343,345 @@ async fn job_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
 }
 
 // ---------------------------------------------------------------------------
+// Argo Workflows as a peer
+
+/// Where `e2e/cluster argo` puts Argo (its cache, like the plane's binaries).
+fn default_argo_dir() -> PathBuf {
+    let cache = std::env::var_os("AGENTRUN_CACHE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .filter(|v| !v.is_empty())
+                .map(|d| PathBuf::from(d).join("agentrun-operator"))
+        })
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/agentrun-operator"))
+        })
+        .unwrap_or_else(|| PathBuf::from(".cache/agentrun-operator"));
+    cache.join("argo-v4.0.5")
+}
+
+/// Server-side applies Argo's CRDs (every `*.yaml` in `dir`: the full ones,
+/// with their schema, which Argo's install manifests apply).
+async fn install_argo_crds(client: &Client, dir: &Path) -> Res<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(format!(
+            "reading {} (run `e2e/cluster argo`)",
+            dir.display()
+        )))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(BenchError::Stage(format!(
+            "no Argo CRDs in {} (run `e2e/cluster argo`)",
+            dir.display()
+        )));
+    }
+    for f in files {
+        let text = std::fs::read_to_string(&f).map_err(io(format!("reading {}", f.display())))?;
+        let crd: CustomResourceDefinition =
+            serde_yaml::from_str(&text).map_err(|e| BenchError::Config {
+                what: format!("parsing {}", f.display()),
+                message: e.to_string(),
+            })?;
+        agentrun_e2e::apply_crd(client, &crd).await;
+    }
+    Ok(())
+}
+
+fn argo_resource(kind: &str, plural: &str) -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: "argoproj.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "argoproj.io/v1alpha1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// One Workflow: a `steps` template of `steps` sequential steps (one step per
+/// group, so each waits for the one before), each its own container template
+/// whose Pod carries the labels simkubelet and this driver's watch look for
+/// (`podMetadata` for the run, the template's `metadata` for the step). The
+/// command is explicit so the controller never looks an image up.
+fn workflow_manifest(run: usize, steps: usize) -> kube::api::DynamicObject {
+    let groups: Vec<Value> = (0..steps)
+        .map(|i| json!([{"name": step_name(i), "template": step_name(i)}]))
+        .collect();
+    let mut templates = vec![json!({"name": "chain", "steps": groups})];
+    templates.extend((0..steps).map(|i| {
+        json!({
+            "name": step_name(i),
+            "metadata": {"labels": {labels::STEP: step_name(i)}},
+            "container": {"image": "registry.example/agent-step:1", "command": ["/step"]},
+        })
+    }));
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": run_name(run)},
+        "spec": {
+            "entrypoint": "chain",
+            "podMetadata": {"labels": {labels::RUN: run_name(run), labels::ATTEMPT: "1"}},
+            "templates": templates,
+        },
+    }))
+    .expect("the Workflow manifest is an object")
+}
+
+/// Argo's writes in a window: every write verb on pods (not pods/status,
+/// simkubelet's kubelet part), events, workflows (not POST: the driver's),
+/// workflowtaskresults (the emulated wait sidecar's creates and patches, the
+/// controller's deletes), workflowtasksets, workflowartifactgctasks and
+/// configmaps. Leases are left out: leader election is off, and the
+/// apiserver's own identity leases would be counted. Keyed "verb resource[/sub]".
+fn argo_writes(before: &Requests, after: &Requests) -> (BTreeMap<String, f64>, f64) {
+    let mut by = BTreeMap::new();
+    let mut conflicts = 0.0;
+    for (k, v) in after {
+        let d = v - before.get(k).copied().unwrap_or(0.0);
+        let (verb, _group, resource, sub, code) = k;
+        if d <= 0.0 || !WRITE_VERBS.contains(&verb.as_str()) || code == "sum" || code == "count" {
+            continue;
+        }
+        let argos = match (resource.as_str(), sub.as_str()) {
+            ("pods", "") | ("events", "") | ("configmaps", "") => true,
+            ("workflowtaskresults" | "workflowtasksets" | "workflowartifactgctasks", _) => true,
+            ("workflows", _) => verb != "POST",
+            _ => false,
+        };
+        if !argos {
+            continue;
+        }
+        if code == "409" {
+            conflicts += d;
+        }
+        let name = if sub.is_empty() {
+            format!("{verb} {resource}")
+        } else {
+            format!("{verb} {resource}/{sub}")
+        };
+        *by.entry(name).or_default() += d;
+    }
+    (by, conflicts)
+}
+
+/// The workflow-controller of one batch: namespaced to `ns`, leader election
+/// off (as kcm's and the operator's in this benchmark), the admin kubeconfig
+/// (so no RBAC), an executor image nothing pulls, metrics on `metrics_port`.
+fn start_argo_controller(setup: &Setup, ns: &str, dir: &Path) -> Res<Process> {
+    let a = &setup.args;
+    let mut cmd = Command::new(&setup.argo_controller_bin);
+    cmd.arg("--kubeconfig")
+        .arg(&setup.kubeconfig)
+        .args(["--namespace", ns, "--namespaced", "--managed-namespace", ns])
+        .args(["--executor-image", "registry.example/argoexec:v4.0.5"])
+        .arg(format!("--qps={}", a.argo_qps))
+        .arg(format!("--burst={}", a.argo_burst))
+        .args(["--loglevel", "info"])
+        .env("LEADER_ELECTION_DISABLE", "true")
+        .env_remove("KUBECONFIG");
+    if !a.argo_requeue_time.is_empty() {
+        cmd.env("DEFAULT_REQUEUE_TIME", &a.argo_requeue_time);
+    }
+    Process::start(
+        "workflow-controller",
+        cmd,
+        dir.join("workflow-controller.log"),
+    )
+    .map_err(io("starting Argo's workflow-controller"))
+}
+
+/// Waits until the controller's log says its caches have synced.
+async fn wait_argo_ready(log: &Path, deadline: Duration) -> Res<Duration> {
+    let start = Instant::now();
+    loop {
+        let log_text = std::fs::read_to_string(log).unwrap_or_default();
+        if log_text.contains(ARGO_READY_LINE) {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > deadline {
+            return Err(BenchError::Stage(format!(
+                "Argo's workflow-controller not ready after {deadline:?} (no {ARGO_READY_LINE:?} in {})",
+                log.display()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What the workflow-controller logs first once its caches have synced (its
+/// `workflowGarbageCollector` starts right after `WaitForCacheSync`).
+const ARGO_READY_LINE: &str = "Performing periodic GC";
+
+/// `n` Workflows of `steps` sequential steps run by Argo's workflow-controller
+/// (started for this batch in its namespace), simkubelet running the step Pods
+/// and writing their task results as Argo's `wait` sidecar. The same figures
+/// as [`run_batch`].
+async fn argo_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<Batch> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::DynamicObject;
+    let deadline = Duration::from_secs(setup.args.deadline_secs);
+    let (ns, dir) = namespace(setup, &format!("bench-argo-{n}x{steps}-r{repeat}")).await?;
+    let nsname = ns.name().to_owned();
+    eprintln!("[bench] batch {n} Workflows x {steps} steps, repeat {repeat}: namespace {nsname}");
+    // The controller refuses to start without its ConfigMap; this one only
+    // moves its metrics server off the shared :9090 (plain HTTP).
+    let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let cms: Api<ConfigMap> = Api::namespaced(setup.client.clone(), &nsname);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "workflow-controller-configmap"},
+        "data": {"metricsConfig": format!("port: {}\nsecure: false\n", metrics.port())},
+    }))
+    .expect("the ConfigMap is valid");
+    cms.create(&PostParams::default(), &cm)
+        .await
+        .map_err(api("creating workflow-controller-configmap"))?;
+    let mut controller = start_argo_controller(setup, &nsname, &dir)?;
+    let mut kubelet = start_simkubelet(setup, &nsname, &dir)?;
+    if let Err(e) = wait_argo_ready(
+        &dir.join("workflow-controller.log"),
+        Duration::from_secs(60),
+    )
+    .await
+    {
+        controller.kill().await;
+        kubelet.kill().await;
+        teardown(setup, ns).await?;
+        return Err(e);
+    }
+    let argo_pid = controller.pid().unwrap_or(0);
+    let (seen, watch_task) = observe(&setup.client, &nsname);
+    let workflows: Api<DynamicObject> = Api::namespaced_with(
+        setup.client.clone(),
+        &nsname,
+        &argo_resource("Workflow", "workflows"),
+    );
+    // A Workflow is finished when its phase is Succeeded, Failed or Error.
+    let finished_task = {
+        let workflows = workflows.clone();
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let stream = watcher(workflows, watcher::Config::default())
+                .default_backoff()
+                .applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                let Ok(wf) = ev else { continue };
+                let phase = wf.data.pointer("/status/phase").and_then(Value::as_str);
+                let outcome = match phase {
+                    Some("Succeeded") => RunPhase::Succeeded,
+                    Some("Failed" | "Error") => RunPhase::Failed,
+                    _ => continue,
+                };
+                lock(&seen)
+                    .finished
+                    .entry(wf.name_any())
+                    .or_insert((Instant::now(), outcome));
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (rss_idle, _) = rss_kib(argo_pid);
+    let before = apiserver_requests(setup).await?;
+    let mut pids = plane_pids(setup);
+    pids.push(("operator", argo_pid));
+    pids.push(("simkubelet", kubelet.pid().unwrap_or(0)));
+    let cpu_before: Vec<f64> = pids.iter().map(|(_, p)| cpu_ms(*p)).collect();
+    let t0 = Instant::now();
+    futures::stream::iter((0..n).map(|r| {
+        let workflows = workflows.clone();
+        async move {
+            workflows
+                .create(&PostParams::default(), &workflow_manifest(r, steps))
+                .await
+                .map(|_| ())
+                .map_err(self::api(format!("creating Workflow {}", run_name(r))))
+        }
+    }))
+    .buffer_unordered(setup.args.create_parallelism.max(1))
+    .try_collect::<Vec<()>>()
+    .await?;
+    let result = wait_seen(&seen, "every Workflow finished", deadline, |s| {
+        (s.finished.len() < n).then(|| format!("{}/{n} Workflows finished", s.finished.len()))
+    })
+    .await;
+    let (rss_end, hwm) = rss_kib(argo_pid);
+    let cpu: BTreeMap<&'static str, f64> = pids
+        .iter()
+        .zip(cpu_before)
+        .map(|((name, p), before)| (*name, (cpu_ms(*p) - before) / (n * steps) as f64))
+        .collect();
+    // Let the last writes (pod labels, task-result deletes) land.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = apiserver_requests(setup).await?;
+    let argo_metrics = http_get(metrics, "/metrics")
+        .await
+        .map(|r| r.1)
+        .unwrap_or_default();
+    watch_task.abort();
+    finished_task.abort();
+    controller.kill().await;
+    kubelet.kill().await;
+    std::fs::write(dir.join("workflow-controller-metrics.txt"), &argo_metrics)
+        .map_err(io("writing workflow-controller-metrics.txt"))?;
+    let finished_at = match result {
+        Ok(_) => lock(&seen)
+            .finished
+            .values()
+            .map(|(t, _)| *t)
+            .max()
+            .unwrap_or(t0),
+        Err(e) => {
+            teardown(setup, ns).await?;
+            return Err(BenchError::Stage(format!(
+                "Argo batch {n}x{steps} repeat {repeat}: {e} (logs in {})",
+                dir.display()
+            )));
+        }
+    };
+    let g = std::mem::take(&mut *lock(&seen));
+    let wall = finished_at.duration_since(t0).as_secs_f64();
+    let total_steps = (n * steps) as f64;
+    let (writes, conflicts) = argo_writes(&before, &after);
+    let h = handoffs(&g, steps);
+    let batch = Batch {
+        runs: n,
+        steps,
+        repeat,
+        wall_s: wall,
+        steps_per_s: total_steps / wall,
+        writes_per_step: writes.values().sum::<f64>() / total_steps,
+        writes,
+        server_ms: server_latency(&before, &after),
+        conflicts_409: conflicts,
+        handoff_p50_ms: percentile(&h, 50.0),
+        handoff_p99_ms: percentile(&h, 99.0),
+        handoff_max_ms: h.last().copied().unwrap_or(f64::NAN),
+        handoffs: h.len(),
+        cpu_ms_per_step: cpu,
+        rss_idle_kib: rss_idle,
+        rss_end_kib: rss_end,
+        hwm_kib: hwm,
+        reconciles: 0.0,
+        reconcile_mean_ms: 0.0,
+        status_writes: 0.0,
+        failed_runs: g
+            .finished
+            .values()
+            .filter(|(_, p)| *p != RunPhase::Succeeded)
+            .count(),
+    };
+    // Workflows, their Pods and task results go with the namespace.
+    teardown(setup, ns).await?;
+    Ok(batch)
+}
+
+// ---------------------------------------------------------------------------
 // Resume
 
 #[derive(Clone, Debug, Default)]
@@ -1818,6 +2202,7 @@ fn summary(
         match setup.args.peer {
             Peer::Agentrun => "AgentRuns (controller: agentrun-operator)",
             Peer::Jobs => "chains of single-Pod Jobs (controller: kube-controller-manager; \"operator\" columns are its figures, RSS peak sampled every 100 ms; the driver's POST jobs are not counted as the controller's)",
+            Peer::Argo => "Argo Workflows of sequential steps (controller: workflow-controller v4.0.5, one per batch; \"operator\" columns are its figures, its writes include the task results simkubelet writes as Argo's wait sidecar; the driver's POST workflows are not counted)",
         },
         if setup.args.label.is_empty() { String::new() } else { format!(", {}", setup.args.label) },
         setup.args.repeats,

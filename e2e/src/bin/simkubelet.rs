@@ -13,6 +13,13 @@
 //! e2e/README.md). Each Pod's life is one task keyed by UID; its starting point is derived
 //! from the Pod's status, so a restarted simkubelet resumes rather than re-runs. It never
 //! deletes Pods and never touches finalizers.
+//!
+//! With `--argo-task-results` it also plays the `wait` sidecar of an Argo Workflows step
+//! Pod (containers `wait` and `main`, for the benchmark's Argo peer): it writes that Pod's
+//! `WorkflowTaskResult` as argoexec v4.0.5 does (`workflow/executor/taskresult.go`): created
+//! with `report-outputs-completed: "false"` once the Pod runs, then, after `main` exits, a
+//! merge patch with the outputs and one setting the label to `"true"`, before the Pod is
+//! reported terminated. The step is `main`, not the first container.
 
 #![forbid(unsafe_code)]
 
@@ -31,7 +38,7 @@ use k8s_openapi::api::core::v1::{
     PodCondition, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
@@ -71,6 +78,10 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Act as Argo Workflows' `wait` sidecar for Pods that have one: write their
+    /// `WorkflowTaskResult` (argoproj.io/v1alpha1) as argoexec does.
+    #[arg(long, default_value_t = false)]
+    argo_task_results: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -164,6 +175,7 @@ async fn run(args: Args) -> Result<()> {
         client: client.clone(),
         ledger,
         default_run: Duration::from_millis(args.default_run_ms),
+        argo_task_results: args.argo_task_results,
     });
     let pods: Api<Pod> = match &args.namespace {
         Some(ns) => Api::namespaced(client, ns),
@@ -201,6 +213,7 @@ struct Context {
     client: Client,
     ledger: Option<LedgerWriter>,
     default_run: Duration,
+    argo_task_results: bool,
 }
 
 impl Context {
@@ -406,13 +419,19 @@ struct PodFacts {
     role: Option<String>,
     idempotency_key: Option<String>,
     attempt: Option<u32>,
-    /// (name, image) of every regular container; the first is the step.
+    /// (name, image) of every regular container.
     containers: Vec<(String, String)>,
+    /// Index in `containers` of the step: the first, or Argo's `main`.
+    step_container: usize,
+    /// Names of the init containers (they have run to completion once the Pod runs).
+    init_containers: Vec<(String, String)>,
+    /// The task result this Pod's Argo `wait` sidecar writes (`--argo-task-results`).
+    argo: Option<ArgoTask>,
     behaviour: std::result::Result<Behaviour, String>,
 }
 
 impl PodFacts {
-    fn of(pod: &Pod, default_run: Duration) -> Self {
+    fn of(pod: &Pod, default_run: Duration, argo_task_results: bool) -> Self {
         let labels = pod.labels();
         let containers: Vec<(String, String)> = pod
             .spec
@@ -424,10 +443,22 @@ impl PodFacts {
                     .collect()
             })
             .unwrap_or_default();
+        let init_containers: Vec<(String, String)> = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_ref())
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let argo = argo_task_results.then(|| ArgoTask::of(pod)).flatten();
+        let step_container = step_container(pod, argo.is_some());
         let env = pod
             .spec
             .as_ref()
-            .and_then(|s| s.containers.first())
+            .and_then(|s| s.containers.get(step_container))
             .and_then(|c| c.env.as_ref());
         let env_value = |name: &str| {
             env.and_then(|env| env.iter().find(|e| e.name == name))
@@ -460,6 +491,9 @@ impl PodFacts {
             idempotency_key,
             attempt,
             containers,
+            step_container,
+            init_containers,
+            argo,
             behaviour,
         }
     }
@@ -491,16 +525,16 @@ enum Stage {
     Terminated,
 }
 
-fn observe(pod: &Pod) -> Stage {
+fn observe(pod: &Pod, step_container: usize) -> Stage {
     let status = pod.status.as_ref();
-    let first = pod
+    let step = pod
         .spec
         .as_ref()
-        .and_then(|s| s.containers.first())
+        .and_then(|s| s.containers.get(step_container))
         .map(|c| c.name.as_str());
     let state = status
         .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find(|c| Some(c.name.as_str()) == first))
+        .and_then(|cs| cs.iter().find(|c| Some(c.name.as_str()) == step))
         .and_then(|c| c.state.as_ref());
     if state.is_some_and(|s| s.terminated.is_some()) {
         return Stage::Terminated;
@@ -578,8 +612,17 @@ async fn wait(rx: &mut watch::Receiver<bool>, delay: Option<Duration>) -> Wake {
 
 /// The life of one Pod, from wherever its status says it is.
 async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<bool>) {
-    let facts = PodFacts::of(&pod, ctx.default_run);
+    let facts = PodFacts::of(&pod, ctx.default_run, ctx.argo_task_results);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &facts.namespace);
+    let task_results = facts.argo.as_ref().map(|task| TaskResultWriter {
+        api: Api::namespaced_with(
+            ctx.client.clone(),
+            &facts.namespace,
+            &ArgoTask::api_resource(),
+        ),
+        task,
+        pod: &facts.name,
+    });
     let pods = PodWriter {
         api: &api,
         facts: &facts,
@@ -599,7 +642,7 @@ async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<bool>) {
     };
     let had_start_time = pod.status.as_ref().and_then(|s| s.start_time.as_ref());
 
-    let started_at = match observe(&pod) {
+    let started_at = match observe(&pod, facts.step_container) {
         Stage::Terminated => return,
         Stage::Running { started_at } => {
             debug!(pod = %facts.name, "resuming a running pod");
@@ -628,6 +671,10 @@ async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<bool>) {
             }
             info!(pod = %facts.name, namespace = %facts.namespace, "running");
             ctx.record(&facts.ledger_entry(now));
+            if let Some(w) = &task_results {
+                // argoexec wait's InitializeOutput, as the sidecar starts.
+                w.create_placeholder(&mut rx).await;
+            }
             now
         }
     };
@@ -651,6 +698,10 @@ async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<bool>) {
             return;
         }
     };
+    if let (Some(w), Ending::Exited(_)) = (&task_results, ending) {
+        // argoexec wait, once main has exited: ReportOutputs, then FinalizeOutput.
+        w.report_outputs(&mut rx).await;
+    }
     let finished_at = Timestamp::now();
     let message = match ending {
         Ending::Exited(_) => Some(behaviour.message.clone()),
@@ -744,6 +795,184 @@ impl PodWriter<'_> {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Argo Workflows' wait sidecar (`--argo-task-results`)
+
+/// Argo's container names (`workflow/common`): the step and its sidecar.
+const ARGO_MAIN: &str = "main";
+const ARGO_WAIT: &str = "wait";
+/// Labels and the annotation argoexec and the controller use.
+const ARGO_LABEL_WORKFLOW: &str = "workflows.argoproj.io/workflow";
+const ARGO_LABEL_OUTPUTS_COMPLETED: &str = "workflows.argoproj.io/report-outputs-completed";
+const ARGO_ANNOTATION_NODE_ID: &str = "workflows.argoproj.io/node-id";
+
+/// Which container is the step: Argo's `main` when this Pod is an Argo step, else the first.
+fn step_container(pod: &Pod, argo: bool) -> usize {
+    let containers = pod.spec.as_ref().map(|s| s.containers.as_slice());
+    argo.then(|| containers?.iter().position(|c| c.name == ARGO_MAIN))
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// What the `wait` sidecar of an Argo step Pod knows: the controller hands it the node ID,
+/// the Workflow's name and UID in its env (`ARGO_NODE_ID`, `ARGO_WORKFLOW_NAME`,
+/// `ARGO_WORKFLOW_UID`); the node-id annotation, the workflow label and the Pod's owner are
+/// the same facts on the Pod itself.
+#[derive(Clone, Debug, PartialEq)]
+struct ArgoTask {
+    node_id: String,
+    workflow: String,
+    workflow_uid: String,
+}
+
+impl ArgoTask {
+    /// `None` for a Pod without Argo's `wait` and `main` containers.
+    fn of(pod: &Pod) -> Option<Self> {
+        let spec = pod.spec.as_ref()?;
+        let wait = spec.containers.iter().find(|c| c.name == ARGO_WAIT)?;
+        spec.containers.iter().find(|c| c.name == ARGO_MAIN)?;
+        let env = |name: &str| {
+            wait.env
+                .iter()
+                .flatten()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        let owner = pod
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "Workflow" && o.api_version.starts_with("argoproj.io/"));
+        Some(Self {
+            node_id: env("ARGO_NODE_ID")
+                .or_else(|| pod.annotations().get(ARGO_ANNOTATION_NODE_ID).cloned())?,
+            workflow: env("ARGO_WORKFLOW_NAME")
+                .or_else(|| pod.labels().get(ARGO_LABEL_WORKFLOW).cloned())
+                .or_else(|| owner.map(|o| o.name.clone()))?,
+            workflow_uid: env("ARGO_WORKFLOW_UID").or_else(|| owner.map(|o| o.uid.clone()))?,
+        })
+    }
+
+    fn api_resource() -> ApiResource {
+        ApiResource {
+            group: "argoproj.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "argoproj.io/v1alpha1".into(),
+            kind: "WorkflowTaskResult".into(),
+            plural: "workflowtaskresults".into(),
+        }
+    }
+
+    /// argoexec's `createTaskResult`: an empty `NodeResult`, not yet complete.
+    fn placeholder(&self) -> Value {
+        json!({
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "WorkflowTaskResult",
+            "metadata": {
+                "name": self.node_id,
+                "labels": {
+                    ARGO_LABEL_WORKFLOW: self.workflow,
+                    ARGO_LABEL_OUTPUTS_COMPLETED: "false",
+                },
+                "ownerReferences": [{
+                    "apiVersion": "argoproj.io/v1alpha1",
+                    "kind": "Workflow",
+                    "name": self.workflow,
+                    "uid": self.workflow_uid,
+                }],
+            },
+        })
+    }
+}
+
+/// argoexec's `ReportOutputs` patch for a container template without outputs
+/// (`json.Marshal(&WorkflowTaskResult{NodeResult: {Outputs: &{}}})`).
+fn argo_outputs_patch() -> Value {
+    json!({"metadata": {"creationTimestamp": null}, "outputs": {}})
+}
+
+/// argoexec's `FinalizeOutput` patch.
+fn argo_completed_patch() -> Value {
+    json!({
+        "metadata": {
+            "creationTimestamp": null,
+            "labels": {ARGO_LABEL_OUTPUTS_COMPLETED: "true"},
+        },
+    })
+}
+
+/// Writes one Pod's task result, retrying transient errors as argoexec does (capped
+/// backoff), for as long as the Pod exists.
+struct TaskResultWriter<'a> {
+    api: Api<DynamicObject>,
+    task: &'a ArgoTask,
+    pod: &'a str,
+}
+
+impl TaskResultWriter<'_> {
+    /// argoexec `wait`'s `InitializeOutput`: create the placeholder (one that exists
+    /// already is argoexec's `upsertTaskResult` finding it: left as it is).
+    async fn create_placeholder(&self, rx: &mut watch::Receiver<bool>) {
+        let obj: DynamicObject = serde_json::from_value(self.task.placeholder())
+            .expect("the task result is a valid object");
+        self.retry(rx, "create", || async {
+            match self.api.create(&PostParams::default(), &obj).await {
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                other => other.map(|_| ()),
+            }
+        })
+        .await;
+    }
+
+    /// `ReportOutputs` (the outputs; none here) then `FinalizeOutput` (complete).
+    async fn report_outputs(&self, rx: &mut watch::Receiver<bool>) {
+        for (what, patch) in [
+            ("report outputs", argo_outputs_patch()),
+            ("finalize", argo_completed_patch()),
+        ] {
+            self.retry(rx, what, || async {
+                self.api
+                    .patch(
+                        &self.task.node_id,
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                    .map(|_| ())
+            })
+            .await;
+        }
+    }
+
+    async fn retry<F, Fut>(&self, rx: &mut watch::Receiver<bool>, what: &str, write: F)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = kube::Result<()>>,
+    {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match write().await {
+                Ok(()) => return,
+                Err(kube::Error::Api(s))
+                    if (400..500).contains(&s.code) && s.code != 429 && s.code != 408 =>
+                {
+                    error!(pod = %self.pod, task_result = %self.task.node_id, what,
+                        code = s.code, message = %s.message, "task result write rejected");
+                    return;
+                }
+                Err(e) => {
+                    warn!(pod = %self.pod, task_result = %self.task.node_id, what, error = %e,
+                        ?backoff, "task result write failed; retrying");
+                }
+            }
+            if rx.has_changed().is_err() {
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
 fn condition(kind: &str, ready: bool, at: Timestamp, facts: &PodFacts) -> PodCondition {
     PodCondition {
         type_: kind.into(),
@@ -795,6 +1024,7 @@ fn running_status(facts: &PodFacts, start_time: Timestamp, now: Timestamp) -> Po
         observed_generation: facts.generation,
         conditions: Some(conditions),
         container_statuses: Some(container_statuses),
+        init_container_statuses: init_statuses(facts, now),
         ..PodStatus::default()
     }
 }
@@ -835,9 +1065,10 @@ fn terminated_status(
         .iter()
         .enumerate()
         .map(|(i, (name, image))| {
-            // The step is the first container; the others stop with it.
-            let exit_code = match (i, ending) {
-                (0, e) | (_, e @ Ending::Killed) => e.exit_code(),
+            // The step's container has the step's exit code; the others stop with it.
+            let exit_code = match ending {
+                Ending::Killed => SIGKILL_EXIT,
+                e if i == facts.step_container => e.exit_code(),
                 _ => 0,
             };
             ContainerStatus {
@@ -852,7 +1083,11 @@ fn terminated_status(
                     terminated: Some(ContainerStateTerminated {
                         exit_code,
                         reason: Some(if exit_code == 0 { "Completed" } else { "Error" }.into()),
-                        message: if i == 0 { message.clone() } else { None },
+                        message: if i == facts.step_container {
+                            message.clone()
+                        } else {
+                            None
+                        },
                         started_at: started_at.map(Time),
                         finished_at: Some(Time(finished_at)),
                         container_id: Some(container_id(facts, name)),
@@ -870,8 +1105,42 @@ fn terminated_status(
         observed_generation: facts.generation,
         conditions: Some(conditions),
         container_statuses: Some(container_statuses),
+        init_container_statuses: started_at.and_then(|at| init_statuses(facts, at)),
         ..PodStatus::default()
     }
+}
+
+/// Init containers have completed by the time the Pod runs (none: `None`).
+fn init_statuses(facts: &PodFacts, at: Timestamp) -> Option<Vec<ContainerStatus>> {
+    if facts.init_containers.is_empty() {
+        return None;
+    }
+    let statuses = facts
+        .init_containers
+        .iter()
+        .map(|(name, image)| ContainerStatus {
+            name: name.clone(),
+            image: image.clone(),
+            image_id: format!("sim://{image}"),
+            container_id: Some(container_id(facts, name)),
+            ready: true,
+            started: Some(false),
+            restart_count: 0,
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 0,
+                    reason: Some("Completed".into()),
+                    started_at: Some(Time(at)),
+                    finished_at: Some(Time(at)),
+                    container_id: Some(container_id(facts, name)),
+                    ..ContainerStateTerminated::default()
+                }),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        })
+        .collect();
+    Some(statuses)
 }
 
 #[cfg(test)]
@@ -903,6 +1172,99 @@ mod tests {
         assert!(for_a_real_node(&pod(json!({
             "containers": containers, "nodeName": "agentrun-node",
         }))));
+    }
+
+    fn argo_pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "r00000-s001-123", "uid": "pod-uid",
+                "labels": {"workflows.argoproj.io/workflow": "r00000", "agentrun.dev/run": "r00000"},
+                "annotations": {"workflows.argoproj.io/node-id": "r00000-456"},
+                "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                                     "name": "r00000", "uid": "wf-uid", "controller": true}],
+            },
+            "spec": {
+                "initContainers": [{"name": "init", "image": "argoexec"}],
+                "containers": [
+                    {"name": "wait", "image": "argoexec", "env": [
+                        {"name": "ARGO_NODE_ID", "value": "r00000-456"},
+                        {"name": "ARGO_WORKFLOW_NAME", "value": "r00000"},
+                        {"name": "ARGO_WORKFLOW_UID", "value": "wf-uid"}]},
+                    {"name": "main", "image": "step"},
+                ],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_argo_pods_step_is_main_and_its_task_result_is_named_after_the_node() {
+        let facts = PodFacts::of(&argo_pod(), Duration::ZERO, true);
+        assert_eq!(facts.step_container, 1);
+        assert_eq!(
+            facts.argo,
+            Some(ArgoTask {
+                node_id: "r00000-456".into(),
+                workflow: "r00000".into(),
+                workflow_uid: "wf-uid".into(),
+            })
+        );
+        assert_eq!(
+            facts.argo.unwrap().placeholder(),
+            json!({
+                "apiVersion": "argoproj.io/v1alpha1",
+                "kind": "WorkflowTaskResult",
+                "metadata": {
+                    "name": "r00000-456",
+                    "labels": {
+                        "workflows.argoproj.io/workflow": "r00000",
+                        "workflows.argoproj.io/report-outputs-completed": "false",
+                    },
+                    "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                                         "name": "r00000", "uid": "wf-uid"}],
+                },
+            })
+        );
+        // Without the flag the same Pod is an ordinary one: the first container is the step.
+        let plain = PodFacts::of(&argo_pod(), Duration::ZERO, false);
+        assert_eq!((plain.step_container, plain.argo), (0, None));
+    }
+
+    #[test]
+    fn an_argo_pod_ends_with_main_exit_code_wait_zero_and_init_completed() {
+        let facts = PodFacts::of(&argo_pod(), Duration::ZERO, true);
+        let at = Timestamp::UNIX_EPOCH;
+        let status = terminated_status(&facts, Some(at), at, Ending::Exited(3), Some("m".into()));
+        let codes: Vec<(String, i32, Option<String>)> = status
+            .container_statuses
+            .unwrap()
+            .into_iter()
+            .map(|c| {
+                let t = c.state.unwrap().terminated.unwrap();
+                (c.name, t.exit_code, t.message)
+            })
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                ("wait".into(), 0, None),
+                ("main".into(), 3, Some("m".into()))
+            ]
+        );
+        let init = status.init_container_statuses.unwrap();
+        assert_eq!(init.len(), 1);
+        assert_eq!(
+            init[0]
+                .state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .exit_code,
+            0
+        );
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
     }
 
     #[test]
