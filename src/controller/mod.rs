@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::DeserializeGuard;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -210,7 +210,7 @@ pub async fn run(
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_APPROVALS))
         .touched_objects();
 
-    let events = events::EventSink::spawn(Recorder::new(client.clone(), reporter));
+    let events = events::EventSink::spawn(client.clone(), reporter);
     // The notifier stops with the controller (below) and runs only where it
     // runs: on the leader.
     let (notifier_stop, notifier_stopped) = tokio::sync::oneshot::channel::<()>();
