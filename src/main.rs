@@ -14,6 +14,13 @@ use agentrun_operator::controller::{self, Scope};
 use agentrun_operator::metrics::{Health, Metrics, serve_health, serve_metrics};
 use agentrun_operator::telemetry;
 
+/// `--features dhat-heap`: every allocation is counted by call stack; the
+/// profile is written to `$AGENTRUN_DHAT_FILE` (default `dhat-heap.json`)
+/// when `run` exits cleanly (SIGTERM), with the live heap at its peak.
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 #[derive(Parser)]
 #[command(
     name = "agentrun-operator",
@@ -345,6 +352,15 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Command::Run(args) => {
+            #[cfg(feature = "dhat-heap")]
+            let _profiler = dhat::Profiler::builder()
+                .file_name(
+                    std::env::var_os("AGENTRUN_DHAT_FILE")
+                        .unwrap_or_else(|| "dhat-heap.json".into()),
+                )
+                // Deep enough to reach the operator's frames through serde and kube.
+                .trim_backtraces(Some(40))
+                .build();
             // One TLS crypto provider for every rustls client in the process
             // (kube's, the OTLP exporter's, the notifier's): ring.
             let _ = rustls::crypto::ring::default_provider().install_default();

@@ -38,14 +38,37 @@ enum Write {
 
 struct Entry {
     write: Write,
-    /// The Pod as the API server returned it after the write.
+    /// The Pod as the API server returned it after the write, trimmed as
+    /// the cache trims it.
     pod: Pod,
     at: Instant,
 }
 
-/// Recent Pod writes by (namespace, Pod name).
+/// What settling an entry needs of a Pod the watch delivered.
+struct Seen {
+    key: Key,
+    uid: Option<String>,
+    /// It still holds the result finalizer.
+    held: bool,
+}
+
+impl Seen {
+    fn of(pod: &Pod) -> Option<Seen> {
+        Some(Seen {
+            key: (pod.namespace()?, pod.name_any()),
+            uid: pod.metadata.uid.clone(),
+            held: pod
+                .finalizers()
+                .iter()
+                .any(|f| f == labels::RESULT_FINALIZER),
+        })
+    }
+}
+
+/// Recent Pod writes by (namespace, Pod name), and the Pods of a re-list in
+/// progress.
 #[derive(Default)]
-pub struct Expectations(Mutex<HashMap<Key, Entry>>, Mutex<Option<Vec<Pod>>>);
+pub struct Expectations(Mutex<HashMap<Key, Entry>>, Mutex<Option<Vec<Seen>>>);
 
 impl Expectations {
     /// Records a Pod this process created, as the API server returned it,
@@ -82,22 +105,20 @@ impl Expectations {
 
     /// Settles entries from one watch event of the Pod cache.
     pub fn observe(&self, event: &watcher::Event<Pod>) {
-        let settle = |pod: &Pod, deleted: bool| {
-            let Some(ns) = pod.namespace() else { return };
-            let key = (ns, pod.name_any());
+        let settle = |seen: Option<Seen>, deleted: bool| {
+            let Some(seen) = seen else { return };
             let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(entry) = map.get(&key) else { return };
+            let Some(entry) = map.get(&seen.key) else {
+                return;
+            };
             let settled = deleted
-                || entry.pod.uid() != pod.uid()
+                || entry.pod.metadata.uid != seen.uid
                 || match entry.write {
                     Write::Created => true,
-                    Write::Released => !pod
-                        .finalizers()
-                        .iter()
-                        .any(|f| f == labels::RESULT_FINALIZER),
+                    Write::Released => !seen.held,
                 };
             if settled {
-                map.remove(&key);
+                map.remove(&seen.key);
             }
         };
         // A re-list (after a 410, say) fills the cache only at InitDone:
@@ -107,20 +128,25 @@ impl Expectations {
         // seen and then gone asks a person).
         let mut relist = self.1.lock().unwrap_or_else(|e| e.into_inner());
         match event {
-            watcher::Event::Apply(pod) => settle(pod, false),
-            watcher::Event::Delete(pod) => settle(pod, true),
+            watcher::Event::Apply(pod) => settle(Seen::of(pod), false),
+            watcher::Event::Delete(pod) => settle(Seen::of(pod), true),
             watcher::Event::Init => *relist = Some(Vec::new()),
-            watcher::Event::InitApply(pod) => relist.get_or_insert_with(Vec::new).push(pod.clone()),
+            // Only what settling needs, not a second copy of every Pod.
+            watcher::Event::InitApply(pod) => {
+                relist.get_or_insert_with(Vec::new).extend(Seen::of(pod))
+            }
             watcher::Event::InitDone => {
-                for pod in relist.take().unwrap_or_default() {
-                    settle(&pod, false);
+                for seen in relist.take().unwrap_or_default() {
+                    settle(Some(seen), false);
                 }
             }
         }
     }
 
-    fn record(&self, write: Write, pod: Pod, cache: &Store<Pod>) {
+    fn record(&self, write: Write, mut pod: Pod, cache: &Store<Pod>) {
         let Some(ns) = pod.namespace() else { return };
+        // Stands for a cached copy, so it is kept as the cache keeps one.
+        super::index::trim(&mut pod);
         let now = Instant::now();
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         map.retain(|_, e| now.duration_since(e.at) < TTL);

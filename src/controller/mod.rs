@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use futures::{Stream, StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::DeserializeGuard;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -87,8 +87,8 @@ impl Default for Scope {
 /// What every reconcile shares.
 pub struct Context {
     pub client: Client,
-    /// Step Pods (label `agentrun.dev/run`): metadata and status only (no
-    /// managedFields, spec or context annotation).
+    /// Step Pods (label `agentrun.dev/run`), trimmed to what the reconcile
+    /// reads of them ([`index::trim`]).
     pub pods: Store<Pod>,
     /// The names of each run's step Pods, from the same watch.
     pod_index: index::PodIndex,
@@ -196,15 +196,8 @@ pub async fn run(
     let expectations = Arc::new(expectations::Expectations::default());
     let pod_stream = watcher(pods_api, watcher::Config::default().labels(labels::RUN))
         .default_backoff()
-        .modify(|pod: &mut Pod| {
-            // The engine reads a step Pod's identity (metadata, labels,
-            // finalizers) and what became of it (status). Its spec and its
-            // context annotation are what the operator wrote itself and most
-            // of the object: keep them out of the cache, like managedFields.
-            pod.managed_fields_mut().clear();
-            pod.spec = None;
-            pod.annotations_mut().remove(labels::CONTEXT);
-        })
+        // Only what the reconcile reads of a step Pod is cached.
+        .modify(index::trim)
         .reflect(pods_writer)
         .inspect_ok({
             let pod_index = pod_index.clone();
@@ -232,7 +225,7 @@ pub async fn run(
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_APPROVALS))
         .touched_objects();
 
-    let events = events::EventSink::spawn(Recorder::new(client.clone(), reporter));
+    let events = events::EventSink::spawn(client.clone(), reporter);
     // The notifier stops with the controller (below) and runs only where it
     // runs: on the leader.
     let (notifier_stop, notifier_stopped) = tokio::sync::oneshot::channel::<()>();
