@@ -243,7 +243,29 @@ pub(super) async fn apply(
                     field_manager: Some(labels::FIELD_MANAGER.into()),
                     ..Default::default()
                 };
-                match pods.create(&pp, &pod).await {
+                let mut result = pods.create(&pp, &pod).await;
+                if let (Err(kube::Error::Api(status)), Some(leader)) = (&result, &ctx.leader)
+                    && status.code == 403
+                    && status.message.contains(labels::NOT_THE_LEADER)
+                {
+                    if !holds_the_lease(ctx, leader).await {
+                        // Deposed while this decision was applied: not the
+                        // run's problem. The lease watch stops this process.
+                        warn!(pod = %pod_name, message = %status.message, "a step pod was refused: this instance no longer leads");
+                        return Err(fail(
+                            format!("creating pod {pod_name}"),
+                            result.unwrap_err(),
+                        ));
+                    }
+                    // The Lease, read just now, names this instance: the policy
+                    // decided on a stale copy of it (docs/operations.md, "Leader
+                    // election"). Create without the fence rather than stop
+                    // every run.
+                    tracing::error!(pod = %pod_name, message = %status.message, "the step Pod fence refused the Lease holder: it reads a stale Lease; creating the Pod unfenced");
+                    pod.annotations_mut().remove(labels::LEADER);
+                    result = pods.create(&pp, &pod).await;
+                }
+                match result {
                     Ok(created) => {
                         info!(pod = %pod_name, "created step pod");
                         observe_handoff(ctx, &decision.status, &created);
@@ -267,38 +289,6 @@ pub(super) async fn apply(
                         debug!(pod = %pod_name, "step pod already exists");
                         ctx.expectations.created(existing, &ctx.pods);
                         ctx.metrics.duplicate_creates_suppressed.inc();
-                    }
-                    Err(kube::Error::Api(status))
-                        if status.code == 403
-                            && status.message.contains(labels::NOT_THE_LEADER) =>
-                    {
-                        let leader = ctx
-                            .leader
-                            .as_ref()
-                            .expect("only a leader's Pods are fenced");
-                        if !holds_the_lease(ctx, leader).await {
-                            // Deposed while this decision was applied: not the
-                            // run's problem. The lease watch stops this process.
-                            warn!(pod = %pod_name, message = %status.message, "a step pod was refused: this instance no longer leads");
-                            return Err(fail(
-                                format!("creating pod {pod_name}"),
-                                kube::Error::Api(status),
-                            ));
-                        }
-                        // The Lease, read just now, names this instance: the
-                        // policy decided on a stale copy of it (see
-                        // docs/operations.md, "Leader election"). Create without
-                        // the fence rather than stop every run.
-                        tracing::error!(pod = %pod_name, message = %status.message, "the step Pod fence refused the Lease holder: it reads a stale Lease; creating the Pod unfenced");
-                        pod.annotations_mut().remove(labels::LEADER);
-                        match pods.create(&pp, &pod).await {
-                            Ok(created) => {
-                                info!(pod = %pod_name, "created step pod");
-                                observe_handoff(ctx, &decision.status, &created);
-                                ctx.expectations.created(created, &ctx.pods);
-                            }
-                            Err(err) => return Err(fail(format!("creating pod {pod_name}"), err)),
-                        }
                     }
                     Err(kube::Error::Api(status)) => {
                         info!(pod = %pod_name, code = status.code, message = %status.message, "the API server refused a step pod");
