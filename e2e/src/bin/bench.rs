@@ -1347,19 +1347,9 @@ async fn job_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
 
 /// Where `e2e/cluster argo` puts Argo (its cache, like the plane's binaries).
 fn default_argo_dir() -> PathBuf {
-    let cache = std::env::var_os("AGENTRUN_CACHE")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME")
-                .filter(|v| !v.is_empty())
-                .map(|d| PathBuf::from(d).join("agentrun-operator"))
-        })
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/agentrun-operator"))
-        })
-        .unwrap_or_else(|| PathBuf::from(".cache/agentrun-operator"));
-    cache.join("argo-v4.0.5")
+    agentrun_e2e::support::kubectl::cache_dir()
+        .unwrap_or_else(|| PathBuf::from(".cache/agentrun-operator"))
+        .join("argo-v4.0.5")
 }
 
 /// Server-side applies Argo's CRDs (every `*.yaml` in `dir`: the full ones,

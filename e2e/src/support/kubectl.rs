@@ -27,7 +27,17 @@ pub fn kubectl_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("AGENTRUN_KUBECTL").filter(|v| !v.is_empty()) {
         return PathBuf::from(path);
     }
-    let cache = std::env::var_os("AGENTRUN_CACHE")
+    match cache_dir().map(|c| c.join("tools/kubectl")) {
+        Some(path) if path.is_file() => path,
+        _ => PathBuf::from("kubectl"),
+    }
+}
+
+/// The cache `e2e/cluster` builds and installs into, as it finds it:
+/// `AGENTRUN_CACHE`, else `$XDG_CACHE_HOME/agentrun-operator`, else
+/// `~/.cache/agentrun-operator`.
+pub fn cache_dir() -> Option<PathBuf> {
+    std::env::var_os("AGENTRUN_CACHE")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
@@ -37,11 +47,7 @@ pub fn kubectl_binary() -> PathBuf {
         })
         .or_else(|| {
             std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/agentrun-operator"))
-        });
-    match cache.map(|c| c.join("tools/kubectl")) {
-        Some(path) if path.is_file() => path,
-        _ => PathBuf::from("kubectl"),
-    }
+        })
 }
 
 /// Runs `kubectl --kubeconfig <the e2e kubeconfig> <args>` and returns its
