@@ -30,7 +30,7 @@ pub const OPERATOR_RULES: &[(&str, &str, &[&str])] = &[
         "agentruns",
         &["get", "list", "watch", "delete"],
     ),
-    // guarded server-side apply of the status (checkpoints, D3/D4)
+    // resourceVersion-guarded JSON patch of the status (checkpoints, D3/D4)
     ("agentrun.dev", "agentruns/status", &["patch"]),
     // blockOwnerDeletion on step Pods under OwnerReferencesPermissionEnforcement
     ("agentrun.dev", "agentruns/finalizers", &["update"]),
