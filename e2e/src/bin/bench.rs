@@ -879,6 +879,59 @@ struct Batch {
     failed_runs: usize,
 }
 
+/// What every batch measures the same way, whichever controller ran it;
+/// the operator's own reconcile figures are left at zero.
+struct Window<'a> {
+    runs: usize,
+    steps: usize,
+    repeat: usize,
+    wall_s: f64,
+    writes: (BTreeMap<String, f64>, f64),
+    before: &'a Requests,
+    after: &'a Requests,
+    seen: &'a Seen,
+    cpu_ms_per_step: BTreeMap<&'static str, f64>,
+    rss_idle_kib: u64,
+    rss_end_kib: u64,
+    hwm_kib: u64,
+}
+
+impl From<Window<'_>> for Batch {
+    fn from(w: Window<'_>) -> Batch {
+        let total_steps = (w.runs * w.steps) as f64;
+        let (writes, conflicts_409) = w.writes;
+        let h = handoffs(w.seen, w.steps);
+        Batch {
+            runs: w.runs,
+            steps: w.steps,
+            repeat: w.repeat,
+            wall_s: w.wall_s,
+            steps_per_s: total_steps / w.wall_s,
+            writes_per_step: writes.values().sum::<f64>() / total_steps,
+            writes,
+            server_ms: server_latency(w.before, w.after),
+            conflicts_409,
+            handoff_p50_ms: percentile(&h, 50.0),
+            handoff_p99_ms: percentile(&h, 99.0),
+            handoff_max_ms: h.last().copied().unwrap_or(f64::NAN),
+            handoffs: h.len(),
+            cpu_ms_per_step: w.cpu_ms_per_step,
+            rss_idle_kib: w.rss_idle_kib,
+            rss_end_kib: w.rss_end_kib,
+            hwm_kib: w.hwm_kib,
+            reconciles: 0.0,
+            reconcile_mean_ms: 0.0,
+            status_writes: 0.0,
+            failed_runs: w
+                .seen
+                .finished
+                .values()
+                .filter(|(_, p)| *p != RunPhase::Succeeded)
+                .count(),
+        }
+    }
+}
+
 impl Batch {
     fn json(&self) -> Value {
         json!({
@@ -1041,29 +1094,9 @@ async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
     // The watch task is stopped: take what it saw.
     let g = std::mem::take(&mut *lock(&seen));
     let wall = finished_at.duration_since(t0).as_secs_f64();
-    let total_steps = (n * steps) as f64;
-    let (writes, conflicts) = operator_writes(&before, &after);
-    let h = handoffs(&g, steps);
     let reconciles = metric(&op_metrics, "agentrun_reconcile_duration_seconds_count");
     let rsum = metric(&op_metrics, "agentrun_reconcile_duration_seconds_sum");
     let batch = Batch {
-        runs: n,
-        steps,
-        repeat,
-        wall_s: wall,
-        steps_per_s: total_steps / wall,
-        writes_per_step: writes.values().sum::<f64>() / total_steps,
-        writes,
-        server_ms: server_latency(&before, &after),
-        conflicts_409: conflicts,
-        handoff_p50_ms: percentile(&h, 50.0),
-        handoff_p99_ms: percentile(&h, 99.0),
-        handoff_max_ms: h.last().copied().unwrap_or(f64::NAN),
-        handoffs: h.len(),
-        cpu_ms_per_step: cpu,
-        rss_idle_kib: rss_idle,
-        rss_end_kib: rss_end,
-        hwm_kib: hwm,
         reconciles,
         reconcile_mean_ms: if reconciles > 0.0 {
             rsum / reconciles * 1000.0
@@ -1074,11 +1107,20 @@ async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
             &op_metrics,
             "agentrun_checkpoint_write_duration_seconds_count",
         ),
-        failed_runs: g
-            .finished
-            .values()
-            .filter(|(_, p)| *p != RunPhase::Succeeded)
-            .count(),
+        ..Batch::from(Window {
+            runs: n,
+            steps,
+            repeat,
+            wall_s: wall,
+            writes: operator_writes(&before, &after),
+            before: &before,
+            after: &after,
+            seen: &g,
+            cpu_ms_per_step: cpu,
+            rss_idle_kib: rss_idle,
+            rss_end_kib: rss_end,
+            hwm_kib: hwm,
+        })
     };
     eprintln!(
         "[bench]   created {n} runs in {:.1} s; operator metrics: {}",
@@ -1307,36 +1349,20 @@ async fn job_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
     };
     let g = std::mem::take(&mut *lock(&seen));
     let wall = finished_at.duration_since(t0).as_secs_f64();
-    let total_steps = (n * steps) as f64;
-    let (writes, conflicts) = job_controller_writes(&before, &after);
-    let h = handoffs(&g, steps);
-    let batch = Batch {
+    let batch = Batch::from(Window {
         runs: n,
         steps,
         repeat,
         wall_s: wall,
-        steps_per_s: total_steps / wall,
-        writes_per_step: writes.values().sum::<f64>() / total_steps,
-        writes,
-        server_ms: server_latency(&before, &after),
-        conflicts_409: conflicts,
-        handoff_p50_ms: percentile(&h, 50.0),
-        handoff_p99_ms: percentile(&h, 99.0),
-        handoff_max_ms: h.last().copied().unwrap_or(f64::NAN),
-        handoffs: h.len(),
+        writes: job_controller_writes(&before, &after),
+        before: &before,
+        after: &after,
+        seen: &g,
         cpu_ms_per_step: cpu,
         rss_idle_kib: rss_idle,
         rss_end_kib: rss_end,
         hwm_kib: peak.load(std::sync::atomic::Ordering::Relaxed),
-        reconciles: 0.0,
-        reconcile_mean_ms: 0.0,
-        status_writes: 0.0,
-        failed_runs: g
-            .finished
-            .values()
-            .filter(|(_, p)| *p != RunPhase::Succeeded)
-            .count(),
-    };
+    });
     // Jobs (and their Pods) go with the namespace.
     teardown(setup, ns).await?;
     Ok(batch)
@@ -1636,36 +1662,20 @@ async fn argo_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res
     };
     let g = std::mem::take(&mut *lock(&seen));
     let wall = finished_at.duration_since(t0).as_secs_f64();
-    let total_steps = (n * steps) as f64;
-    let (writes, conflicts) = argo_writes(&before, &after);
-    let h = handoffs(&g, steps);
-    let batch = Batch {
+    let batch = Batch::from(Window {
         runs: n,
         steps,
         repeat,
         wall_s: wall,
-        steps_per_s: total_steps / wall,
-        writes_per_step: writes.values().sum::<f64>() / total_steps,
-        writes,
-        server_ms: server_latency(&before, &after),
-        conflicts_409: conflicts,
-        handoff_p50_ms: percentile(&h, 50.0),
-        handoff_p99_ms: percentile(&h, 99.0),
-        handoff_max_ms: h.last().copied().unwrap_or(f64::NAN),
-        handoffs: h.len(),
+        writes: argo_writes(&before, &after),
+        before: &before,
+        after: &after,
+        seen: &g,
         cpu_ms_per_step: cpu,
         rss_idle_kib: rss_idle,
         rss_end_kib: rss_end,
         hwm_kib: hwm,
-        reconciles: 0.0,
-        reconcile_mean_ms: 0.0,
-        status_writes: 0.0,
-        failed_runs: g
-            .finished
-            .values()
-            .filter(|(_, p)| *p != RunPhase::Succeeded)
-            .count(),
-    };
+    });
     // Workflows, their Pods and task results go with the namespace.
     teardown(setup, ns).await?;
     Ok(batch)
