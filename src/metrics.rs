@@ -272,7 +272,7 @@ impl Metrics {
         );
         r.register(
             "workqueue_depth",
-            "Reconciles due and waiting for one of the concurrent reconcile slots",
+            "Runs due for a reconcile and waiting in line for one of the concurrent reconcile slots",
             m.workqueue_depth.clone(),
         );
         r.register(
@@ -371,11 +371,6 @@ impl Metrics {
                 result: result.to_owned(),
             })
             .inc();
-    }
-
-    /// Counts a reconcile waiting for a slot until the guard is dropped.
-    pub fn queued(self: &Arc<Self>) -> GaugeGuard {
-        GaugeGuard::new(self.workqueue_depth.clone())
     }
 
     /// Counts a reconcile holding a slot until the guard is dropped.
@@ -639,15 +634,12 @@ mod tests {
     fn gauge_guards_give_back_what_they_hold() {
         let mut registry = Registry::default();
         let m = Metrics::register(&mut registry);
-        let a = m.queued();
-        let b = m.queued();
-        assert_eq!(m.workqueue_depth.get(), 2);
+        let a = m.in_flight();
+        let b = m.in_flight();
+        assert_eq!(m.reconciles_in_flight.get(), 2);
         drop(a);
-        let _slot = m.in_flight();
+        assert_eq!(m.reconciles_in_flight.get(), 1);
         drop(b);
-        assert_eq!(
-            (m.workqueue_depth.get(), m.reconciles_in_flight.get()),
-            (0, 1)
-        );
+        assert_eq!(m.reconciles_in_flight.get(), 0);
     }
 }

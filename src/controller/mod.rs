@@ -19,6 +19,7 @@ mod expectations;
 mod failpoints;
 mod index;
 mod orphans;
+mod queue;
 mod reconcile;
 
 use std::collections::HashMap;
@@ -29,7 +30,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::core::DeserializeGuard;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{info, warn};
 
@@ -111,19 +112,14 @@ pub struct Context {
     runs: Store<DeserializeGuard<AgentRun>>,
     /// Generations of unreadable runs whose `Stalled` condition was written.
     unreadable: Mutex<HashMap<String, i64>>,
-    /// Reconciles doing work at once, granted first come, first served.
-    slots: tokio::sync::Semaphore,
     /// The deadline of one reconcile once it holds a slot.
     reconcile_timeout: std::time::Duration,
     /// This instance's Lease, its identity annotated on the step Pods it creates.
     leader: Option<Leader>,
 }
 
-/// Reconciles that do work at once. kube-runtime's own limit, once reached,
-/// serves the runs waiting for a slot in hash order rather than arrival
-/// order, so under sustained load some runs waited minutes while others went
-/// round many times. Its limit is therefore lifted and this one, a fair
-/// (first-in, first-out) semaphore, taken at the start of each reconcile.
+/// Reconciles that do work at once, granted first come, first served
+/// ([`queue`]).
 const CONCURRENT_RECONCILES: usize = 16;
 
 impl Context {
@@ -256,20 +252,11 @@ pub async fn run(
         failures: Mutex::new(HashMap::new()),
         runs: runs_store.clone(),
         unreadable: Mutex::new(HashMap::new()),
-        slots: tokio::sync::Semaphore::new(CONCURRENT_RECONCILES),
         reconcile_timeout: scope.reconcile_timeout,
         leader: scope.leader.clone(),
     });
 
-    let controller = controller(
-        run_stream,
-        runs_store.clone(),
-        pod_stream,
-        approval_stream,
-        &metrics,
-    )
-    .graceful_shutdown_on(shutdown);
-
+    let triggers = triggers(run_stream, pod_stream, approval_stream, &metrics);
     tokio::spawn(orphans::release_orphans(
         client.clone(),
         synced_rx.clone(),
@@ -289,68 +276,77 @@ pub async fn run(
     metrics.set_refresh(gauges(runs_store, approvals, metrics.clone()));
 
     info!(namespace = ?scope.namespace, "controller started");
-    controller
-        .run(reconcile::reconcile, reconcile::error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((run, _)) => tracing::trace!(%run, "reconciled"),
-                Err(controller::Error::ReconcilerFailed(err, run)) => {
-                    warn!(%run, error = %err, category = ?err.category(), "reconcile failed")
-                }
-                Err(err) => tracing::debug!(error = %err, "controller event"),
-            }
-        })
-        .await;
+    let depth = metrics.clone();
+    queue::run(
+        triggers,
+        CONCURRENT_RECONCILES,
+        move |run| reconcile::reconcile(run, ctx.clone()),
+        move |n| {
+            depth.workqueue_depth.set(n as i64);
+        },
+        shutdown,
+    )
+    .await;
     drop(notifier_stop);
     info!("controller stopped");
 }
 
-/// The run controller over its three watches: runs, their step Pods and
-/// their Approvals.
+/// The runs that the three watches' events name: a run's own, its step
+/// Pods' (by owner reference) and its Approvals' (the run they name).
 ///
-/// A watch error ends at [`retried_by_its_watch`] and never reaches the
-/// controller. kube-runtime backs off the controller's merged trigger stream
-/// on every error it yields, and polls none of the watches meanwhile; its
-/// backoff grows while errors come without an event between them, to 30 s.
-/// One failing watch (an API server restarting, a resource whose watch keeps
-/// failing) would so hold back every run's reconcile and every cache for as
-/// long. Each watch already retries on its own, with its own backoff
-/// (`default_backoff`), so nothing is lost by dropping the error there.
-fn controller(
+/// A watch error ends at [`retried_by_its_watch`]: each watch relists or
+/// resumes on its own backoff (`default_backoff`) while the others go on, so
+/// one failing watch (an API server restarting, a resource whose watch keeps
+/// failing) holds back no other run's reconcile and no other cache.
+fn triggers(
     runs: impl Stream<Item = Result<DeserializeGuard<AgentRun>, watcher::Error>> + Send + 'static,
-    store: Store<DeserializeGuard<AgentRun>>,
     pods: impl Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
     approvals: impl Stream<Item = Result<Approval, watcher::Error>> + Send + 'static,
     metrics: &Arc<Metrics>,
-) -> Controller<DeserializeGuard<AgentRun>> {
-    // No limit here: `slots` is the limit (see CONCURRENT_RECONCILES).
-    Controller::for_stream(
-        runs.filter_map(retried_by_its_watch("agentruns", metrics.clone())),
-        store,
-    )
-    .with_config(controller::Config::default().concurrency(0))
-    .owns_stream(pods.filter_map(retried_by_its_watch("pods", metrics.clone())))
-    .watches_stream(
-        approvals.filter_map(retried_by_its_watch("approvals", metrics.clone())),
-        |approval: Approval| {
+) -> impl Stream<Item = RunRef> + Send + 'static {
+    let runs = runs
+        .filter_map(retried_by_its_watch("agentruns", metrics.clone()))
+        .map(|run| ObjectRef::from_obj(&run))
+        .boxed();
+    let pods = pods
+        .filter_map(retried_by_its_watch("pods", metrics.clone()))
+        .flat_map(|pod| {
+            let ns = pod.namespace();
+            let owners: Vec<RunRef> = pod
+                .owner_references()
+                .iter()
+                .filter(|o| o.kind == "AgentRun" && o.api_version == AgentRun::api_version(&()))
+                .filter_map(|o| Some(ObjectRef::new(&o.name).within(ns.as_deref()?)))
+                .collect();
+            futures::stream::iter(owners)
+        })
+        .boxed();
+    let approvals = approvals
+        .filter_map(retried_by_its_watch("approvals", metrics.clone()))
+        .filter_map(|approval: Approval| {
             // The Approval names its run; the owner reference says the same.
-            let ns = approval.namespace()?;
-            Some(ObjectRef::new(&approval.spec.run_name).within(&ns))
-        },
-    )
+            future::ready(
+                approval
+                    .namespace()
+                    .map(|ns| ObjectRef::new(&approval.spec.run_name).within(&ns)),
+            )
+        })
+        .boxed();
+    futures::stream::select_all([runs, pods, approvals])
 }
 
-/// Logs and counts a watch's error and drops it (see [`controller`]); the
+/// A run as the cache keys it.
+type RunRef = ObjectRef<DeserializeGuard<AgentRun>>;
+
+/// Logs and counts a watch's error and drops it (see [`triggers`]); the
 /// watch itself relists or resumes after its backoff.
 fn retried_by_its_watch<K: Send + 'static>(
     watch: &'static str,
     metrics: Arc<Metrics>,
-) -> impl FnMut(Result<K, watcher::Error>) -> future::Ready<Option<Result<K, watcher::Error>>>
-+ Send
-+ 'static {
+) -> impl FnMut(Result<K, watcher::Error>) -> future::Ready<Option<K>> + Send + 'static {
     move |item| {
         future::ready(match item {
-            Ok(object) => Some(Ok(object)),
+            Ok(object) => Some(object),
             Err(err) => {
                 warn!(watch, error = %err, "watch failed; it is retried with backoff");
                 metrics
@@ -425,10 +421,8 @@ fn gauges(
 
 #[cfg(test)]
 mod tests {
-    use std::convert::Infallible;
     use std::time::Duration;
 
-    use kube::runtime::controller::Action;
     use prometheus_client::registry::Registry;
     use tokio::time::Instant;
 
@@ -436,42 +430,35 @@ mod tests {
 
     /// The Approval watch fails six times in a row, as it does while the API
     /// server restarts; then a run changes. Its reconcile starts at once, and
-    /// the errors are counted. (A backoff of the controller's trigger stream
-    /// would hold it back at least 0.8 s, kube-runtime's first delay; the
-    /// bound below is half that, far above an in-process hand-over.)
+    /// the errors are counted. (A backoff of the merged trigger stream, as
+    /// kube-runtime's controller applies, would hold it back at least 0.8 s,
+    /// its first delay; the bound below is half that, far above an in-process
+    /// hand-over.)
     #[tokio::test]
     async fn a_failing_watch_holds_back_no_reconcile() {
         let metrics = Metrics::register(&mut Registry::default());
-        let (store, mut writer) = reflector::store::<DeserializeGuard<AgentRun>>();
         let run = DeserializeGuard(Ok(AgentRun::test()));
-        writer.apply_watcher_event(&watcher::Event::Init);
-        writer.apply_watcher_event(&watcher::Event::InitApply(run.clone()));
-        writer.apply_watcher_event(&watcher::Event::InitDone);
 
         let (changed, runs) = futures::channel::mpsc::unbounded();
         let approvals =
             futures::stream::iter((0..6).map(|_| Err(watcher::Error::NoResourceVersion)))
                 .chain(futures::stream::pending());
         let (seen, mut reconciled) = tokio::sync::mpsc::unbounded_channel::<Instant>();
-        let controller = controller(
-            runs.map(Ok),
-            store,
-            futures::stream::pending(),
-            approvals,
-            &metrics,
-        );
-        tokio::spawn(
-            controller
-                .run(
-                    |_run, seen: Arc<tokio::sync::mpsc::UnboundedSender<Instant>>| async move {
-                        let _ = seen.send(Instant::now());
-                        Ok::<_, Infallible>(Action::await_change())
-                    },
-                    |_run, _err, _seen| Action::await_change(),
-                    Arc::new(seen),
-                )
-                .for_each(|_| async {}),
-        );
+        tokio::spawn(queue::run(
+            triggers(
+                runs.map(Ok),
+                futures::stream::pending(),
+                approvals,
+                &metrics,
+            ),
+            1,
+            move |_run| {
+                let _ = seen.send(Instant::now());
+                future::ready(queue::Action::await_change())
+            },
+            |_| {},
+            future::pending(),
+        ));
 
         // The errors are taken before the run changes.
         tokio::time::sleep(Duration::from_millis(10)).await;

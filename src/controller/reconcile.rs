@@ -9,7 +9,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
-use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
@@ -19,6 +18,7 @@ use tracing::{Instrument as _, debug, instrument, warn};
 use super::Context;
 use super::apply;
 use super::error::{Error, Result, backoff};
+use super::queue::Action;
 use crate::api::{AgentRun, Approval, StepPhase};
 use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::{self, Observed};
@@ -152,33 +152,33 @@ async fn read_recorded_pods(run: &AgentRun, world: &mut World, ctx: &Context) ->
     Ok(())
 }
 
-#[instrument(skip(run, ctx), fields(run = %run.name_any(), namespace = run.namespace().unwrap_or_default()))]
-pub(super) async fn reconcile(
-    run: Arc<DeserializeGuard<AgentRun>>,
+/// Reconciles the run `run` names, as the cache shows it now; a failure is
+/// logged and decides when the run is tried again ([`error_policy`]).
+pub(super) async fn reconcile(run: super::RunRef, ctx: Arc<Context>) -> Action {
+    ctx.caches_synced().await;
+    let Some(guard) = ctx.runs.get(&run) else {
+        return Action::await_change(); // deleted
+    };
+    match reconcile_one(guard.clone(), ctx.clone()).await {
+        Ok(action) => action,
+        Err(err) => {
+            warn!(%run, error = %err, category = ?err.category(), "reconcile failed");
+            error_policy(guard, &err, ctx)
+        }
+    }
+}
+
+#[instrument(skip(guard, ctx), fields(run = %guard.name_any(), namespace = guard.namespace().unwrap_or_default()))]
+async fn reconcile_one(
+    guard: Arc<DeserializeGuard<AgentRun>>,
     ctx: Arc<Context>,
 ) -> Result<Action> {
-    ctx.caches_synced().await;
-    // Wait for a slot in arrival order, then decide on the run as the watch
-    // shows it now: the copy this reconcile was started with may be older.
-    let queued = ctx.metrics.queued();
-    let _slot = ctx
-        .slots
-        .acquire()
-        .await
-        .expect("the semaphore is never closed");
-    drop(queued);
     let _in_flight = ctx.metrics.in_flight();
-    let Some(guard) = ctx.runs.get(&ObjectRef::from_obj(run.as_ref())) else {
-        return Ok(Action::await_change()); // deleted meanwhile
-    };
     let run = match &guard.0 {
         Ok(run) => Arc::new(run.clone()),
         Err(invalid) => return unreadable(&guard, invalid, &ctx).await,
     };
     let started = std::time::Instant::now();
-    // Boxed: a reconcile waiting for its slot then stays a few hundred bytes
-    // instead of the size of the whole decide-and-apply state machine, which
-    // matters with a thousand runs in line.
     // The run's trace: this reconcile's span (and its logs) belong to it.
     let span = tracing::info_span!(
         target: crate::telemetry::trace::TARGET,
