@@ -19,6 +19,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
+use super::index::StepPod;
 use crate::labels;
 
 /// How long an unconfirmed write stands for the cache. Long enough for a
@@ -38,9 +39,9 @@ enum Write {
 
 struct Entry {
     write: Write,
-    /// The Pod as the API server returned it after the write, trimmed as
-    /// the cache trims it.
-    pod: Pod,
+    /// The Pod as the API server returned it after the write, kept as the
+    /// cache keeps it.
+    pod: StepPod,
     at: Instant,
 }
 
@@ -53,7 +54,7 @@ struct Seen {
 }
 
 impl Seen {
-    fn of(pod: &Pod) -> Option<Seen> {
+    fn of(pod: &StepPod) -> Option<Seen> {
         Some(Seen {
             key: (pod.namespace()?, pod.name_any()),
             uid: pod.metadata.uid.clone(),
@@ -74,13 +75,13 @@ impl Expectations {
     /// Records a Pod this process created, as the API server returned it,
     /// unless `cache` (the Pod cache, read under the same lock the watch
     /// settles entries with) already shows it.
-    pub fn created(&self, pod: Pod, cache: &Store<Pod>) {
+    pub fn created(&self, pod: Pod, cache: &Store<StepPod>) {
         self.record(Write::Created, pod, cache);
     }
 
     /// Records a Pod whose result finalizer this process released, as the
     /// API server returned it, unless `cache` already shows the release.
-    pub fn released(&self, pod: Pod, cache: &Store<Pod>) {
+    pub fn released(&self, pod: Pod, cache: &Store<StepPod>) {
         self.record(Write::Released, pod, cache);
     }
 
@@ -91,11 +92,9 @@ impl Expectations {
         let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         map.iter()
             .filter(|((ns, _), e)| {
-                ns == namespace
-                    && e.at.elapsed() < TTL
-                    && e.pod.labels().get(labels::RUN).map(String::as_str) == Some(run)
+                ns == namespace && e.at.elapsed() < TTL && e.pod.labels.run.as_deref() == Some(run)
             })
-            .map(|(_, e)| e.pod.clone())
+            .map(|(_, e)| e.pod.to_pod())
             .collect()
     }
 
@@ -104,7 +103,7 @@ impl Expectations {
     pub const TTL: Duration = TTL;
 
     /// Settles entries from one watch event of the Pod cache.
-    pub fn observe(&self, event: &watcher::Event<Pod>) {
+    pub fn observe(&self, event: &watcher::Event<StepPod>) {
         let settle = |seen: Option<Seen>, deleted: bool| {
             let Some(seen) = seen else { return };
             let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -143,10 +142,11 @@ impl Expectations {
         }
     }
 
-    fn record(&self, write: Write, mut pod: Pod, cache: &Store<Pod>) {
-        let Some(ns) = pod.namespace() else { return };
+    fn record(&self, write: Write, pod: Pod, cache: &Store<StepPod>) {
         // Stands for a cached copy, so it is kept as the cache keeps one.
-        super::index::trim(&mut pod);
+        let mut pod = StepPod::from(pod);
+        pod.forget_resource_version();
+        let Some(ns) = pod.namespace() else { return };
         let now = Instant::now();
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         map.retain(|_, e| now.duration_since(e.at) < TTL);
@@ -204,16 +204,23 @@ mod tests {
     }
 
     /// The Pod cache and the watch: the cache is written, then `observe` runs.
-    struct Watch(Writer<Pod>);
+    struct Watch(Writer<StepPod>);
 
     impl Watch {
         fn deliver(&mut self, e: &Expectations, event: watcher::Event<Pod>) {
+            let event = match event {
+                watcher::Event::Apply(p) => watcher::Event::Apply(StepPod::from(p)),
+                watcher::Event::Delete(p) => watcher::Event::Delete(StepPod::from(p)),
+                watcher::Event::Init => watcher::Event::Init,
+                watcher::Event::InitApply(p) => watcher::Event::InitApply(StepPod::from(p)),
+                watcher::Event::InitDone => watcher::Event::InitDone,
+            };
             self.0.apply_watcher_event(&event);
             e.observe(&event);
         }
     }
 
-    fn cache() -> (Store<Pod>, Watch) {
+    fn cache() -> (Store<StepPod>, Watch) {
         let (store, writer) = reflector::store();
         (store, Watch(writer))
     }

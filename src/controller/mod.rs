@@ -26,7 +26,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt, TryStreamExt, future};
-use k8s_openapi::api::core::v1::Pod;
 use kube::core::DeserializeGuard;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -88,9 +87,9 @@ impl Default for Scope {
 /// What every reconcile shares.
 pub struct Context {
     pub client: Client,
-    /// Step Pods (label `agentrun.dev/run`), trimmed to what the reconcile
-    /// reads of them ([`index::trim`]).
-    pub pods: Store<Pod>,
+    /// Step Pods (label `agentrun.dev/run`), as much of each as the operator
+    /// reads ([`index::StepPod`]).
+    pub pods: Store<index::StepPod>,
     /// The names of each run's step Pods, from the same watch.
     pod_index: index::PodIndex,
     /// Approvals, managedFields kept (the decider is read from them).
@@ -167,7 +166,8 @@ pub async fn run(
 ) {
     failpoints::warn_if_unsupported();
     let runs: Api<DeserializeGuard<AgentRun>> = api_for(&client, &scope);
-    let pods_api: Api<Pod> = api_for(&client, &scope);
+    // Deserialized as `StepPod`: the spec and the rest are never built.
+    let pods_api: Api<index::StepPod> = api_for(&client, &scope);
     let approvals_api: Api<Approval> = api_for(&client, &scope);
 
     // Which caches have finished their initial list. (Store::wait_until_ready
@@ -192,8 +192,8 @@ pub async fn run(
     let expectations = Arc::new(expectations::Expectations::default());
     let pod_stream = watcher(pods_api, watcher::Config::default().labels(labels::RUN))
         .default_backoff()
-        // Only what the reconcile reads of a step Pod is cached.
-        .modify(index::trim)
+        // The watch has read the version it resumes from; nothing else does.
+        .modify(index::StepPod::forget_resource_version)
         .reflect(pods_writer)
         .inspect_ok({
             let pod_index = pod_index.clone();
@@ -207,7 +207,7 @@ pub async fn run(
         .touched_objects()
         .inspect_ok({
             let orphan_tx = orphan_tx.clone();
-            move |pod: &Pod| {
+            move |pod: &index::StepPod| {
                 if orphans::may_be_orphaned(pod) {
                     let _ = orphan_tx.send(ObjectRef::from_obj(pod));
                 }
@@ -300,7 +300,7 @@ pub async fn run(
 /// failing) holds back no other run's reconcile and no other cache.
 fn triggers(
     runs: impl Stream<Item = Result<DeserializeGuard<AgentRun>, watcher::Error>> + Send + 'static,
-    pods: impl Stream<Item = Result<Pod, watcher::Error>> + Send + 'static,
+    pods: impl Stream<Item = Result<index::StepPod, watcher::Error>> + Send + 'static,
     approvals: impl Stream<Item = Result<Approval, watcher::Error>> + Send + 'static,
     metrics: &Arc<Metrics>,
 ) -> impl Stream<Item = RunRef> + Send + 'static {

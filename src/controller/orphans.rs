@@ -15,20 +15,21 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tracing::{info, warn};
 
 use super::apply::release_finalizer;
+use super::index::StepPod;
 use crate::api::AgentRun;
 use crate::labels;
 
 /// A Pod that holds our finalizer and is being deleted or has no AgentRun
 /// controlling it any more (`kubectl delete --cascade=orphan` removes the
 /// owner reference and leaves the Pod): its run may be gone.
-pub(super) fn may_be_orphaned(pod: &Pod) -> bool {
+pub(super) fn may_be_orphaned(pod: &StepPod) -> bool {
     pod.finalizers()
         .iter()
         .any(|f| f == labels::RESULT_FINALIZER)
         && (pod.metadata.deletion_timestamp.is_some() || controlling_run(pod).is_none())
 }
 
-fn controlling_run(pod: &Pod) -> Option<&OwnerReference> {
+fn controlling_run(pod: &StepPod) -> Option<&OwnerReference> {
     pod.owner_references()
         .iter()
         .find(|r| r.kind == "AgentRun" && r.controller == Some(true))
@@ -48,9 +49,9 @@ fn retry_delay(failures: u32) -> Duration {
 pub(super) async fn release_orphans(
     client: Client,
     mut synced: tokio::sync::watch::Receiver<u8>,
-    pods: Store<Pod>,
-    tx: UnboundedSender<ObjectRef<Pod>>,
-    mut rx: UnboundedReceiver<ObjectRef<Pod>>,
+    pods: Store<StepPod>,
+    tx: UnboundedSender<ObjectRef<StepPod>>,
+    mut rx: UnboundedReceiver<ObjectRef<StepPod>>,
 ) {
     if synced
         .wait_for(|m| *m & super::SYNCED_RUNS != 0)
@@ -59,7 +60,7 @@ pub(super) async fn release_orphans(
     {
         return;
     }
-    let mut failures: HashMap<ObjectRef<Pod>, u32> = HashMap::new();
+    let mut failures: HashMap<ObjectRef<StepPod>, u32> = HashMap::new();
     while let Some(pod_ref) = rx.recv().await {
         match release_if_orphaned(&client, &pods, &pod_ref).await {
             Ok(()) => {
@@ -82,8 +83,8 @@ pub(super) async fn release_orphans(
 
 async fn release_if_orphaned(
     client: &Client,
-    pods: &Store<Pod>,
-    pod_ref: &ObjectRef<Pod>,
+    pods: &Store<StepPod>,
+    pod_ref: &ObjectRef<StepPod>,
 ) -> Result<(), kube::Error> {
     let Some(pod) = pods.get(pod_ref) else {
         return Ok(()); // gone
@@ -105,7 +106,7 @@ async fn release_if_orphaned(
         }
     }
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    if release_finalizer(&pod_api, Some(&*pod), &pod.name_any())
+    if release_finalizer(&pod_api, Some(&pod.to_pod()), &pod.name_any())
         .await?
         .is_some()
     {

@@ -67,7 +67,8 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         .pods_of(ns, name)
         .into_iter()
         .filter_map(|pod| ctx.pods.get(&ObjectRef::new(&pod).within(ns)))
-        .map(|p| (p.name_any(), (*p).clone()))
+        .filter(|p| owned_by_run(p.owner_references()))
+        .map(|p| (p.name_any(), p.to_pod()))
         .collect();
     // Pods this process created or released moments ago stand in for cached
     // copies the watch has not updated yet, so the engine does not ask for the
