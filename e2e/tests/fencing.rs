@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use agentrun_e2e::chaos::proxy::FaultProxy;
 use agentrun_e2e::ledger::{LedgerEvent, Outcome};
-use agentrun_e2e::support::policies::{fence_namespace, wait_fenced};
+use agentrun_e2e::support::policies::{fence_namespace, wait_fenced, wait_refused};
 use agentrun_e2e::support::processes::{OperatorConfig, Process, free_port, start_operator};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
 use agentrun_operator::api::{Approval, RunPhase, StepPhase};
@@ -700,6 +700,9 @@ async fn late_create_is_refused_or_never_sent() -> bool {
     pair.proxies[0].stall("/leases", false, Duration::from_secs(300));
 
     wait_holder(&pair.leases, "operator-b", &[pair.ops[1].as_ref().unwrap()]).await;
+    // The fence refuses A's creates once the API server's own view of the
+    // Lease shows B; a plane whose view is stale fails here, by name.
+    wait_refused(s.namespace(), "operator-a").await;
     let done = s.wait_finished(RUN, TIMEOUT).await;
     assert_eq!(phase(&done), Some(RunPhase::Succeeded), "{:?}", done.status);
     let cp = status(&done).steps[0].clone();

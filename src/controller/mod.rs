@@ -1,11 +1,13 @@
-//! The kube-runtime wiring: watch AgentRuns, their step Pods and Approvals;
-//! for each run observe (caches) → decide ([`crate::engine`]) → apply
-//! (guarded status write, then the engine's actions).
+//! The wiring: watch AgentRuns, their step Pods and Approvals (kube-runtime
+//! watchers and caches); every event names a run, which waits its turn in
+//! one line ([`queue`]); for each run observe (caches) → decide
+//! ([`crate::engine`]) → apply (guarded status write, then the engine's
+//! actions).
 //!
 //! ```text
 //!   watch AgentRun ─┐
-//!   watch Pod (agentrun.dev/run) ──owns──┤──▶ reconcile(run) ──▶ engine::decide ──▶ status (resourceVersion-guarded)
-//!   watch Approval ──by run UID──────────┘                                     └─▶ create Pod / release finalizer / …
+//!   watch Pod (agentrun.dev/run) ──owner─┤──▶ line ──▶ reconcile(run) ──▶ engine::decide ──▶ status (resourceVersion-guarded)
+//!   watch Approval ──the run it names────┘                                          └─▶ create Pod / release finalizer / …
 //! ```
 //!
 //! The operator holds no durable state in memory: the caches are rebuilt from

@@ -799,7 +799,36 @@ async fn create_runs(
 }
 
 /// A fresh namespace and a directory for its logs and ledger.
+/// Waits until no namespace of the plane is being deleted: the write counts
+/// are the plane's, and a namespace going away (an earlier batch's, or
+/// another test's on a shared plane) deletes runs, Approvals, Pods and Events
+/// and releases finalizers within the window.
+async fn quiet_plane(setup: &Setup) -> Res<()> {
+    let namespaces: Api<Namespace> = Api::all(setup.client.clone());
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let terminating: Vec<String> = namespaces
+            .list(&Default::default())
+            .await
+            .map_err(api("listing namespaces"))?
+            .into_iter()
+            .filter(|n| n.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating"))
+            .map(|n| n.name_any())
+            .collect();
+        if terminating.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(BenchError::Stage(format!(
+                "namespaces still being deleted after 180 s: {terminating:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 async fn namespace(setup: &Setup, name: &str) -> Res<(TestNamespace, PathBuf)> {
+    quiet_plane(setup).await?;
     let ns = TestNamespace::create(&setup.client, name).await;
     let dir = setup.out_dir.join(ns.name());
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;

@@ -153,16 +153,23 @@ pub async fn wait_enforced(ns: &str, mutating: bool) {
 /// holder, a dry-run create of a step Pod that names another creator is
 /// refused. Call it after the leader is elected.
 pub async fn wait_fenced(ns: &str) {
+    wait_refused(ns, "nobody-holds-this").await
+}
+
+/// Waits until the API server's fence refuses a step Pod created by
+/// `creator` in `ns`: after the Lease moved away from `creator`, once the
+/// fence's view of the Lease (the API server's own informer) has caught up.
+pub async fn wait_refused(ns: &str, creator: &str) {
     let pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": "fence-probe",
-            "annotations": {agentrun_operator::labels::LEADER: "nobody-holds-this"},
+            "annotations": {agentrun_operator::labels::LEADER: creator},
         },
         "spec": {"containers": [{"name": "c", "image": "registry.example/probe:1"}]},
     });
-    let file = manifest(&format!("fence-probe-{ns}"), &pod);
+    let file = manifest(&format!("fence-probe-{ns}-{creator}"), &pod);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let out = kubectl(["-n", ns, "create", "--dry-run=server", "-f", &file]).await;
@@ -175,7 +182,8 @@ pub async fn wait_fenced(ns: &str) {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the step Pod fence is not enforced after 30 s: {out:?}"
+            "the step Pod fence does not refuse a Pod created by {creator} after 30 s \
+             (the API server's view of the Lease is stale or the policy finds no params): {out:?}"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
