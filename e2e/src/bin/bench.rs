@@ -1023,6 +1023,30 @@ impl Batch {
     }
 }
 
+/// What a batch's watch saw and its wall time (the first create to the last
+/// run seen finished), once the watch is stopped. A batch that did not finish
+/// is torn down and its failure named, with where its logs are.
+async fn settle(
+    setup: &Setup,
+    ns: TestNamespace,
+    finished: Res<Instant>,
+    seen: &Shared,
+    t0: Instant,
+    what: String,
+    dir: &Path,
+) -> Res<(TestNamespace, Seen, f64)> {
+    if let Err(e) = finished {
+        teardown(setup, ns).await?;
+        return Err(BenchError::Stage(format!(
+            "{what}: {e} (logs in {})",
+            dir.display()
+        )));
+    }
+    let g = std::mem::take(&mut *lock(seen));
+    let last = g.finished.values().map(|(t, _)| *t).max().unwrap_or(t0);
+    Ok((ns, g, last.duration_since(t0).as_secs_f64()))
+}
+
 /// Nearest-rank percentile of sorted values.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -1105,24 +1129,17 @@ async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
     watch_task.abort();
     op.proc.kill().await;
     kubelet.kill().await;
-    let finished_at = match result {
-        Ok(_) => lock(&seen)
-            .finished
-            .values()
-            .map(|(t, _)| *t)
-            .max()
-            .unwrap_or(t0),
-        Err(e) => {
-            teardown(setup, ns).await?;
-            return Err(BenchError::Stage(format!(
-                "batch {n}x{steps} repeat {repeat}: {e} (logs in {})",
-                dir.display()
-            )));
-        }
-    };
     // The watch task is stopped: take what it saw.
-    let g = std::mem::take(&mut *lock(&seen));
-    let wall = finished_at.duration_since(t0).as_secs_f64();
+    let (ns, g, wall) = settle(
+        setup,
+        ns,
+        result,
+        &seen,
+        t0,
+        format!("batch {n}x{steps} repeat {repeat}"),
+        &dir,
+    )
+    .await?;
     let reconciles = metric(&op_metrics, "agentrun_reconcile_duration_seconds_count");
     let rsum = metric(&op_metrics, "agentrun_reconcile_duration_seconds_sum");
     let batch = Batch {
@@ -1361,23 +1378,17 @@ async fn job_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
     watch_task.abort();
     chains.abort();
     kubelet.kill().await;
-    let finished_at = match result {
-        Ok(_) => lock(&seen)
-            .finished
-            .values()
-            .map(|(t, _)| *t)
-            .max()
-            .unwrap_or(t0),
-        Err(e) => {
-            teardown(setup, ns).await?;
-            return Err(BenchError::Stage(format!(
-                "Job batch {n}x{steps} repeat {repeat}: {e} (logs in {})",
-                dir.display()
-            )));
-        }
-    };
-    let g = std::mem::take(&mut *lock(&seen));
-    let wall = finished_at.duration_since(t0).as_secs_f64();
+    // The watch task is stopped: take what it saw.
+    let (ns, g, wall) = settle(
+        setup,
+        ns,
+        result,
+        &seen,
+        t0,
+        format!("Job batch {n}x{steps} repeat {repeat}"),
+        &dir,
+    )
+    .await?;
     let batch = Batch::from(Window {
         runs: n,
         steps,
@@ -1674,23 +1685,17 @@ async fn argo_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res
     kubelet.kill().await;
     std::fs::write(dir.join("workflow-controller-metrics.txt"), &argo_metrics)
         .map_err(io("writing workflow-controller-metrics.txt"))?;
-    let finished_at = match result {
-        Ok(_) => lock(&seen)
-            .finished
-            .values()
-            .map(|(t, _)| *t)
-            .max()
-            .unwrap_or(t0),
-        Err(e) => {
-            teardown(setup, ns).await?;
-            return Err(BenchError::Stage(format!(
-                "Argo batch {n}x{steps} repeat {repeat}: {e} (logs in {})",
-                dir.display()
-            )));
-        }
-    };
-    let g = std::mem::take(&mut *lock(&seen));
-    let wall = finished_at.duration_since(t0).as_secs_f64();
+    // The watch task is stopped: take what it saw.
+    let (ns, g, wall) = settle(
+        setup,
+        ns,
+        result,
+        &seen,
+        t0,
+        format!("Argo batch {n}x{steps} repeat {repeat}"),
+        &dir,
+    )
+    .await?;
     let batch = Batch::from(Window {
         runs: n,
         steps,
