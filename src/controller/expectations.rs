@@ -16,10 +16,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::index::StepPod;
+use super::index::{PodCache, StepPod};
 use crate::labels;
 
 /// How long an unconfirmed write stands for the cache. Long enough for a
@@ -73,21 +72,26 @@ pub struct Expectations(Mutex<HashMap<Key, Entry>>, Mutex<Option<Vec<Seen>>>);
 
 impl Expectations {
     /// Records a Pod this process created, as the API server returned it,
-    /// unless `cache` (the Pod cache, read under the same lock the watch
-    /// settles entries with) already shows it.
-    pub fn created(&self, pod: Pod, cache: &Store<StepPod>) {
+    /// unless `cache` (read under the same lock the watch settles entries
+    /// with) already shows it.
+    pub fn created(&self, pod: Pod, cache: &PodCache) {
         self.record(Write::Created, pod, cache);
     }
 
     /// Records a Pod whose result finalizer this process released, as the
     /// API server returned it, unless `cache` already shows the release.
-    pub fn released(&self, pod: Pod, cache: &Store<StepPod>) {
+    pub fn released(&self, pod: Pod, cache: &PodCache) {
         self.record(Write::Released, pod, cache);
     }
 
     /// The Pods of `run` in `namespace` that this process wrote and the
     /// cache does not show yet: each is newer than any cached copy, because
     /// the first watch event after the write settles its entry.
+    ///
+    /// Read these before the cache: an entry is settled only once the cache
+    /// shows its write, so a write is then seen in one or the other. Read
+    /// after the cache, a watch event in between would take the entry away
+    /// and the cached copy read before it would be the older one.
     pub fn pods_of(&self, namespace: &str, run: &str) -> Vec<Pod> {
         let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         map.iter()
@@ -142,7 +146,7 @@ impl Expectations {
         }
     }
 
-    fn record(&self, write: Write, pod: Pod, cache: &Store<StepPod>) {
+    fn record(&self, write: Write, pod: Pod, cache: &PodCache) {
         // Stands for a cached copy, so it is kept as the cache keeps one.
         let mut pod = StepPod::from(pod);
         pod.forget_resource_version();
@@ -152,10 +156,10 @@ impl Expectations {
         map.retain(|_, e| now.duration_since(e.at) < TTL);
         // The watch may have delivered the change before the API server's
         // answer came back; it then settled nothing, and an entry made now
-        // would hide newer cached copies until it expires. The cache is
-        // written before the watch event reaches `observe`, which waits for
-        // this lock, so checking it here leaves no gap.
-        let cached = cache.get(&ObjectRef::from_obj(&pod));
+        // would hide newer cached copies until it expires. The cache (store
+        // and index) is written before the watch event reaches `observe`,
+        // which waits for this lock, so checking it here leaves no gap.
+        let cached = cache.get(&pod);
         let shown = match write {
             Write::Created => cached.is_some_and(|c| c.uid() == pod.uid()),
             Write::Released => cached.is_none_or(|c| {
@@ -181,7 +185,9 @@ impl Expectations {
 mod tests {
     use super::*;
     use kube::api::ObjectMeta;
-    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+
+    use crate::controller::index::PodIndex;
 
     fn pod(name: &str, uid: &str, finalizer: bool) -> Pod {
         Pod {
@@ -203,33 +209,64 @@ mod tests {
         v
     }
 
-    /// The Pod cache and the watch: the cache is written, then `observe` runs.
-    struct Watch(Writer<StepPod>);
+    /// The Pod cache and the watch, in the order of the Pod watch: the store
+    /// is written, then the index, then `observe` runs.
+    struct Watch(Writer<StepPod>, PodIndex);
 
-    impl Watch {
-        fn deliver(&mut self, e: &Expectations, event: watcher::Event<Pod>) {
-            let event = match event {
-                watcher::Event::Apply(p) => watcher::Event::Apply(StepPod::from(p)),
-                watcher::Event::Delete(p) => watcher::Event::Delete(StepPod::from(p)),
-                watcher::Event::Init => watcher::Event::Init,
-                watcher::Event::InitApply(p) => watcher::Event::InitApply(StepPod::from(p)),
-                watcher::Event::InitDone => watcher::Event::InitDone,
-            };
-            self.0.apply_watcher_event(&event);
-            e.observe(&event);
+    fn step_pod(event: watcher::Event<Pod>) -> watcher::Event<StepPod> {
+        match event {
+            watcher::Event::Apply(p) => watcher::Event::Apply(StepPod::from(p)),
+            watcher::Event::Delete(p) => watcher::Event::Delete(StepPod::from(p)),
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitApply(p) => watcher::Event::InitApply(StepPod::from(p)),
+            watcher::Event::InitDone => watcher::Event::InitDone,
         }
     }
 
-    fn cache() -> (Store<StepPod>, Watch) {
+    impl Watch {
+        fn deliver(&mut self, e: &Expectations, event: watcher::Event<Pod>) {
+            let event = self.write_store(event);
+            self.finish(e, &event);
+        }
+
+        /// The first half of a delivery: the store holds the event, the
+        /// index does not name its Pod yet.
+        fn write_store(&mut self, event: watcher::Event<Pod>) -> watcher::Event<StepPod> {
+            let event = step_pod(event);
+            self.0.apply_watcher_event(&event);
+            event
+        }
+
+        fn finish(&mut self, e: &Expectations, event: &watcher::Event<StepPod>) {
+            self.1.apply(event);
+            e.observe(event);
+        }
+    }
+
+    fn cache() -> (PodCache, Store<StepPod>, Watch) {
         let (store, writer) = reflector::store();
-        (store, Watch(writer))
+        let index = PodIndex::default();
+        (
+            PodCache::new(store.clone(), index.clone()),
+            store,
+            Watch(writer, index),
+        )
+    }
+
+    /// What a reconcile decides on: the stand-ins first, then the cache.
+    fn seen(e: &Expectations, cache: &PodCache) -> Vec<String> {
+        let mut v = names(e, "ns", "r1");
+        v.extend(cache.pods_of("ns", "r1").iter().map(|p| p.name_any()));
+        v.sort();
+        v.dedup();
+        v
     }
 
     #[test]
     fn a_created_pod_stands_for_the_cache_until_the_watch_shows_it() {
         let e = Expectations::default();
-        let (store, mut watch) = cache();
-        e.created(pod("p1", "u1", true), &store);
+        let (cache, _, mut watch) = cache();
+        e.created(pod("p1", "u1", true), &cache);
         assert_eq!(names(&e, "ns", "r1"), ["p1"]);
         assert!(names(&e, "other", "r1").is_empty(), "per namespace");
         assert!(names(&e, "ns", "r2").is_empty(), "per run");
@@ -237,11 +274,27 @@ mod tests {
         assert!(names(&e, "ns", "r1").is_empty());
     }
 
+    /// The create's answer can come back while the watch is between the
+    /// store and the index: the store holds the new Pod, a reconcile does not
+    /// see it yet. The stand-in is kept until the watch has done both.
+    #[test]
+    fn a_pod_in_the_store_and_not_yet_in_the_index_still_has_its_stand_in() {
+        let e = Expectations::default();
+        let (cache, store, mut watch) = cache();
+        let half = watch.write_store(watcher::Event::Apply(pod("p1", "u1", true)));
+        assert!(store.get(&ObjectRef::new("p1").within("ns")).is_some());
+        e.created(pod("p1", "u1", true), &cache);
+        assert_eq!(seen(&e, &cache), ["p1"], "a reconcile now sees the Pod");
+        watch.finish(&e, &half);
+        assert!(names(&e, "ns", "r1").is_empty(), "settled by the watch");
+        assert_eq!(seen(&e, &cache), ["p1"]);
+    }
+
     #[test]
     fn a_relisted_pod_settles_its_stand_in_only_once_the_cache_holds_it() {
         let e = Expectations::default();
-        let (store, mut watch) = cache();
-        e.created(pod("p1", "u1", true), &store);
+        let (cache, store, mut watch) = cache();
+        e.created(pod("p1", "u1", true), &cache);
         // A 410 restarts the watch: the cache keeps its old content until InitDone.
         watch.deliver(&e, watcher::Event::Init);
         watch.deliver(&e, watcher::Event::InitApply(pod("p1", "u1", true)));
@@ -255,28 +308,28 @@ mod tests {
     #[test]
     fn a_write_the_watch_delivered_before_its_answer_is_not_recorded() {
         let e = Expectations::default();
-        let (store, mut watch) = cache();
+        let (cache, _, mut watch) = cache();
         // The Pod was created, ran and succeeded before the create's answer came back.
         watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
-        e.created(pod("p1", "u1", true), &store);
+        e.created(pod("p1", "u1", true), &cache);
         assert!(
             names(&e, "ns", "r1").is_empty(),
             "it would hide the newer copy"
         );
         watch.deliver(&e, watcher::Event::Apply(pod("p2", "u2", false)));
-        e.released(pod("p2", "u2", false), &store);
-        e.released(pod("p3", "u3", false), &store);
+        e.released(pod("p2", "u2", false), &cache);
+        e.released(pod("p3", "u3", false), &cache);
         assert!(names(&e, "ns", "r1").is_empty(), "released, or gone");
     }
 
     #[test]
     fn a_release_stands_until_the_finalizer_is_gone_or_the_pod_is() {
         let e = Expectations::default();
-        let (store, mut watch) = cache();
+        let (cache, _, mut watch) = cache();
         watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
         watch.deliver(&e, watcher::Event::Apply(pod("p2", "u2", true)));
-        e.released(pod("p1", "u1", false), &store);
-        e.released(pod("p2", "u2", false), &store);
+        e.released(pod("p1", "u1", false), &cache);
+        e.released(pod("p2", "u2", false), &cache);
         assert_eq!(names(&e, "ns", "r1"), ["p1", "p2"]);
         watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
         assert_eq!(
@@ -292,9 +345,9 @@ mod tests {
     #[test]
     fn a_pod_of_the_same_name_with_another_uid_settles_the_entry() {
         let e = Expectations::default();
-        let (store, mut watch) = cache();
+        let (cache, _, mut watch) = cache();
         watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
-        e.released(pod("p1", "u1", false), &store);
+        e.released(pod("p1", "u1", false), &cache);
         watch.deliver(&e, watcher::Event::Apply(pod("p1", "u2", true)));
         assert!(names(&e, "ns", "r1").is_empty());
     }

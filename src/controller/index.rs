@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{
     ContainerStatus, Pod, PodCondition, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Deserializer};
@@ -432,6 +433,55 @@ impl PodIndex {
             .get(&(namespace.to_owned(), run.to_owned()))
             .map(|names| names.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    fn names(&self, namespace: &str, run: &str, pod: &str) -> bool {
+        let inner = self.0.read().unwrap_or_else(|e| e.into_inner());
+        inner
+            .live
+            .get(&(namespace.to_owned(), run.to_owned()))
+            .is_some_and(|names| names.contains(pod))
+    }
+}
+
+/// The step Pod cache as a reconcile reads it: the index names a run's Pods
+/// and the store holds them.
+///
+/// One watch event writes the store first and the index after it, so for a
+/// moment a new Pod is in the store and not yet named. Whoever asks whether
+/// the cache shows a Pod (the expectations, before they stand in for it)
+/// asks here, where reconciles read, not the store alone.
+#[derive(Clone)]
+pub struct PodCache {
+    store: Store<StepPod>,
+    index: PodIndex,
+}
+
+impl PodCache {
+    pub fn new(store: Store<StepPod>, index: PodIndex) -> PodCache {
+        PodCache { store, index }
+    }
+
+    /// The cached Pods labelled with `run` in `namespace`.
+    pub fn pods_of(&self, namespace: &str, run: &str) -> Vec<Arc<StepPod>> {
+        self.index
+            .pods_of(namespace, run)
+            .into_iter()
+            .filter_map(|name| self.store.get(&ObjectRef::new(&name).within(namespace)))
+            .collect()
+    }
+
+    /// The cached copy of `pod`, if [`PodCache::pods_of`] shows one.
+    pub fn get(&self, pod: &StepPod) -> Option<Arc<StepPod>> {
+        let (ns, run) = (
+            pod.metadata.namespace.as_deref()?,
+            pod.labels.run.as_deref()?,
+        );
+        let name = pod.metadata.name.as_deref()?;
+        if !self.index.names(ns, run, name) {
+            return None;
+        }
+        self.store.get(&ObjectRef::new(name).within(ns))
     }
 }
 

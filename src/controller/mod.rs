@@ -89,11 +89,9 @@ impl Default for Scope {
 /// What every reconcile shares.
 pub struct Context {
     pub client: Client,
-    /// Step Pods (label `agentrun.dev/run`), as much of each as the operator
-    /// reads ([`index::StepPod`]).
-    pub pods: Store<index::StepPod>,
-    /// The names of each run's step Pods, from the same watch.
-    pod_index: index::PodIndex,
+    /// Step Pods (label `agentrun.dev/run`) by run, as much of each as the
+    /// operator reads ([`index::StepPod`]).
+    pods: index::PodCache,
     /// Approvals, managedFields kept (the decider is read from them).
     pub approvals: Store<Approval>,
     /// Publishes the engine's Events in the background.
@@ -246,8 +244,7 @@ pub async fn run(
         step_events: scope.step_events,
         expectations,
         client: client.clone(),
-        pods: pods.clone(),
-        pod_index,
+        pods: index::PodCache::new(pods.clone(), pod_index),
         approvals: approvals.clone(),
         metrics: metrics.clone(),
         synced: synced_rx.clone(),

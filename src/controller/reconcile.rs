@@ -62,19 +62,18 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
             refs.iter().any(|r| r.uid == uid)
         };
+    // Pods this process created or released moments ago stand in for cached
+    // copies the watch has not updated yet, so the engine does not ask for the
+    // same write again. They are read first (see `Expectations::pods_of`).
+    let expected = ctx.expectations.pods_of(ns, name);
+    let stand_ins = !expected.is_empty();
     let mut pods: BTreeMap<String, Pod> = ctx
-        .pod_index
+        .pods
         .pods_of(ns, name)
         .into_iter()
-        .filter_map(|pod| ctx.pods.get(&ObjectRef::new(&pod).within(ns)))
         .filter(|p| owned_by_run(p.owner_references()))
         .map(|p| (p.name_any(), p.to_pod()))
         .collect();
-    // Pods this process created or released moments ago stand in for cached
-    // copies the watch has not updated yet, so the engine does not ask for the
-    // same write again.
-    let expected = ctx.expectations.pods_of(ns, name);
-    let stand_ins = !expected.is_empty();
     for pod in expected {
         pods.insert(pod.name_any(), pod);
     }
