@@ -99,6 +99,10 @@ pub struct AgentRunSpec {
     pub ttl_seconds_after_finished: Option<i32>,
 }
 
+// Every cached run keeps its plan, so the parts most steps leave out (retry,
+// approval, compensation, a container's resources) are boxed: an absent one
+// costs a pointer, not its room (a `StepSpec` is 280 bytes inline, 856
+// unboxed). The JSON and the schema are the same either way.
 /// One step of a plan: a container run once per attempt.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -132,16 +136,16 @@ pub struct StepSpec {
 
     /// Retries after a failed attempt (exit code or timeout). Disruptions do not count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry: Option<RetryPolicy>,
+    pub retry: Option<Box<RetryPolicy>>,
 
     /// A human decision required before the step starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval: Option<ApprovalGate>,
+    pub approval: Option<Box<ApprovalGate>>,
 
     /// The container that undoes this step's effect, run (in reverse step order)
     /// when the run is cancelled or fails after this step applied its effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compensate: Option<StepContainer>,
+    pub compensate: Option<Box<StepContainer>>,
 }
 
 /// The container of a step. The step Pod gets exactly one container built from it.
@@ -161,7 +165,7 @@ pub struct StepContainer {
     pub env_from: Vec<EnvFromSource>,
     /// Overrides `podTemplate.resources` for this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
+    pub resources: Option<Box<ResourceRequirements>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

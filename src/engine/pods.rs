@@ -120,7 +120,12 @@ pub fn build(r: PodRequest) -> Pod {
         args: non_empty(&r.container.args),
         env: Some(env),
         env_from: non_empty(&r.container.env_from),
-        resources: r.container.resources.clone().or(defaults.resources.clone()),
+        resources: r
+            .container
+            .resources
+            .as_deref()
+            .or(defaults.resources.as_ref())
+            .cloned(),
         working_dir: r.container.working_dir.clone(),
         image_pull_policy: r.container.image_pull_policy.clone(),
         volume_mounts: Some(vec![VolumeMount {

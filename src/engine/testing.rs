@@ -53,13 +53,13 @@ impl StepSpec {
         self
     }
     pub fn with_retry(mut self, limit: i32, initial: &str, max: &str) -> Self {
-        self.retry = Some(RetryPolicy {
+        self.retry = Some(Box::new(RetryPolicy {
             limit,
             backoff: Some(Backoff {
                 initial: Duration::from(initial),
                 max: Duration::from(max),
             }),
-        });
+        }));
         self
     }
     pub fn with_fresh_for(mut self, d: &str) -> Self {
@@ -67,27 +67,29 @@ impl StepSpec {
         self
     }
     pub fn with_approval(mut self, timeout: Option<&str>, on_timeout: OnTimeout) -> Self {
-        self.approval = Some(ApprovalGate {
+        self.approval = Some(Box::new(ApprovalGate {
             required: true,
             question: Some(format!("run {}?", self.name)),
             timeout: timeout.map(Duration::from),
             on_timeout,
             ..ApprovalGate::default()
-        });
+        }));
         self
     }
     /// The approval gate asks these approvers for `quorum` votes.
     pub fn with_approvers(mut self, approvers: crate::api::Approvers, quorum: i32) -> Self {
-        let gate = self.approval.get_or_insert_with(|| ApprovalGate {
-            required: true,
-            ..ApprovalGate::default()
+        let gate = self.approval.get_or_insert_with(|| {
+            Box::new(ApprovalGate {
+                required: true,
+                ..ApprovalGate::default()
+            })
         });
         gate.approvers = Some(approvers);
         gate.quorum = Some(quorum);
         self
     }
     pub fn with_compensate(mut self) -> Self {
-        self.compensate = Some(container("undo:1"));
+        self.compensate = Some(Box::new(container("undo:1")));
         self
     }
 }

@@ -269,7 +269,7 @@ impl<'a> Machine<'a> {
                 ),
                 // A compensation sees the result of the step it undoes.
                 PodRole::Compensate => (
-                    self.step_spec(plan, &r.name)?.compensate?,
+                    *self.step_spec(plan, &r.name)?.compensate?,
                     self.status
                         .steps
                         .iter()

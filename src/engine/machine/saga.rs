@@ -87,7 +87,7 @@ impl<'a> Machine<'a> {
                 )
             })
             .filter_map(|c| {
-                let container = self.step_spec(plan, &c.name)?.compensate?;
+                let container = *self.step_spec(plan, &c.name)?.compensate?;
                 Some((c.name.clone(), c.plan_revision, container))
             })
             .collect()
