@@ -10,7 +10,7 @@
 //! expires. Nothing here is durable or needs to be: after a restart the
 //! caches are listed fresh and a repeated write is still safe.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -84,22 +84,36 @@ impl Expectations {
         self.record(Write::Released, pod, cache);
     }
 
-    /// The Pods of `run` in `namespace` that this process wrote and the
-    /// cache does not show yet: each is newer than any cached copy, because
-    /// the first watch event after the write settles its entry.
+    /// The Pods of `run` in `namespace` as a reconcile decides on them: the
+    /// copies in `cache`, each replaced by this process's own write of it
+    /// while the cache does not show that write; and whether any was.
     ///
-    /// Read these before the cache: an entry is settled only once the cache
-    /// shows its write, so a write is then seen in one or the other. Read
-    /// after the cache, a watch event in between would take the entry away
-    /// and the cached copy read before it would be the older one.
-    pub fn pods_of(&self, namespace: &str, run: &str) -> Vec<Pod> {
-        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.iter()
-            .filter(|((ns, _), e)| {
-                ns == namespace && e.at.elapsed() < TTL && e.pod.labels.run.as_deref() == Some(run)
-            })
-            .map(|(_, e)| e.pod.to_pod())
-            .collect()
+    /// The cache is read under the lock the watch settles entries with, so
+    /// no entry is settled while it is read: every write is seen, in its
+    /// entry or in the cache. And no entry stands for a copy older than the
+    /// cache's, because the watch does not get past the event that settles
+    /// it (the next event is applied only once `observe` returns).
+    pub fn pods_of(&self, cache: &PodCache, namespace: &str, run: &str) -> (Vec<Pod>, bool) {
+        let (cached, standing) = {
+            let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let standing: Vec<StepPod> = map
+                .iter()
+                .filter(|((ns, _), e)| {
+                    ns == namespace
+                        && e.at.elapsed() < TTL
+                        && e.pod.labels.run.as_deref() == Some(run)
+                })
+                .map(|(_, e)| e.pod.clone())
+                .collect();
+            (cache.pods_of(namespace, run), standing)
+        };
+        let stood_in = !standing.is_empty();
+        let mut pods: BTreeMap<String, Pod> =
+            cached.iter().map(|p| (p.name_any(), p.to_pod())).collect();
+        for pod in standing {
+            pods.insert(pod.name_any(), pod.to_pod());
+        }
+        (pods.into_values().collect(), stood_in)
     }
 
     /// How long an entry stands at most: a reconcile that decided on one
@@ -203,10 +217,14 @@ mod tests {
         }
     }
 
+    /// The Pods that stand in for the cache, by name.
     fn names(e: &Expectations, ns: &str, run: &str) -> Vec<String> {
-        let mut v: Vec<String> = e.pods_of(ns, run).iter().map(|p| p.name_any()).collect();
-        v.sort();
-        v
+        let empty = PodCache::new(reflector::store().0, PodIndex::default());
+        e.pods_of(&empty, ns, run)
+            .0
+            .iter()
+            .map(|p| p.name_any())
+            .collect()
     }
 
     /// The Pod cache and the watch, in the order of the Pod watch: the store
@@ -253,13 +271,13 @@ mod tests {
         )
     }
 
-    /// What a reconcile decides on: the stand-ins first, then the cache.
+    /// What a reconcile decides on, by name.
     fn seen(e: &Expectations, cache: &PodCache) -> Vec<String> {
-        let mut v = names(e, "ns", "r1");
-        v.extend(cache.pods_of("ns", "r1").iter().map(|p| p.name_any()));
-        v.sort();
-        v.dedup();
-        v
+        e.pods_of(cache, "ns", "r1")
+            .0
+            .iter()
+            .map(|p| p.name_any())
+            .collect()
     }
 
     #[test]

@@ -1,6 +1,5 @@
 //! One reconcile of one AgentRun: observe → decide → apply → requeue.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,21 +63,10 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         };
     // Pods this process created or released moments ago stand in for cached
     // copies the watch has not updated yet, so the engine does not ask for the
-    // same write again. They are read first (see `Expectations::pods_of`).
-    let expected = ctx.expectations.pods_of(ns, name);
-    let stand_ins = !expected.is_empty();
-    let mut pods: BTreeMap<String, Pod> = ctx
-        .pods
-        .pods_of(ns, name)
-        .into_iter()
-        .filter(|p| owned_by_run(p.owner_references()))
-        .map(|p| (p.name_any(), p.to_pod()))
-        .collect();
-    for pod in expected {
-        pods.insert(pod.name_any(), pod);
-    }
+    // same write again.
+    let (pods, stand_ins) = ctx.expectations.pods_of(&ctx.pods, ns, name);
     let pods = pods
-        .into_values()
+        .into_iter()
         .filter(|p| owned_by_run(p.owner_references()))
         .collect();
     let approvals = ctx
