@@ -94,6 +94,8 @@ pub struct Context {
     pods: index::PodCache,
     /// Approvals, managedFields kept (the decider is read from them).
     pub approvals: Store<Approval>,
+    /// The names of each run's Approvals (by run UID), from the same watch.
+    approval_index: index::ApprovalIndex,
     /// Publishes the engine's Events in the background.
     events: events::EventSink,
     /// Publish `StepStarted` and `StepSucceeded` (`--step-events`).
@@ -215,9 +217,14 @@ pub async fn run(
         });
 
     let (approvals, approvals_writer) = reflector::store();
+    let approval_index = index::ApprovalIndex::default();
     let approval_stream = watcher(approvals_api, watcher::Config::default())
         .default_backoff()
         .reflect(approvals_writer)
+        .inspect_ok({
+            let approval_index = approval_index.clone();
+            move |event| approval_index.apply(event)
+        })
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_APPROVALS))
         .touched_objects();
 
@@ -246,6 +253,7 @@ pub async fn run(
         client: client.clone(),
         pods: index::PodCache::new(pods.clone(), pod_index),
         approvals: approvals.clone(),
+        approval_index,
         metrics: metrics.clone(),
         synced: synced_rx.clone(),
         failures: Mutex::new(HashMap::new()),

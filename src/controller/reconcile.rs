@@ -70,14 +70,9 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         .filter(|p| owned_by_run(p.owner_references()))
         .collect();
     let approvals = ctx
-        .approvals
-        .state()
-        .into_iter()
-        .filter(|a| {
-            a.metadata.namespace.as_deref() == Some(ns)
-                && a.spec.run_uid == uid
-                && owned_by_run(a.owner_references())
-        })
+        .approval_index
+        .read(&ctx.approvals, ns, uid)
+        .filter(|a| a.spec.run_uid == uid && owned_by_run(a.owner_references()))
         .map(|a| (*a).clone())
         .collect();
     Ok(World {
