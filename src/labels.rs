@@ -18,6 +18,16 @@ pub const IDEMPOTENCY_KEY: &str = "agentrun.dev/idempotency-key";
 pub const CONTEXT: &str = "agentrun.dev/context";
 /// Finalizer on every step Pod, released only after its result is committed (D5).
 pub const RESULT_FINALIZER: &str = "agentrun.dev/result";
+/// Label set, with the finalizer's release, on a step Pod that has ended:
+/// the operator needs nothing more of it. Its Pod watch selects
+/// [`STEP_POD_SELECTOR`], so its cache holds the Pods still in play rather
+/// than every Pod a run ever had; the Pod itself stays, with its logs, until
+/// its run is deleted. A Pod released while it still runs (deleted, say,
+/// with its containers not yet stopped) is not labelled: it stays in view
+/// for as long as it is live (D2).
+pub const RELEASED: &str = "agentrun.dev/released";
+/// The operator's Pod watch: step Pods not yet released once ended.
+pub const STEP_POD_SELECTOR: &str = "agentrun.dev/run,!agentrun.dev/released";
 /// Annotation on an AgentRun: the user who created it, stamped by the
 /// chart's mutating admission policy at creation and guarded against change
 /// by its validating policy. An approval gate with `separateFromRequester`

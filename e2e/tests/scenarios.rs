@@ -67,14 +67,20 @@ fn assert_one_success_per_key(s: &Scenario, run: &AgentRun) {
     }
 }
 
-/// Every step Pod gives up its result finalizer once the run is done (D5).
+/// Every step Pod gives up its result finalizer once the run is done (D5),
+/// and, having ended, is labelled out of the operator's Pod watch; it is
+/// kept, with its logs, until its run is deleted.
 async fn assert_finalizers_released(s: &Scenario) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let pods = s.list_pods().await;
+        assert!(!pods.is_empty(), "the run's Pods are kept");
         let held: Vec<String> = pods
             .iter()
-            .filter(|p| p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
+            .filter(|p| {
+                p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER)
+                    || p.labels().get(labels::RELEASED).map(String::as_str) != Some("true")
+            })
             .map(|p| p.name_any())
             .collect();
         if held.is_empty() {
@@ -82,7 +88,8 @@ async fn assert_finalizers_released(s: &Scenario) {
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "pods still hold the result finalizer: {held:?}"
+            "pods still hold the result finalizer or are not labelled {}: {held:?}",
+            labels::RELEASED
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

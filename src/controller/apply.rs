@@ -461,11 +461,7 @@ pub(super) async fn release_finalizer(
     if cached.is_some_and(|p| !p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER)) {
         return Ok(None);
     }
-    let patch = json!({
-        "metadata": {
-            "$deleteFromPrimitiveList/finalizers": [labels::RESULT_FINALIZER],
-        }
-    });
+    let patch = release_patch(cached);
     match pods
         .patch(pod_name, &PatchParams::default(), &Patch::Strategic(&patch))
         .await
@@ -477,6 +473,23 @@ pub(super) async fn release_finalizer(
         Err(err) if is_status(&err, 404) => Ok(None),
         Err(err) => Err(err),
     }
+}
+
+/// The release of a Pod as [`release_finalizer`] sends it. A Pod seen ended
+/// (`cached`) is also labelled [`labels::RELEASED`], in the same write, and
+/// so leaves the operator's Pod watch: nothing in it is read again. A Pod
+/// that may still run stays in view, since no attempt with its key may start
+/// while it is live (D2), nor a compensation while any step Pod is.
+fn release_patch(cached: Option<&Pod>) -> serde_json::Value {
+    let mut patch = json!({
+        "metadata": {
+            "$deleteFromPrimitiveList/finalizers": [labels::RESULT_FINALIZER],
+        }
+    });
+    if cached.is_some_and(|p| !crate::engine::is_live(p)) {
+        patch["metadata"]["labels"] = json!({ labels::RELEASED: "true" });
+    }
+    patch
 }
 
 /// The hand-off to a step's first attempt: from the outcome it waited for
@@ -737,5 +750,40 @@ mod tests {
         let mut doc = stored("5", Some(&old));
         json_patch::patch(&mut doc, &status_patch(Some(&old), &new, Some("5"))).unwrap();
         assert_eq!(doc, stored("5", Some(&new)));
+    }
+
+    /// A Pod seen ended leaves the Pod watch with its release; one that may
+    /// still run (or was not seen) keeps its place in it (D2).
+    #[test]
+    fn only_an_ended_pod_is_labelled_released() {
+        use k8s_openapi::api::core::v1::{Pod, PodStatus};
+        let pod = |phase: &str| Pod {
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let finalizer = json!([crate::labels::RESULT_FINALIZER]);
+        for phase in ["Succeeded", "Failed"] {
+            let patch = super::release_patch(Some(&pod(phase)));
+            assert_eq!(
+                patch["metadata"]["$deleteFromPrimitiveList/finalizers"],
+                finalizer
+            );
+            assert_eq!(
+                patch["metadata"]["labels"],
+                json!({crate::labels::RELEASED: "true"}),
+                "{phase}"
+            );
+        }
+        for cached in [Some(pod("Pending")), Some(pod("Running")), None] {
+            let patch = super::release_patch(cached.as_ref());
+            assert_eq!(
+                patch["metadata"]["$deleteFromPrimitiveList/finalizers"],
+                finalizer
+            );
+            assert_eq!(patch["metadata"].get("labels"), None, "{cached:?}");
+        }
     }
 }

@@ -153,7 +153,16 @@ impl Expectations {
                 relist.get_or_insert_with(Vec::new).extend(Seen::of(pod))
             }
             watcher::Event::InitDone => {
-                for seen in relist.take().unwrap_or_default() {
+                let relisted = relist.take().unwrap_or_default();
+                // A released Pod the re-list left out is gone, or ended and
+                // labelled out of the watch by its release: settled either way.
+                let listed: std::collections::HashSet<&Key> =
+                    relisted.iter().map(|s| &s.key).collect();
+                self.0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|key, e| e.write != Write::Released || listed.contains(key));
+                for seen in relisted {
                     settle(Some(seen), false);
                 }
             }
@@ -358,6 +367,35 @@ mod tests {
         watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", false)));
         watch.deliver(&e, watcher::Event::Delete(pod("p2", "u2", true)));
         assert!(names(&e, "ns", "r1").is_empty());
+    }
+
+    /// The release of an ended Pod labels it out of the Pod watch
+    /// (`labels::STEP_POD_SELECTOR`), which then sends a delete carrying the
+    /// Pod as it was before, finalizer and all: that settles the release, and
+    /// no reconcile sees the Pod again. A re-list leaves it out, which
+    /// settles a release whose delete the watch missed.
+    #[test]
+    fn a_pod_released_out_of_the_watch_is_settled_by_its_leaving() {
+        let e = Expectations::default();
+        let (cache, store, mut watch) = cache();
+        watch.deliver(&e, watcher::Event::Apply(pod("p1", "u1", true)));
+        watch.deliver(&e, watcher::Event::Apply(pod("p2", "u2", true)));
+        e.released(pod("p1", "u1", false), &cache);
+        e.released(pod("p2", "u2", false), &cache);
+        assert_eq!(seen(&e, &cache), ["p1", "p2"]);
+        watch.deliver(&e, watcher::Event::Delete(pod("p1", "u1", true)));
+        assert!(store.get(&ObjectRef::new("p1").within("ns")).is_none());
+        assert_eq!(seen(&e, &cache), ["p2"]);
+        // The watch is cut before p2's delete; the re-list leaves p2 out.
+        e.created(pod("p3", "u3", true), &cache);
+        watch.deliver(&e, watcher::Event::Init);
+        watch.deliver(&e, watcher::Event::InitDone);
+        assert_eq!(
+            names(&e, "ns", "r1"),
+            ["p3"],
+            "a create the re-list does not show yet still stands"
+        );
+        assert_eq!(seen(&e, &cache), ["p3"]);
     }
 
     #[test]

@@ -192,29 +192,32 @@ pub async fn run(
     let pod_index = index::PodIndex::default();
     let (orphan_tx, orphan_rx) = tokio::sync::mpsc::unbounded_channel();
     let expectations = Arc::new(expectations::Expectations::default());
-    let pod_stream = watcher(pods_api, watcher::Config::default().labels(labels::RUN))
-        .default_backoff()
-        // The watch has read the version it resumes from; nothing else does.
-        .modify(index::StepPod::forget_resource_version)
-        .reflect(pods_writer)
-        .inspect_ok({
-            let pod_index = pod_index.clone();
-            let expectations = expectations.clone();
-            move |event| {
-                pod_index.apply(event);
-                expectations.observe(event);
+    let pod_stream = watcher(
+        pods_api,
+        watcher::Config::default().labels(labels::STEP_POD_SELECTOR),
+    )
+    .default_backoff()
+    // The watch has read the version it resumes from; nothing else does.
+    .modify(index::StepPod::forget_resource_version)
+    .reflect(pods_writer)
+    .inspect_ok({
+        let pod_index = pod_index.clone();
+        let expectations = expectations.clone();
+        move |event| {
+            pod_index.apply(event);
+            expectations.observe(event);
+        }
+    })
+    .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_PODS))
+    .touched_objects()
+    .inspect_ok({
+        let orphan_tx = orphan_tx.clone();
+        move |pod: &index::StepPod| {
+            if orphans::may_be_orphaned(pod) {
+                let _ = orphan_tx.send(ObjectRef::from_obj(pod));
             }
-        })
-        .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_PODS))
-        .touched_objects()
-        .inspect_ok({
-            let orphan_tx = orphan_tx.clone();
-            move |pod: &index::StepPod| {
-                if orphans::may_be_orphaned(pod) {
-                    let _ = orphan_tx.send(ObjectRef::from_obj(pod));
-                }
-            }
-        });
+        }
+    });
 
     let (approvals, approvals_writer) = reflector::store();
     let approval_index = index::ApprovalIndex::default();
