@@ -204,6 +204,60 @@ impl Expectations {
     }
 }
 
+/// Status writes this process made that the run cache may not show yet: for
+/// each run, the resourceVersions its recent writes were made on. A cached
+/// copy at one of them is older than this process's own write, and a
+/// decision on it could only meet 409 Conflict, at the cost of the API
+/// server applying a patch to the whole stored object and of a re-read. The
+/// run's watch brings the newer copy, and a reconcile with it, so a reconcile
+/// that finds the cache behind waits for that. Past [`TTL`] the entry is void
+/// and a reconcile decides on what it has (and meets the 409 if the cache is
+/// still behind): a watch that stopped delivering cannot hold a run up.
+#[derive(Default)]
+pub struct StatusWrites(Mutex<HashMap<Key, Bases>>);
+
+struct Bases {
+    /// The resourceVersions the writes were made on, oldest first.
+    versions: Vec<String>,
+    /// When the last of them was written.
+    at: Instant,
+}
+
+impl StatusWrites {
+    /// Records a status write of the run `name` in `namespace` made on the
+    /// copy at `base`.
+    pub fn wrote(&self, namespace: &str, name: &str, base: &str) {
+        let now = Instant::now();
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Entries of runs deleted right after a write are never read again.
+        map.retain(|_, b| now.duration_since(b.at) < TTL);
+        let bases = map
+            .entry((namespace.to_owned(), name.to_owned()))
+            .or_insert_with(|| Bases {
+                versions: Vec::new(),
+                at: now,
+            });
+        bases.versions.push(base.to_owned());
+        bases.at = now;
+    }
+
+    /// Whether the cached copy of the run, at `version`, is one this
+    /// process has already written over. A copy at any other version is
+    /// newer than every write recorded, which are then forgotten.
+    pub fn behind(&self, namespace: &str, name: &str, version: &str) -> bool {
+        let key = (namespace.to_owned(), name.to_owned());
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(bases) = map.get(&key) else {
+            return false;
+        };
+        if bases.at.elapsed() < TTL && bases.versions.iter().any(|v| v == version) {
+            return true;
+        }
+        map.remove(&key);
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,5 +460,26 @@ mod tests {
         e.released(pod("p1", "u1", false), &cache);
         watch.deliver(&e, watcher::Event::Apply(pod("p1", "u2", true)));
         assert!(names(&e, "ns", "r1").is_empty());
+    }
+
+    /// A cached run at a version this process wrote over waits for the
+    /// watch; the copy the watch brings (or anyone's newer one) is decided on,
+    /// and the writes are forgotten then.
+    #[test]
+    fn a_cached_run_this_process_wrote_over_is_behind_until_the_watch_brings_a_newer_one() {
+        let w = StatusWrites::default();
+        assert!(!w.behind("ns", "r1", "7"), "nothing written");
+        // A reconcile writes on 7 (giving 8), and its follow-up on 8.
+        w.wrote("ns", "r1", "7");
+        w.wrote("ns", "r1", "8");
+        assert!(w.behind("ns", "r1", "7"));
+        assert!(w.behind("ns", "r1", "8"));
+        assert!(!w.behind("other", "r1", "7"), "per namespace");
+        assert!(!w.behind("ns", "r2", "7"), "per run");
+        assert!(
+            !w.behind("ns", "r1", "9"),
+            "the watch brought the last write"
+        );
+        assert!(!w.behind("ns", "r1", "7"), "forgotten once caught up");
     }
 }

@@ -102,6 +102,8 @@ pub struct Context {
     step_events: bool,
     /// Pod writes this process just made that the cache may not show yet.
     expectations: Arc<expectations::Expectations>,
+    /// Status writes this process just made that the run cache may not show yet.
+    status_writes: expectations::StatusWrites,
     pub metrics: Arc<Metrics>,
     /// Which caches finished their initial list (bits `SYNCED_*`).
     synced: tokio::sync::watch::Receiver<u8>,
@@ -253,6 +255,7 @@ pub async fn run(
         events,
         step_events: scope.step_events,
         expectations,
+        status_writes: expectations::StatusWrites::default(),
         client: client.clone(),
         pods: index::PodCache::new(pods.clone(), pod_index),
         approvals: approvals.clone(),

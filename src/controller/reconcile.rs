@@ -161,6 +161,21 @@ async fn reconcile_one(
         Ok(run) => Arc::new(run.clone()),
         Err(invalid) => return unreadable(&guard, invalid, &ctx).await,
     };
+    if let (Some(ns), Some(name), Some(version)) = (
+        run.metadata.namespace.as_deref(),
+        run.metadata.name.as_deref(),
+        run.metadata.resource_version.as_deref(),
+    ) && ctx.status_writes.behind(ns, name, version)
+    {
+        // The cached copy is one this process has written over: a decision
+        // on it would meet 409. The watch brings the newer copy and, with
+        // it, the next reconcile, which sees every Pod event since.
+        debug!(
+            run = name,
+            "the run cache is behind this process's own status write; waiting for its watch"
+        );
+        return Ok(Action::await_change());
+    }
     let started = std::time::Instant::now();
     // The run's trace: this reconcile's span (and its logs) belong to it.
     let span = tracing::info_span!(
@@ -229,6 +244,9 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
             Ok(applied) => {
                 ctx.record_success(&obj_ref);
                 if let Some(written) = &applied.written {
+                    if let Some(base) = current.metadata.resource_version.as_deref() {
+                        ctx.status_writes.wrote(&ns, &current.name_any(), base);
+                    }
                     current = Arc::new(written.clone());
                 }
                 if !applied.refused.is_empty() {
