@@ -210,9 +210,10 @@ impl Expectations {
 /// decision on it could only meet 409 Conflict, at the cost of the API
 /// server applying a patch to the whole stored object and of a re-read. The
 /// run's watch brings the newer copy, and a reconcile with it, so a reconcile
-/// that finds the cache behind waits for that. Past [`TTL`] the entry is void
-/// and a reconcile decides on what it has (and meets the 409 if the cache is
-/// still behind): a watch that stopped delivering cannot hold a run up.
+/// that finds the cache behind waits for that, and looks again after [`TTL`]
+/// in case it never comes. Past [`TTL`] the entry is void and a reconcile
+/// decides on what it has (and meets the 409 if the cache is still behind):
+/// a watch that stopped delivering cannot hold a run up.
 #[derive(Default)]
 pub struct StatusWrites(Mutex<HashMap<Key, Bases>>);
 
@@ -224,6 +225,10 @@ struct Bases {
 }
 
 impl StatusWrites {
+    /// How long a recorded write stands; a reconcile that found the cache
+    /// behind looks again by then.
+    pub const TTL: Duration = TTL;
+
     /// Records a status write of the run `name` in `namespace` made on the
     /// copy at `base`.
     pub fn wrote(&self, namespace: &str, name: &str, base: &str) {

@@ -169,12 +169,14 @@ async fn reconcile_one(
     {
         // The cached copy is one this process has written over: a decision
         // on it would meet 409. The watch brings the newer copy and, with
-        // it, the next reconcile, which sees every Pod event since.
+        // it, the next reconcile, which sees every Pod event since. Should
+        // the watch bring nothing, the run is looked at again once the
+        // record is void.
         debug!(
             run = name,
             "the run cache is behind this process's own status write; waiting for its watch"
         );
-        return Ok(Action::await_change());
+        return Ok(Action::requeue(super::expectations::StatusWrites::TTL));
     }
     let started = std::time::Instant::now();
     // The run's trace: this reconcile's span (and its logs) belong to it.
