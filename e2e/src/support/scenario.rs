@@ -240,6 +240,32 @@ impl Scenario {
         )
         .await;
         let patch = json!({"spec": {"decision": decision, "comment": comment}});
+        // With the chart's policies, the validating one refuses a decision
+        // that the mutating one has not stamped with its decider; the API
+        // server starts enforcing the two a moment apart after an install.
+        // Until a dry run of the decision passes, the real one waits.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let dry_run = PatchParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            match self
+                .approvals()
+                .patch(approval, &dry_run, &Patch::Merge(&patch))
+                .await
+            {
+                Err(kube::Error::Api(e))
+                    if e.code == 403
+                        && e.message
+                            .contains("spec.decidedBy must be the user who decides")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                _ => break,
+            }
+        }
         self.approvals()
             .patch(approval, &PatchParams::default(), &Patch::Merge(&patch))
             .await
