@@ -8,7 +8,7 @@ use std::time::Duration;
 use agentrun_e2e::kubeconfig;
 use agentrun_e2e::support::policies::Policies;
 use agentrun_e2e::support::processes::plugin_binary;
-use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_e2e::support::scenario::{Scenario, field_managers, phase, sim_step, status};
 use agentrun_operator::api::{Approval, EffectOutcome, RunPhase, StepPhase};
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -164,6 +164,11 @@ async fn approve_releases_reject_compensates_and_pending_knows_who_may_decide() 
     let a = s.approvals().get(&apv).await.unwrap();
     assert_eq!(a.spec.decided_by.as_deref(), Some("alice"));
     assert_eq!(a.spec.comment.as_deref(), Some("checked"));
+    assert!(
+        field_managers(&a.metadata).contains("kubectl-agentrun"),
+        "the decision names its writer: {:?}",
+        field_managers(&a.metadata)
+    );
     let again = plugin(&ns, Some("alice"), &[], &["approve", "refund", "--yes"]).await;
     assert_eq!(again.code, 1);
     assert!(

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agentrun_e2e::kubectl_ok;
-use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_e2e::support::scenario::{Scenario, field_managers, phase, sim_step, status};
 use agentrun_operator::api::{
     AgentRun, CheckpointState, EffectOutcome, RunPhase, StepCheckpoint, StepPhase,
 };
@@ -84,6 +84,18 @@ async fn assert_finalizers_released(s: &Scenario) {
             .map(|p| p.name_any())
             .collect();
         if held.is_empty() {
+            // Every write to a step Pod names its writer: the operator (the
+            // create and the release) and the kubelet (its status).
+            for p in &pods {
+                let managers = field_managers(&p.metadata);
+                assert!(
+                    managers
+                        .iter()
+                        .all(|m| m == labels::FIELD_MANAGER || m == "simkubelet"),
+                    "pod {} was written by {managers:?}",
+                    p.name_any()
+                );
+            }
             return;
         }
         assert!(
@@ -172,6 +184,20 @@ async fn four_step_run_succeeds_with_one_execution_per_key() {
             "events: StepStarted {started}, StepSucceeded {succeeded}, RunSucceeded {finished}"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = s.env().api();
+    for e in events
+        .list(&ListParams::default())
+        .await
+        .expect("listing events")
+    {
+        let managers = field_managers(&e.metadata);
+        assert!(
+            managers.iter().all(|m| m == labels::FIELD_MANAGER),
+            "event {} ({:?}) was written by {managers:?}",
+            e.name_any(),
+            e.reason
+        );
     }
 
     // What a person sees.

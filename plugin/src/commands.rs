@@ -19,6 +19,17 @@ use serde_json::json;
 use crate::identity::Identity;
 use crate::render::{self, Style};
 
+/// The writer the plugin's patches name in `managedFields`, as kubectl's own
+/// commands name theirs (`kubectl-patch`, `kubectl-edit`).
+const FIELD_MANAGER: &str = "kubectl-agentrun";
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
 /// `kubectl agentrun`: inspect, answer and steer AgentRuns.
 #[derive(Parser, Debug)]
 #[command(name = "kubectl-agentrun", bin_name = "kubectl agentrun", version)]
@@ -611,7 +622,7 @@ pub async fn send_decision(
             "metadata": {"resourceVersion": target.metadata.resource_version},
             "spec": {"votes": votes},
         });
-        api_.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        api_.patch(&name, &patch_params(), &Patch::Merge(&patch))
             .await
             .map_err(api(format!("voting on approval {name}")))?;
         let have = target
@@ -632,7 +643,7 @@ pub async fn send_decision(
         }
         api_.patch(
             &name,
-            &PatchParams::default(),
+            &patch_params(),
             &Patch::Merge(&json!({"spec": spec})),
         )
         .await
@@ -649,11 +660,7 @@ async fn set_spec(
     done: &str,
 ) -> Result<(), Error> {
     Api::<AgentRun>::namespaced(client.clone(), ns)
-        .patch(
-            run,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": spec})),
-        )
+        .patch(run, &patch_params(), &Patch::Merge(&json!({"spec": spec})))
         .await
         .map_err(api(format!("updating AgentRun {run}")))?;
     println!("agentrun {run} {done}");

@@ -463,7 +463,7 @@ pub(super) async fn release_finalizer(
     }
     let patch = release_patch(cached);
     match pods
-        .patch(pod_name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .patch(pod_name, &patch_params(), &Patch::Strategic(&patch))
         .await
     {
         Ok(pod) => {
@@ -472,6 +472,15 @@ pub(super) async fn release_finalizer(
         }
         Err(err) if is_status(&err, 404) => Ok(None),
         Err(err) => Err(err),
+    }
+}
+
+/// A patch by the operator, named as its writer in the object's
+/// `managedFields` (an unnamed one is listed as `unknown`).
+pub(super) fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(labels::FIELD_MANAGER.into()),
+        ..Default::default()
     }
 }
 
@@ -539,10 +548,7 @@ async fn write_status(
     new: &AgentRunStatus,
 ) -> Result<AgentRun, kube::Error> {
     let name = run.name_any();
-    let params = PatchParams {
-        field_manager: Some(labels::FIELD_MANAGER.into()),
-        ..Default::default()
-    };
+    let params = patch_params();
     let rv = run.resource_version();
     let patch = status_patch(run.status.as_ref(), new, rv.as_deref());
     match runs

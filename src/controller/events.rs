@@ -22,11 +22,13 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tracing::debug;
+
+use crate::labels;
 
 /// Events waiting to be published before new ones are dropped.
 const BACKLOG: usize = 4096;
@@ -184,10 +186,14 @@ impl Recorder {
         if event.series.is_some() {
             let name = event.metadata.name.as_deref().unwrap_or_default();
             events
-                .patch(name, &PatchParams::default(), &Patch::Merge(&event))
+                .patch(name, &super::apply::patch_params(), &Patch::Merge(&event))
                 .await?;
         } else {
-            events.create(&PostParams::default(), &event).await?;
+            let params = PostParams {
+                field_manager: Some(labels::FIELD_MANAGER.into()),
+                ..Default::default()
+            };
+            events.create(&params, &event).await?;
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.published.insert(key, published);

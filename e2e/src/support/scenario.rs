@@ -311,6 +311,16 @@ impl Drop for Scenario {
     }
 }
 
+/// The field managers an object's `managedFields` name: who wrote it, as
+/// `kubectl get --show-managed-fields` shows them.
+pub fn field_managers(meta: &kube::api::ObjectMeta) -> std::collections::BTreeSet<String> {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .map(|m| m.manager.clone().unwrap_or_default())
+        .collect()
+}
+
 /// The run's phase.
 pub fn phase(run: &AgentRun) -> Option<RunPhase> {
     run.status.as_ref().and_then(|s| s.phase)
