@@ -394,8 +394,11 @@ pub struct AgentRunStatus {
     /// Steps of the current plan that have succeeded, as `done/total`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
+    /// When the run started; `activeDeadlineSeconds` counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// When the run reached a terminal phase; `ttlSecondsAfterFinished`
+    /// counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
     /// Standard conditions: Succeeded, Progressing, AwaitingApproval, BudgetExceeded, Stale.
@@ -507,8 +510,11 @@ pub struct StepCheckpoint {
     /// Tokens of all attempts of this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenUsage>,
+    /// When the current or last attempt was launched (to the whole second);
+    /// the step's `timeout` counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// When the outcome was recorded; the step's `freshFor` counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
     /// After this instant the result is stale and later steps will not use it.
@@ -655,8 +661,10 @@ pub struct CompensationCheckpoint {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
     pub phase: StepPhase,
+    /// When the current or last attempt of the compensation was launched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// When the compensation's outcome was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
     /// Attempts that failed; counts against the compensated step's `retry.limit`.

@@ -235,6 +235,7 @@ pub struct ApprovalContext {
 pub struct ApprovalStatus {
     #[serde(default)]
     pub phase: ApprovalPhase,
+    /// When the decision (or the expiry or supersession) was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<Time>,
     /// The person who decided (`spec.decidedBy`; with a quorum, the voters),

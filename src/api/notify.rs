@@ -103,8 +103,10 @@ pub struct Delivery {
     /// Requests sent so far.
     #[serde(default)]
     pub attempts: u32,
+    /// When the receiver accepted the notification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered_at: Option<Time>,
+    /// Earliest time of the next request (backoff), to the whole second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<Time>,
     /// Why it is in its state, in one word: `Delivered`, `Retrying`,
