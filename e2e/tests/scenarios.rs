@@ -85,13 +85,18 @@ async fn assert_finalizers_released(s: &Scenario) {
             .collect();
         if held.is_empty() {
             // Every write to a step Pod names its writer: the operator (the
-            // create and the release) and the kubelet (its status).
+            // create and the release), the kubelet (its status) and, on a
+            // plane with the real (tainted) node joined, the scheduler (the
+            // Pod's PodScheduled condition: unschedulable there).
             for p in &pods {
                 let managers = field_managers(&p.metadata);
                 assert!(
-                    managers
-                        .iter()
-                        .all(|m| m == labels::FIELD_MANAGER || m == "simkubelet"),
+                    managers.iter().all(|m| [
+                        labels::FIELD_MANAGER,
+                        "simkubelet",
+                        "kube-scheduler"
+                    ]
+                    .contains(&m.as_str())),
                     "pod {} was written by {managers:?}",
                     p.name_any()
                 );
@@ -186,11 +191,19 @@ async fn four_step_run_succeeds_with_one_execution_per_key() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let events: kube::Api<k8s_openapi::api::events::v1::Event> = s.env().api();
-    for e in events
+    let ours = events
         .list(&ListParams::default())
         .await
         .expect("listing events")
-    {
+        .items
+        .into_iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some("agentrun-operator"))
+        .collect::<Vec<_>>();
+    assert!(
+        ours.len() >= 9,
+        "the run's Events, as the operator reports them: {ours:?}"
+    );
+    for e in ours {
         let managers = field_managers(&e.metadata);
         assert!(
             managers.iter().all(|m| m == labels::FIELD_MANAGER),
