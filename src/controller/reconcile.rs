@@ -242,6 +242,10 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
             refused: &refused,
             now: jiff::Timestamp::now(),
         });
+        let creates = decision
+            .actions
+            .iter()
+            .any(|a| matches!(a, engine::Action::CreatePod(_)));
         match apply::apply(&runs, &current, &world, decision, ctx).await {
             Ok(applied) => {
                 ctx.record_success(&obj_ref);
@@ -279,8 +283,11 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
                 // at once (the Pod of the step it launched, the finalizer of
                 // the step it committed) goes on from the object the write
                 // returned: the cache may not have that write yet, and a
-                // decision on the older copy would only meet a 409.
-                if applied.written.is_some()
+                // decision on the older copy would only meet a 409. One that
+                // created a Pod whose UID the run must record (a NonIdempotent
+                // attempt's, created again after a restart) goes on with that
+                // Pod standing in for the cache, before its watch event.
+                if (applied.written.is_some() || creates)
                     && applied.requeue == Some(Duration::ZERO)
                     && follow_ups < MAX_FOLLOW_UPS
                 {

@@ -104,7 +104,9 @@ pub struct Decision {
     pub actions: Vec<Action>,
     /// The time until the next deadline (backoff, approval expiry, timeout,
     /// active deadline, TTL). `Some(ZERO)` when the status changed and the run
-    /// continues from it: decide again right after the write.
+    /// continues from it: decide again right after the write; and when the
+    /// decision creates the Pod of a recorded NonIdempotent attempt whose UID
+    /// is not recorded: decide again right after the create, which records it.
     pub requeue_after: Option<SignedDuration>,
     /// What this decision did, counted where it was decided; the metrics
     /// read it once the status write that holds it is acknowledged.

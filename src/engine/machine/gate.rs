@@ -146,7 +146,12 @@ impl<'a> Machine<'a> {
             if self.gate(plan, Start::Again(slot)).is_err() {
                 continue;
             }
-            if let Some(r) = self.emit_pod(plan, slot)
+            let refusal = self.emit_pod(plan, slot);
+            if refusal.is_none() {
+                let r = self.record(slot);
+                self.uid_wanted |= r.pod_uid.is_none() && self.may_have_acted_matters(plan, &r);
+            }
+            if let Some(r) = refusal
                 && r.cause == RefusalCause::Rejected
             {
                 // The same Pod would be refused again: a failed attempt.

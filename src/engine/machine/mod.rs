@@ -103,6 +103,11 @@ struct Machine<'a> {
     tally: Tally,
     /// Checkpoints of recorded attempts whose Pod was never seen.
     unseen: Vec<attempt::Slot>,
+    /// This decision creates the Pod of a recorded NonIdempotent attempt whose
+    /// UID is not recorded yet: the next decision, right after the create,
+    /// sees the Pod as created and records its UID, so that a Pod removed
+    /// before anything else saw it is known to have existed (D6).
+    uid_wanted: bool,
 }
 
 impl<'a> Machine<'a> {
@@ -130,6 +135,7 @@ impl<'a> Machine<'a> {
             actions: Vec::new(),
             tally: Tally::default(),
             unseen: Vec::new(),
+            uid_wanted: false,
             deadlines: Vec::new(),
             recorded: false,
             pods,
@@ -231,7 +237,7 @@ impl<'a> Machine<'a> {
 
     fn finish(self) -> Decision {
         let terminal = self.status.phase.is_some_and(RunPhase::is_terminal);
-        let requeue_after = if self.status != self.committed && !terminal {
+        let requeue_after = if (self.status != self.committed || self.uid_wanted) && !terminal {
             Some(SignedDuration::ZERO)
         } else {
             self.deadlines
