@@ -13,6 +13,10 @@ pub const ATTEMPT: &str = "agentrun.dev/attempt";
 pub const ROLE: &str = "agentrun.dev/role";
 /// Label and annotation on every step Pod: the step's idempotency key (D1).
 pub const IDEMPOTENCY_KEY: &str = "agentrun.dev/idempotency-key";
+/// Annotation on every step Pod of a plan step: the sha256 of what it runs
+/// (container, effect, compensation, Pod defaults), the same digest an
+/// Approval binds (`spec.stepDigest`, D14).
+pub const STEP_DIGEST: &str = "agentrun.dev/step-digest";
 /// Annotation holding the step's materialised context JSON, mounted by the
 /// downward API at `/agentrun/context.json`.
 pub const CONTEXT: &str = "agentrun.dev/context";

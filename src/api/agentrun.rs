@@ -23,6 +23,12 @@ pub const MAX_STEPS: usize = 500;
 /// Default and ceiling of `context.maxBytes`: the context travels in a Pod annotation.
 pub const DEFAULT_CONTEXT_BYTES: i32 = 32 * 1024;
 pub const MAX_CONTEXT_BYTES: i32 = 128 * 1024;
+/// Default of `spec.parallelism`: step Pods one run may have in flight.
+pub const DEFAULT_PARALLELISM: i32 = 10;
+/// Most names one step may depend on.
+pub const MAX_DEPENDS_ON: usize = 32;
+/// Default of `budget.replans`: re-plans for stale input before the run stops.
+pub const DEFAULT_REPLANS: i32 = 10;
 
 /// A durable AI-agent run: an ordered plan of steps, each executed as one Pod,
 /// whose results are checkpointed in status before the next step starts.
@@ -53,9 +59,12 @@ pub const MAX_CONTEXT_BYTES: i32 = 128 * 1024;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentRunSpec {
-    /// The steps of the plan, run in order, one Pod each. Step names are unique.
-    /// When a planner is set, these are the steps the planner may start from
-    /// (they may be empty).
+    /// The steps of the plan, one Pod each. Step names are unique. Without
+    /// `dependsOn` anywhere they run in order, each after the one before it;
+    /// once any step names `dependsOn`, they form a graph: a step starts when
+    /// the steps it depends on have committed, and a step without `dependsOn`
+    /// starts at once. When a planner is set, these are the steps the planner
+    /// may start from (they may be empty).
     #[serde(default)]
     #[schemars(length(max = 500))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
@@ -69,6 +78,12 @@ pub struct AgentRunSpec {
     /// Limits across the whole run, counting every attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+
+    /// Most step Pods (steps and compactors) the run has in flight at once
+    /// when its steps form a graph (`dependsOn`); default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub parallelism: Option<i32>,
 
     /// How much prior context each step receives, and how it is compacted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +128,25 @@ pub struct StepSpec {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub name: String,
+
+    /// The steps this one starts after: each must have committed its
+    /// checkpoint (succeeded, or been skipped) first, and the step's context
+    /// holds their results. A plan in which no step sets `dependsOn` is a
+    /// sequence (each step after the one before it); once one step sets it,
+    /// a step without it starts at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 48)))]
+    #[x_kube(validation = Rule::new("self.all(d, self.exists_one(e, e == d))").message("dependsOn: a step is named at most once"))]
+    pub depends_on: Option<Box<[String]>>,
+
+    /// A CEL expression over the results of the steps this one depends on
+    /// (`steps.<name>.result`, or `steps['a-name'].result` for names with a
+    /// dash): when it is false the step is `Skipped` and the steps after it
+    /// go on without its result. An expression that fails to evaluate fails
+    /// the step with the CEL error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub when: Option<Box<str>>,
 
     /// The container that performs the step.
     pub container: StepContainer,
@@ -312,6 +346,11 @@ pub struct Budget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub step_executions: Option<i32>,
+    /// Re-plans for stale input (D8) before the run stops with reason
+    /// `InputStale` (default 10): no freshness setting can make a run loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub replans: Option<i32>,
 }
 
 /// The context materialised into each step's input.
@@ -450,10 +489,17 @@ pub struct PlanStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 500))]
     pub steps: Vec<StepSpec>,
-    /// Set by a re-plan for freshness (D8): the first step that runs again at
-    /// this revision. Steps before it keep their checkpoints from earlier
-    /// revisions; it and every later step run again with new keys. Unset: every
-    /// step of the plan runs at this revision.
+    /// Set by a re-plan for freshness (D8): the steps that run again at this
+    /// revision, with new keys: the stale reads, and the steps after them
+    /// that have not acted. Every other step keeps its checkpoint from an
+    /// earlier revision; a step that acted (effect Applied or Unknown) is
+    /// never run again unless a person approves it. Empty (and no
+    /// `rerunFrom`): every step of the plan runs at this revision.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 500))]
+    pub rerun: Vec<String>,
+    /// Written by earlier versions instead of `rerun`: the first step that
+    /// runs again at this revision; it and every later step run again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_from: Option<String>,
 }
@@ -514,7 +560,10 @@ pub struct StepCheckpoint {
     /// the step's `timeout` counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
-    /// When the outcome was recorded; the step's `freshFor` counts from here.
+    /// When the attempt that decided the outcome ended: for a step that
+    /// succeeded, when its container finished (as the kubelet reported it),
+    /// so its `freshFor` counts from there, not from when the operator
+    /// noticed; otherwise when the outcome was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
     /// After this instant the result is stale and later steps will not use it.
@@ -598,14 +647,21 @@ pub enum StepPhase {
     Failed,
     /// Result was superseded by a re-plan before it was used.
     Superseded,
+    /// Not run: its `when` was false. The steps after it go on.
+    Skipped,
 }
 
 impl StepPhase {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            StepPhase::Succeeded | StepPhase::Failed | StepPhase::Superseded
+            StepPhase::Succeeded | StepPhase::Failed | StepPhase::Superseded | StepPhase::Skipped
         )
+    }
+
+    /// Done as far as the steps after it are concerned.
+    pub fn is_done(self) -> bool {
+        matches!(self, StepPhase::Succeeded | StepPhase::Skipped)
     }
 }
 
@@ -624,8 +680,17 @@ pub enum CheckpointState {
 pub enum EffectOutcome {
     Applied,
     NotApplied,
-    /// The step may or may not have acted (a NonIdempotent step disrupted mid-run).
+    /// The step may or may not have acted: an attempt ended (lost, stopped,
+    /// timed out, failed, or with an unreadable result) without reporting
+    /// `NotApplied`.
     Unknown,
+}
+
+impl EffectOutcome {
+    /// Applied, or may have been: the step's effect is history (D1, D8).
+    pub fn acted(self) -> bool {
+        matches!(self, EffectOutcome::Applied | EffectOutcome::Unknown)
+    }
 }
 
 /// Tokens reported by a step.

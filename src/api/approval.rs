@@ -227,6 +227,22 @@ pub struct ApprovalContext {
     /// The steps that already succeeded, with a short form of their results.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub completed_steps: Vec<String>,
+    /// Set when the step already acted at an earlier plan revision: approving
+    /// runs it again under a new key, so its effect happens a second time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeats: Option<RepeatedEffect>,
+}
+
+/// The earlier execution of a step that an approval would repeat.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RepeatedEffect {
+    /// The key the step acted under.
+    pub idempotency_key: String,
+    /// The plan revision it acted at.
+    pub plan_revision: i64,
+    /// `Applied`, or `Unknown` when it may have acted.
+    pub effect: crate::api::EffectOutcome,
 }
 
 /// What became of the request.

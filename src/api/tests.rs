@@ -199,11 +199,11 @@ fn crds_are_namespaced_with_status_and_short_names() {
 }
 
 /// Every cached run keeps its plan: what most steps leave out is boxed, so
-/// a step costs a third of its unboxed room (856 bytes).
+/// a step costs about a third of its unboxed room (904 bytes).
 #[test]
 fn a_step_spec_is_small() {
     use std::mem::size_of;
-    assert!(size_of::<StepSpec>() <= 280, "{}", size_of::<StepSpec>());
+    assert!(size_of::<StepSpec>() <= 312, "{}", size_of::<StepSpec>());
     assert!(
         size_of::<StepContainer>() <= 176,
         "{}",

@@ -34,6 +34,7 @@ mod plan;
 mod pods;
 pub mod reasons;
 mod result;
+mod when;
 
 #[cfg(test)]
 mod proptests;

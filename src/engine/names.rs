@@ -190,6 +190,27 @@ fn nth(first: String, request: u32) -> String {
     }
 }
 
+/// Whether an Approval name asks a Reconcile question (see
+/// `reconcile_name`), judged by its suffix alone: a run or step name that
+/// happens to contain `-reconcile-a` does not count.
+pub fn is_reconcile(name: &str) -> bool {
+    let Some((head, rest)) = name.rsplit_once("-reconcile-a") else {
+        return false;
+    };
+    let attempt_ok = {
+        let mut parts = rest.splitn(2, '-');
+        let attempt = parts.next().unwrap_or("");
+        let request = parts.next();
+        !attempt.is_empty()
+            && attempt.bytes().all(|b| b.is_ascii_digit())
+            && request.is_none_or(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let revision_ok = head
+        .rsplit_once("-r")
+        .is_some_and(|(_, rev)| !rev.is_empty() && rev.bytes().all(|b| b.is_ascii_digit()));
+    attempt_ok && revision_ok
+}
+
 /// Which request of its attempt's question a Reconcile Approval name is.
 pub fn reconcile_request(name: &str) -> u32 {
     match name
@@ -204,6 +225,36 @@ pub fn reconcile_request(name: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconcile_names_are_told_apart_by_their_suffix() {
+        let cases = [
+            (
+                "a reconcile request",
+                reconcile_name("r", "u", "charge", 2, 3, 1),
+                true,
+            ),
+            (
+                "its second request",
+                reconcile_name("r", "u", "charge", 2, 3, 2),
+                true,
+            ),
+            ("a gate", approve_name("r", "u", "charge", 1, 1), false),
+            (
+                "a gate of a step named like one",
+                approve_name("r", "u", "reconcile-a1", 1, 1),
+                false,
+            ),
+            (
+                "a gate's second request of that step",
+                approve_name("r", "u", "x-reconcile-a2", 1, 2),
+                false,
+            ),
+        ];
+        for (what, name, want) in cases {
+            assert_eq!(is_reconcile(&name), want, "{what}: {name}");
+        }
+    }
 
     #[test]
     fn keys_are_stable_label_safe_and_change_with_revision() {

@@ -136,15 +136,13 @@ pub enum Observation {
     /// Seen once, now gone or replaced by another object of the same name.
     Vanished,
     /// Pending or running.
-    Live {
-        uid: Option<String>,
-    },
+    Live { uid: Option<String> },
     /// Being deleted, containers still running: wait for it to stop (D2).
-    Terminating {
-        uid: Option<String>,
-    },
+    Terminating { uid: Option<String> },
     Succeeded {
         message: Option<String>,
+        /// When the container finished, as the kubelet reported it.
+        finished_at: Option<jiff::Timestamp>,
     },
     Failed {
         exit_code: i32,
@@ -177,7 +175,10 @@ pub fn observe(pod: Option<&Pod>, seen_uid: Option<&str>) -> Observation {
     let message = term.and_then(|t| t.message.clone());
     let deleting = pod.metadata.deletion_timestamp.is_some();
     match phase(pod) {
-        "Succeeded" => Observation::Succeeded { message },
+        "Succeeded" => Observation::Succeeded {
+            message,
+            finished_at: term.and_then(|t| t.finished_at.as_ref()).map(|t| t.0),
+        },
         "Failed" => {
             let killed = term.is_none_or(|t| KILLED_EXIT_CODES.contains(&t.exit_code));
             match disruption_reason(pod) {

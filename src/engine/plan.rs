@@ -9,8 +9,8 @@ use jiff::SignedDuration;
 use serde_json::Value;
 
 use crate::api::{
-    AgentRunSpec, Backoff, MAX_CONTEXT_BYTES, MAX_STEP_NAME, MAX_STEPS, PlanSource, PlanStatus,
-    StepCheckpoint, StepPhase, StepRole, StepSpec,
+    AgentRunSpec, Backoff, MAX_CONTEXT_BYTES, MAX_DEPENDS_ON, MAX_STEP_NAME, MAX_STEPS, PlanSource,
+    PlanStatus, StepCheckpoint, StepPhase, StepRole, StepSpec,
 };
 
 /// Checks a list of steps the way admission would. `at` names the list in messages.
@@ -23,13 +23,21 @@ pub fn validate_steps(steps: &[StepSpec], at: &str) -> Result<(), String> {
     }
     let mut seen = HashSet::new();
     for (i, step) in steps.iter().enumerate() {
-        let at = format!("{at}[{i}]");
-        validate_step(step, &at)?;
+        let item = format!("{at}[{i}]");
+        validate_step(step, &item)?;
         if !seen.insert(step.name.as_str()) {
             return Err(format!(
-                "{at}.name: step name {:?} is used twice",
+                "{item}.name: step name {:?} is used twice",
                 step.name
             ));
+        }
+    }
+    let refs: Vec<&StepSpec> = steps.iter().collect();
+    let (deps, _) = graph_of(&refs, at)?;
+    for (i, step) in steps.iter().enumerate() {
+        if let Some(when) = &step.when {
+            let known: Vec<&str> = deps[i].iter().map(|&j| steps[j].name.as_str()).collect();
+            super::when::check(when, &known).map_err(|e| format!("{at}[{i}].when: {e}"))?;
         }
     }
     Ok(())
@@ -71,6 +79,15 @@ pub fn validate_step(step: &StepSpec, at: &str) -> Result<(), String> {
         if let Some(d) = d {
             d.parse().map_err(|e| format!("{at}.{field}: {e}"))?;
         }
+    }
+    if step
+        .depends_on
+        .as_ref()
+        .is_some_and(|d| d.len() > MAX_DEPENDS_ON)
+    {
+        return Err(format!(
+            "{at}.dependsOn: more than the {MAX_DEPENDS_ON} steps a step may depend on"
+        ));
     }
     if let Some(r) = &step.retry
         && !(0..=100).contains(&r.limit)
@@ -153,12 +170,29 @@ pub fn backoff(policy: Option<&Backoff>, failures: i32) -> SignedDuration {
     initial.checked_mul(1 << doublings).unwrap_or(max).min(max)
 }
 
-/// The steps of the plan in force, resolved against the spec or the planner's steps.
+/// Which steps of a plan run at its revision; the rest keep a checkpoint from
+/// an earlier revision (D8).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Rerun {
+    /// Every step runs at this revision (the first plan, a planner's plan).
+    All,
+    /// Status written by earlier versions: from this index on, in order.
+    From(usize),
+    /// Only these steps (by index).
+    Only(HashSet<usize>),
+}
+
+/// The steps of the plan in force, resolved against the spec or the planner's
+/// steps, with the graph they form: a sequence unless a step names
+/// `dependsOn`.
 pub struct Plan<'a> {
     pub revision: i64,
     pub steps: Vec<&'a StepSpec>,
-    /// Index of the first step that must run at this revision.
-    pub rerun_from: usize,
+    /// `deps[i]`: the indices of the steps step `i` depends on.
+    pub deps: Vec<Vec<usize>>,
+    /// Every step after the steps it depends on; list order for a sequence.
+    pub order: Vec<usize>,
+    pub rerun: Rerun,
 }
 
 impl<'a> Plan<'a> {
@@ -179,21 +213,142 @@ impl<'a> Plan<'a> {
                     .collect::<Result<_, _>>()?
             }
         };
-        let rerun_from = status
-            .rerun_from
-            .as_ref()
-            .and_then(|n| steps.iter().position(|s| &s.name == n))
-            .unwrap_or(0);
+        let (deps, order) = graph_of(&steps, "spec.steps")?;
+        let index = |n: &str| steps.iter().position(|s| s.name == n);
+        let rerun = if !status.rerun.is_empty() {
+            Rerun::Only(status.rerun.iter().filter_map(|n| index(n)).collect())
+        } else if let Some(from) = status.rerun_from.as_deref().and_then(index) {
+            Rerun::From(from)
+        } else {
+            Rerun::All
+        };
         Ok(Plan {
             revision: status.revision,
             steps,
-            rerun_from,
+            deps,
+            order,
+            rerun,
         })
     }
 
     pub fn step(&self, name: &str) -> Option<&'a StepSpec> {
         self.steps.iter().copied().find(|s| s.name == name)
     }
+
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.steps.iter().position(|s| s.name == name)
+    }
+
+    /// Whether step `i` runs at this revision rather than keeping an earlier
+    /// checkpoint.
+    pub fn runs_at_revision(&self, i: usize) -> bool {
+        match &self.rerun {
+            Rerun::All => true,
+            Rerun::From(k) => i >= *k,
+            Rerun::Only(set) => set.contains(&i),
+        }
+    }
+
+    /// Every step `i` comes after, directly or not, in the plan's order: the
+    /// inputs it consumes (its context, and the freshness it is judged on).
+    pub fn ancestors(&self, i: usize) -> Vec<usize> {
+        let mut seen = vec![false; self.steps.len()];
+        let mut stack: Vec<usize> = self.deps.get(i).cloned().unwrap_or_default();
+        while let Some(j) = stack.pop() {
+            if !std::mem::replace(&mut seen[j], true) {
+                stack.extend(self.deps[j].iter().copied());
+            }
+        }
+        self.order.iter().copied().filter(|&j| seen[j]).collect()
+    }
+
+    /// The steps that come after any of `from`, directly or not.
+    pub fn descendants(&self, from: &HashSet<usize>) -> HashSet<usize> {
+        let mut out = HashSet::new();
+        for &i in &self.order {
+            if self.deps[i]
+                .iter()
+                .any(|d| from.contains(d) || out.contains(d))
+            {
+                out.insert(i);
+            }
+        }
+        out
+    }
+}
+
+/// The dependencies of each step, and a topological order of the steps.
+type Graph = (Vec<Vec<usize>>, Vec<usize>);
+
+/// The graph a list of steps forms. A list without `dependsOn` is a
+/// sequence; with it, an unknown name, a step depending on itself or a
+/// cycle is refused (D13).
+pub fn graph_of(steps: &[&StepSpec], at: &str) -> Result<Graph, String> {
+    let n = steps.len();
+    let graph = steps.iter().any(|s| s.depends_on.is_some());
+    if !graph {
+        let deps = (0..n)
+            .map(|i| if i == 0 { Vec::new() } else { vec![i - 1] })
+            .collect();
+        return Ok((deps, (0..n).collect()));
+    }
+    let index: HashMap<&str, usize> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.as_str(), i))
+        .collect();
+    let mut deps = Vec::with_capacity(n);
+    for (i, s) in steps.iter().enumerate() {
+        let mut mine: Vec<usize> = Vec::new();
+        for d in s.depends_on.iter().flat_map(|d| d.iter()) {
+            let Some(&j) = index.get(d.as_str()) else {
+                return Err(format!(
+                    "{at}[{i}].dependsOn: step {d:?} is not a step of the plan"
+                ));
+            };
+            if j == i {
+                return Err(format!(
+                    "{at}[{i}].dependsOn: step {:?} depends on itself",
+                    s.name
+                ));
+            }
+            if !mine.contains(&j) {
+                mine.push(j);
+            }
+        }
+        deps.push(mine);
+    }
+    // Kahn's algorithm, taking ready steps in list order.
+    let mut remaining: Vec<usize> = deps.iter().map(Vec::len).collect();
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, ds) in deps.iter().enumerate() {
+        for &d in ds {
+            dependents[d].push(i);
+        }
+    }
+    let mut ready: std::collections::BTreeSet<usize> =
+        (0..n).filter(|&i| remaining[i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &k in &dependents[i] {
+            remaining[k] -= 1;
+            if remaining[k] == 0 {
+                ready.insert(k);
+            }
+        }
+    }
+    if order.len() < n {
+        let cycle: Vec<&str> = (0..n)
+            .filter(|&i| remaining[i] > 0)
+            .map(|i| steps[i].name.as_str())
+            .collect();
+        return Err(format!(
+            "{at}: the dependsOn of steps {} form a cycle, so none of them could ever start",
+            cycle.join(", ")
+        ));
+    }
+    Ok((deps, order))
 }
 
 /// Index over `status.steps` by (role, name) for quick effective-checkpoint lookups.
@@ -230,8 +385,8 @@ impl<'s> CheckpointIndex<'s> {
     }
 
     /// The checkpoint that counts for plan step `index` at `plan.revision`:
-    /// before `rerun_from`, the newest earlier checkpoint that was not
-    /// superseded; from `rerun_from` on, only one made at this revision.
+    /// for a step that runs at this revision, only one made at it; for a step
+    /// that keeps an earlier checkpoint, the newest one not superseded.
     pub fn effective(
         &self,
         checkpoints: &[StepCheckpoint],
@@ -240,7 +395,7 @@ impl<'s> CheckpointIndex<'s> {
     ) -> Option<usize> {
         let name = plan.steps[index].name.as_str();
         let list = self.by_name.get(&(StepRole::Step, name))?;
-        if index >= plan.rerun_from {
+        if plan.runs_at_revision(index) {
             return list
                 .iter()
                 .copied()

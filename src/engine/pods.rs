@@ -41,6 +41,9 @@ pub struct PodRequest<'a> {
     pub container: &'a StepContainer,
     pub defaults: Option<&'a PodDefaults>,
     pub context_json: String,
+    /// For a plan step: the digest of what it runs (D14), as an annotation,
+    /// so what ran can be held against what was approved.
+    pub step_digest: Option<String>,
 }
 
 pub fn build(r: PodRequest) -> Pod {
@@ -62,6 +65,9 @@ pub fn build(r: PodRequest) -> Pod {
         r.idempotency_key.to_owned(),
     );
     annotations.insert(labels::CONTEXT.to_owned(), r.context_json);
+    if let Some(d) = r.step_digest {
+        annotations.insert(labels::STEP_DIGEST.to_owned(), d);
+    }
 
     // The step's own env first, ours last: a step cannot override its identity.
     let mut env: Vec<EnvVar> = r

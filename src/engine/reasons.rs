@@ -129,6 +129,8 @@ vocabulary! {
         StatusBudgetExceeded,
         ApprovalRejected,
         ApprovalExpired,
+        /// A step's `when` could not be evaluated (the CEL error says why).
+        WhenFailed,
 
         StepStarted,
         StepSucceeded,
@@ -137,6 +139,10 @@ vocabulary! {
         StepDisrupted,
         StepStopped,
         StepOutcomeUnknown,
+        /// A step's `when` was false: it did not run.
+        StepSkipped,
+        /// A step was disrupted again and again (D16); it resumes after its backoff.
+        RepeatedlyDisrupted,
         /// A step's result was too large to keep inline in status (D11).
         ResultNotKept,
         ApprovalRequested,

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::api::TokenUsage;
+use crate::api::{EffectOutcome, TokenUsage};
 
 /// The kubelet keeps at most 4 KiB of termination message.
 pub const MAX_MESSAGE_BYTES: usize = 4096;
@@ -21,6 +21,8 @@ pub struct StepReport {
     pub plan: Option<Value>,
     /// Compactor only.
     pub summary: Option<String>,
+    /// What the step says it did to the outside world (`"effect"`), if it says.
+    pub effect: Option<EffectOutcome>,
 }
 
 /// Parses a termination message. An empty or absent message is a null result.
@@ -75,12 +77,40 @@ pub fn parse(message: Option<&str>) -> Result<StepReport, String> {
             ));
         }
     };
+    let effect = match fields.remove("effect") {
+        None | Some(Value::Null) => None,
+        Some(e) => Some(parse_effect(&e).ok_or_else(|| {
+            format!(
+                "termination message field effect must be \"Applied\", \"NotApplied\" or \"Unknown\", got {}",
+                quote(&e.to_string())
+            )
+        })?),
+    };
     Ok(StepReport {
         result: fields.remove("result").unwrap_or(Value::Null),
         tokens,
         plan,
         summary,
+        effect,
     })
+}
+
+fn parse_effect(v: &Value) -> Option<EffectOutcome> {
+    match v.as_str()? {
+        "Applied" => Some(EffectOutcome::Applied),
+        "NotApplied" => Some(EffectOutcome::NotApplied),
+        "Unknown" => Some(EffectOutcome::Unknown),
+        _ => None,
+    }
+}
+
+/// What a failed attempt said about its effect, best effort: only a message
+/// that is a JSON object with `"effect": "NotApplied"` says the attempt did
+/// not act (D6). Anything else — no message, a partial or malformed one —
+/// says nothing, and the attempt may have acted.
+pub fn reported_effect(message: Option<&str>) -> Option<EffectOutcome> {
+    let v: Value = serde_json::from_str(message?.trim()).ok()?;
+    parse_effect(v.get("effect")?)
 }
 
 /// What a failed attempt said about its failure, for its checkpoint: the
@@ -193,6 +223,41 @@ mod tests {
         for c in cases {
             assert_eq!(parse(c.message).unwrap(), c.want, "{}", c.name);
         }
+    }
+
+    #[test]
+    fn an_attempt_says_it_did_not_act_only_in_so_many_words() {
+        let cases: [(&str, Option<&str>, Option<EffectOutcome>); 6] = [
+            ("no message", None, None),
+            ("not JSON", Some("refund failed"), None),
+            (
+                "no effect field",
+                Some(r#"{"result": {"error": "x"}}"#),
+                None,
+            ),
+            (
+                "not applied",
+                Some(r#"{"result": {"error": "card declined"}, "effect": "NotApplied"}"#),
+                Some(EffectOutcome::NotApplied),
+            ),
+            (
+                "unknown",
+                Some(r#"{"effect": "Unknown"}"#),
+                Some(EffectOutcome::Unknown),
+            ),
+            (
+                "a misspelling says nothing",
+                Some(r#"{"effect": "notapplied"}"#),
+                None,
+            ),
+        ];
+        for (name, message, want) in cases {
+            assert_eq!(reported_effect(message), want, "{name}");
+        }
+        let report = parse(Some(r#"{"result": 1, "effect": "NotApplied"}"#)).unwrap();
+        assert_eq!(report.effect, Some(EffectOutcome::NotApplied));
+        let err = parse(Some(r#"{"effect": "Maybe"}"#)).unwrap_err();
+        assert!(err.contains("effect must be"), "{err}");
     }
 
     #[test]

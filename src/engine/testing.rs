@@ -115,6 +115,7 @@ impl AgentRun {
         self.spec.budget = Some(Budget {
             tokens,
             step_executions,
+            replans: None,
         });
         self
     }
@@ -144,6 +145,8 @@ pub trait PodExt: Sized {
     /// Evicted by the node: phase Failed, DisruptionTarget, reason Evicted.
     fn evicted(self, started: bool) -> Pod;
     fn deleting(self, at: Timestamp) -> Pod;
+    /// The container's `finishedAt`, as the kubelet reports it.
+    fn finished_at(self, at: Timestamp) -> Pod;
 }
 
 impl PodExt for Pod {
@@ -194,6 +197,18 @@ impl PodExt for Pod {
         self.metadata.deletion_timestamp = Some(Time(at));
         self
     }
+    fn finished_at(mut self, at: Timestamp) -> Pod {
+        let term = self
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+            .and_then(|c| c.first_mut())
+            .and_then(|c| c.state.as_mut())
+            .and_then(|s| s.terminated.as_mut())
+            .expect("a terminated container");
+        term.finished_at = Some(Time(at));
+        self
+    }
 }
 
 fn container_status(state: ContainerState) -> ContainerStatus {
@@ -225,6 +240,9 @@ fn terminate(mut pod: Pod, phase: &str, code: i32, message: &str) -> Pod {
 pub fn ok_message(result: serde_json::Value, tokens: i64) -> String {
     serde_json::json!({"result": result, "tokens": {"input": tokens, "output": 0}}).to_string()
 }
+
+/// A failed attempt's message saying it did not act (D6).
+pub const NOT_APPLIED: &str = r#"{"result": {"error": "declined"}, "effect": "NotApplied"}"#;
 
 /// A deleted Pod's grace period (the Kubernetes default).
 pub const GRACE_SECONDS: i64 = 30;

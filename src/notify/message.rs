@@ -298,6 +298,7 @@ mod tests {
                     idempotency_key: Some("f7a2c694".into()),
                     pod: None,
                     completed_steps: vec!["lookup: {\"amount\": 23.9}".into()],
+                    repeats: None,
                 }),
                 expires_at: Some(Time(
                     t.checked_add(jiff::SignedDuration::from_hours(24)).unwrap(),

@@ -101,6 +101,7 @@ impl<'a> Machine<'a> {
             idempotency_key: Some(key.to_owned()),
             pod,
             completed_steps: completed,
+            repeats: None,
         }
     }
 
@@ -141,7 +142,6 @@ impl<'a> Machine<'a> {
         let now = self.now;
         let cp = &mut self.status.steps[c];
         cp.phase = StepPhase::WaitingForApproval;
-        cp.effect = None;
         cp.approval = Some(approval.clone());
         cp.step_digest = Some(digest);
         cp.pod = None;
@@ -168,28 +168,64 @@ impl<'a> Machine<'a> {
         let Some(name) = cp.approval.clone() else {
             return;
         };
-        // A Reconcile wait follows a lost attempt whose effect is unknown.
-        let reconcile = cp.effect == Some(EffectOutcome::Unknown);
+        // A Reconcile wait follows an attempt whose effect is unknown.
+        let reconcile = names::is_reconcile(&name);
+        let repeats = if reconcile {
+            None
+        } else {
+            self.repeated_effect(plan, i)
+                .filter(|_| cp.plan_revision == plan.revision)
+        };
         let (kind, question, expires_at, on_timeout, why) = if !reconcile {
-            let gate = step.approval.clone().unwrap_or_default();
-            let expires = plan::duration(gate.timeout.as_ref()).and_then(|t| {
-                cp.started_at
-                    .as_ref()
-                    .map(|s| s.0.checked_add(t).unwrap_or(Timestamp::MAX))
-            });
-            (
-                ApprovalKind::Approve,
-                gate.question
-                    .unwrap_or_else(|| format!("May step {} run?", step.name)),
-                expires,
-                gate.on_timeout,
-                format!("step {} requires approval before it starts", step.name),
-            )
+            let gate = step.approval.clone().filter(|g| g.required);
+            let expires = gate
+                .as_ref()
+                .and_then(|g| plan::duration(g.timeout.as_ref()))
+                .and_then(|t| {
+                    cp.started_at
+                        .as_ref()
+                        .map(|s| s.0.checked_add(t).unwrap_or(Timestamp::MAX))
+                });
+            let asked = gate
+                .as_ref()
+                .and_then(|g| g.question.clone())
+                .unwrap_or_else(|| format!("May step {} run?", step.name));
+            match &repeats {
+                None => (
+                    ApprovalKind::Approve,
+                    asked,
+                    expires,
+                    gate.map(|g| g.on_timeout).unwrap_or_default(),
+                    format!("step {} requires approval before it starts", step.name),
+                ),
+                // Acting a second time is never consented to by a timeout.
+                Some(r) => (
+                    ApprovalKind::Approve,
+                    format!(
+                        "Step {} already acted at plan revision {} (effect {:?}, key {}). Run it again under a new key? Its effect would happen a second time.{}",
+                        step.name,
+                        r.plan_revision,
+                        r.effect,
+                        r.idempotency_key,
+                        if gate.is_some() {
+                            format!(" {asked}")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    expires,
+                    OnTimeout::Reject,
+                    format!(
+                        "plan revision {} needs step {} to run again, and it already acted at plan revision {}",
+                        cp.plan_revision, step.name, r.plan_revision
+                    ),
+                ),
+            }
         } else {
             (
                 ApprovalKind::Reconcile,
                 format!(
-                    "Step {} (NonIdempotent) was interrupted on attempt {} and may have acted. Retry it with the same key, mark it succeeded, or mark it failed?",
+                    "Step {} (NonIdempotent) ended on attempt {} without saying it did not act, so it may have acted. Retry it with the same key, mark it succeeded, or mark it failed?",
                     step.name, cp.attempt
                 ),
                 None,
@@ -198,8 +234,9 @@ impl<'a> Machine<'a> {
             )
         };
         let pod = reconcile.then(|| cp.pod.clone()).flatten();
-        let context = self.approval_context(plan, why, step, &cp.idempotency_key, pod);
-        let step_digest = (!reconcile).then(|| cp.step_digest.clone()).flatten();
+        let mut context = self.approval_context(plan, why, step, &cp.idempotency_key, pod);
+        context.repeats = repeats;
+        let step_digest = cp.step_digest.clone();
         // Who may answer is the gate's: a Reconcile question about a step
         // goes to the same people as its approval (one answer suffices).
         let gate = step.approval.clone().unwrap_or_default();
@@ -267,7 +304,7 @@ impl<'a> Machine<'a> {
                 .approval
                 .as_ref()
                 .and_then(|g| plan::duration(g.timeout.as_ref()))
-                && cp.effect != Some(EffectOutcome::Unknown)
+                && !names::is_reconcile(&name)
                 && let Some(s) = &cp.started_at
             {
                 self.deadlines
@@ -276,30 +313,32 @@ impl<'a> Machine<'a> {
             return self.request_approval(plan, i, c);
         };
         let step = plan.steps[i].name.clone();
-        let reconcile = cp.effect == Some(EffectOutcome::Unknown);
+        let reconcile = names::is_reconcile(&name);
         let answer = approval::answer(a, self.now);
-        if !reconcile {
+        {
             // D14: the approval releases only the step it was asked about.
             let digest = approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_ref());
             let asked = a.spec.step_digest.as_ref().or(cp.step_digest.as_ref());
+            // Only an answer that lets the step run needs the step unchanged;
+            // a Reconcile answered MarkSucceeded or MarkFailed is about the
+            // past attempt, not about what runs next.
             let refused = matches!(
                 answer,
                 Answer::Decided {
-                    decision: Answered::Rejected,
+                    decision: Answered::Rejected | Answered::MarkSucceeded | Answered::MarkFailed,
                     ..
                 } | Answer::Expired {
                     on_timeout: OnTimeout::Reject
                 }
-            );
+            ) || (reconcile
+                && matches!(answer, Answer::Expired { .. } | Answer::Expiring { .. }));
             if asked.is_some_and(|d| *d != digest) && !refused {
                 self.recorded = true;
-                return self.ask_approval(
+                return self.ask_again(
                     plan,
                     i,
-                    Some(c),
-                    Some(format!(
-                        "step {step} changed after Approval {name} was requested"
-                    )),
+                    c,
+                    format!("step {step} changed after Approval {name} was requested"),
                 );
             }
         }
@@ -347,7 +386,7 @@ impl<'a> Machine<'a> {
                         Reason::ApprovalExpired,
                         format!("Approval {name} expired; onTimeout Approve: step {step} runs"),
                     );
-                    self.launch(plan, PodRole::Step, &step, plan.revision, cp.attempt + 1);
+                    self.launch(plan, PodRole::Step, &step, cp.plan_revision, cp.attempt + 1);
                 }
                 OnTimeout::Reject => self.refuse_step(
                     c,
@@ -366,6 +405,7 @@ impl<'a> Machine<'a> {
                 let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
                 match (reconcile, decision) {
                     (false, Answered::Approved) | (true, Answered::Retry) => {
+                        let (rev, attempt) = (cp.plan_revision, cp.attempt + 1);
                         let (reason, text) = if reconcile {
                             (
                                 Reason::ReconcileDecided,
@@ -379,7 +419,7 @@ impl<'a> Machine<'a> {
                         };
                         self.status.steps[c].message = Some(text.clone());
                         self.event(EventType::Normal, reason, text);
-                        self.launch(plan, PodRole::Step, &step, plan.revision, cp.attempt + 1);
+                        self.launch(plan, PodRole::Step, &step, rev, attempt);
                     }
                     (false, Answered::Rejected) => self.refuse_step(
                         c,
@@ -413,6 +453,65 @@ impl<'a> Machine<'a> {
                 }
             }
         }
+    }
+
+    /// An attempt of plan step checkpoint `c` ended in a way that may have
+    /// acted, and the step is NonIdempotent: the run does not guess (D6). It
+    /// asks a person what happened, bound to the step as it is now (D14: a
+    /// `Retry` runs exactly this).
+    pub(super) fn ask_reconcile(&mut self, plan: &Plan<'_>, c: usize, what_happened: String) {
+        let digest = plan
+            .step(&self.status.steps[c].name)
+            .map(|s| approval::step_digest(s, self.run.spec.pod_template.as_ref()));
+        let (run, uid) = (self.name, self.uid);
+        let cp = &mut self.status.steps[c];
+        let approval = names::reconcile_name(run, uid, &cp.name, cp.plan_revision, cp.attempt, 1);
+        let message = format!(
+            "{what_happened}; the step is NonIdempotent and may have acted: waiting for Approval {approval}"
+        );
+        cp.effect = Some(EffectOutcome::Unknown);
+        cp.phase = StepPhase::WaitingForApproval;
+        cp.approval = Some(approval);
+        cp.step_digest = digest;
+        cp.next_attempt_at = None;
+        cp.message = Some(message.clone());
+        let text = format!("step {}: {message}", cp.name);
+        self.recorded = true;
+        self.event(EventType::Warning, Reason::StepOutcomeUnknown, text);
+    }
+
+    /// The step changed after checkpoint `c`'s question was asked: ask it
+    /// again about the step as it is now — the same question, a new request.
+    pub(super) fn ask_again(&mut self, plan: &Plan<'_>, i: usize, c: usize, why: String) {
+        let cp = &self.status.steps[c];
+        let waiting_reconcile = cp.phase == StepPhase::WaitingForApproval
+            && cp.approval.as_deref().is_some_and(names::is_reconcile);
+        if !waiting_reconcile {
+            return self.ask_approval(plan, i, Some(c), Some(why));
+        }
+        let old = cp.approval.clone().unwrap_or_default();
+        let again = names::reconcile_name(
+            self.name,
+            self.uid,
+            &cp.name,
+            cp.plan_revision,
+            cp.attempt,
+            names::reconcile_request(&old) + 1,
+        );
+        let digest = approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_ref());
+        let cp = &mut self.status.steps[c];
+        cp.approval = Some(again.clone());
+        cp.step_digest = Some(digest);
+        cp.message = Some(format!("{why}; waiting for Approval {again}"));
+        self.request_approval(plan, i, c);
+        self.event(
+            EventType::Normal,
+            Reason::ApprovalRequested,
+            format!(
+                "step {}: {why}; waiting for Approval {again}",
+                plan.steps[i].name
+            ),
+        );
     }
 
     /// A person (or an expiry) said no: the step fails and the run winds down.

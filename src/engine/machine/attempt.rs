@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 
 use crate::api::{
-    CompensationCheckpoint, MAX_CONTEXT_BYTES, StepCheckpoint, StepContainer, StepPhase, StepRole,
-    TokenUsage,
+    CompensationCheckpoint, EffectOutcome, MAX_CONTEXT_BYTES, StepCheckpoint, StepContainer,
+    StepPhase, StepRole, TokenUsage,
 };
 use crate::engine::EventType;
 use crate::engine::context::{self, Identity, PriorResult};
@@ -320,6 +320,12 @@ impl<'a> Machine<'a> {
             container: &container,
             defaults: self.run.spec.pod_template.as_ref(),
             context_json: ctx.json,
+            step_digest: (r.role == PodRole::Step)
+                .then(|| self.step_spec(plan, &r.name))
+                .flatten()
+                .map(|s| {
+                    crate::engine::approval::step_digest(&s, self.run.spec.pod_template.as_ref())
+                }),
         }))
     }
 
@@ -341,8 +347,11 @@ impl<'a> Machine<'a> {
                 }
             }
             Observation::Terminating { uid } => self.keep_pod_uid(plan, slot, &r, uid),
-            Observation::Succeeded { message } => match slot {
-                Slot::Step(i) => self.on_success(plan, i, message.as_deref()),
+            Observation::Succeeded {
+                message,
+                finished_at,
+            } => match slot {
+                Slot::Step(i) => self.on_success(plan, i, message.as_deref(), finished_at),
                 Slot::Compensation(k) => self.compensation_succeeded(plan, k, message.as_deref()),
             },
             Observation::Failed {
@@ -355,11 +364,19 @@ impl<'a> Machine<'a> {
                 let said = result::failure_reason(message.as_deref())
                     .map(|t| format!(": {t}"))
                     .unwrap_or_default();
+                // D6: only an attempt that says so in its result did not act.
+                let not_applied =
+                    result::reported_effect(message.as_deref()) == Some(EffectOutcome::NotApplied);
+                let reported = if not_applied {
+                    "; it reported NotApplied"
+                } else {
+                    ""
+                };
                 let why = format!(
-                    "attempt {} exited with code {exit_code} ({reason}){said}",
+                    "attempt {} exited with code {exit_code} ({reason}){said}{reported}",
                     r.attempt
                 );
-                self.attempt_failed(plan, slot, why, tokens, false);
+                self.attempt_failed(plan, slot, why, tokens, !not_applied);
             }
             Observation::Disrupted {
                 reason,
@@ -413,9 +430,11 @@ impl<'a> Machine<'a> {
     /// A failed attempt (exit code, timeout, bad result, a Pod the API
     /// server refuses) spends the retry budget: retried after its backoff,
     /// never early (see `backoff_until`), or past `retry.limit` failed for
-    /// good. `may_have_acted`: the attempt ran without reporting a failure
-    /// of its own (timed out, or exited 0 with an unusable result), so a
-    /// step's effect is `Unknown` (D7) and a compensation covers it.
+    /// good. `may_have_acted`: the attempt ended without saying it did not act
+    /// (a timeout, a non-zero exit without `"effect": "NotApplied"`, an
+    /// unreadable result), so a step's effect is `Unknown` (D7), a
+    /// compensation covers it, and a NonIdempotent step is retried only once
+    /// a person answered the Reconcile question (D6).
     pub(super) fn attempt_failed(
         &mut self,
         plan: &Plan<'_>,
@@ -437,8 +456,16 @@ impl<'a> Machine<'a> {
         *f.failures = failures;
         *f.pod_uid = None;
         self.recorded = true;
-        if failures > limit {
-            let message = format!("{why}; no retries left (limit {limit})");
+        if let Slot::Step(i) = slot {
+            self.attempt_ended(plan, i);
+        }
+        // A failing run retries nothing: what ran is recorded, then it winds down.
+        if failures > limit || (self.failing() && r.role != PodRole::Compensate) {
+            let message = if failures > limit {
+                format!("{why}; no retries left (limit {limit})")
+            } else {
+                format!("{why}; not retried: the run is failing")
+            };
             let f = self.facts(slot);
             *f.phase = StepPhase::Failed;
             *f.finished_at = Some(now);
@@ -453,6 +480,12 @@ impl<'a> Machine<'a> {
                 ),
             }
             return;
+        }
+        if may_have_acted
+            && let Slot::Step(i) = slot
+            && self.non_idempotent(plan, i)
+        {
+            return self.ask_reconcile(plan, i, why);
         }
         let delay = plan::backoff(backoff.as_ref(), failures);
         let at = Time(self.backoff_until(delay));
@@ -476,7 +509,9 @@ impl<'a> Machine<'a> {
     /// A disrupted attempt (evicted, preempted, its node lost, its Pod
     /// vanished) does not spend the retry budget (D6); what follows depends
     /// on the role: a step may have acted (see `step_disrupted`), a
-    /// compensation is meant to be repeatable and runs again.
+    /// compensation is meant to be repeatable and runs again. Either backs
+    /// off once disrupted again (the retry backoff, capped), so a Pod evicted
+    /// over and over is not re-created in a hot loop.
     pub(super) fn disrupted(
         &mut self,
         plan: &Plan<'_>,
@@ -495,13 +530,26 @@ impl<'a> Machine<'a> {
         match slot {
             Slot::Step(i) => self.step_disrupted(plan, i, why, started),
             Slot::Compensation(k) => {
+                let at = self.disruption_backoff(plan, slot);
                 let c = &mut self.status.compensations[k];
                 c.phase = StepPhase::Pending;
+                c.next_attempt_at = at.clone();
                 c.message = Some(format!(
-                    "attempt {} was disrupted; it runs again with the same key",
-                    c.attempt
+                    "attempt {} was disrupted; it runs again with the same key{}",
+                    c.attempt,
+                    at.map(|t| format!(" at {}", t.0)).unwrap_or_default()
                 ));
             }
         }
+    }
+
+    /// When the attempt after a disruption may start: at once after the
+    /// first, then after the retry backoff counted in disruptions.
+    pub(super) fn disruption_backoff(&mut self, plan: &Plan<'_>, slot: Slot) -> Option<Time> {
+        let r = self.record(slot);
+        let (_, backoff) = self.retry_rule(plan, &r);
+        let disruptions = *self.facts(slot).disruptions;
+        (disruptions >= 2)
+            .then(|| Time(self.backoff_until(plan::backoff(backoff.as_ref(), disruptions - 1))))
     }
 }

@@ -8,17 +8,17 @@ use crate::engine::conditions::{self as cond, FALSE, TRUE, UNKNOWN};
 use crate::engine::plan::{CheckpointIndex, Plan};
 use crate::engine::reasons::{ConditionType, Reason};
 
-use super::{COMPACT_STATUS_ABOVE, Machine};
+use super::{COMPACT_STATUS_ABOVE, Machine, STALL_AFTER_DISRUPTIONS};
 
 impl<'a> Machine<'a> {
     pub(super) fn derive(&mut self, plan: &Plan<'_>) {
         let index = CheckpointIndex::new(&self.status.steps);
-        let done = (0..plan.steps.len())
-            .filter(|&i| {
-                index
-                    .effective(&self.status.steps, plan, i)
-                    .is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded)
-            })
+        let effective: Vec<Option<usize>> = (0..plan.steps.len())
+            .map(|i| index.effective(&self.status.steps, plan, i))
+            .collect();
+        let done = effective
+            .iter()
+            .filter(|c| c.is_some_and(|c| self.status.steps[c].phase.is_done()))
             .count();
         self.status.progress = Some(format!("{done}/{}", plan.steps.len()));
         let waiting = self
@@ -27,31 +27,79 @@ impl<'a> Machine<'a> {
             .iter()
             .rfind(|c| c.phase == StepPhase::WaitingForApproval)
             .cloned();
-        let active = self
+        let running = self
             .status
             .steps
             .iter()
-            .rfind(|c| !c.phase.is_terminal())
+            .any(|c| c.phase == StepPhase::Running);
+        // The steps under way, in the plan's order: one name for a sequence,
+        // the names of the parallel branches for a graph.
+        let mut active: Vec<String> = plan
+            .order
+            .iter()
+            .filter_map(|&i| effective[i])
+            .map(|c| &self.status.steps[c])
+            .filter(|c| !c.phase.is_terminal())
             .map(|c| c.name.clone())
-            .or_else(|| {
-                self.status
-                    .compensations
-                    .iter()
-                    .rfind(|c| !c.phase.is_terminal())
-                    .map(|c| c.name.clone())
-            });
-        if active.is_some() {
-            self.status.current_step = active;
+            .collect();
+        if active.is_empty()
+            && let Some(c) = self.status.steps.iter().rfind(|c| !c.phase.is_terminal())
+        {
+            active.push(c.name.clone());
+        }
+        if active.is_empty()
+            && let Some(c) = self
+                .status
+                .compensations
+                .iter()
+                .rfind(|c| !c.phase.is_terminal())
+        {
+            active.push(c.name.clone());
+        }
+        if !active.is_empty() {
+            const SHOWN: usize = 3;
+            let more = active.len().saturating_sub(SHOWN);
+            active.truncate(SHOWN);
+            let mut text = active.join(",");
+            if more > 0 {
+                text.push_str(&format!(",+{more}"));
+            }
+            self.status.current_step = Some(text);
         }
         let failing = self.failing();
         let phase = match self.status.phase {
             Some(p) if p.is_terminal() => p,
             _ if failing => RunPhase::Compensating,
             _ if self.planning().is_some() => RunPhase::Planning,
-            _ if waiting.is_some() => RunPhase::WaitingForApproval,
+            _ if waiting.is_some() && !running => RunPhase::WaitingForApproval,
             _ => RunPhase::Running,
         };
         self.status.phase = Some(phase);
+        // D16: a step disrupted again and again is a stall people must see,
+        // even though it resumes on its own once the cluster heals.
+        if self.stalled.is_none()
+            && !phase.is_terminal()
+            && let Some(c) = self
+                .status
+                .steps
+                .iter()
+                .find(|c| !c.phase.is_terminal() && c.disruptions >= STALL_AFTER_DISRUPTIONS)
+        {
+            let next = c
+                .next_attempt_at
+                .as_ref()
+                .map(|t| format!("; its next attempt starts at {}", t.0))
+                .unwrap_or_default();
+            self.stalled = Some((
+                Reason::RepeatedlyDisrupted,
+                format!(
+                    "step {} was disrupted {} times{next}; {}",
+                    c.name,
+                    c.disruptions,
+                    c.message.as_deref().unwrap_or("")
+                ),
+            ));
+        }
 
         let g = self.run.metadata.generation;
         let now = self.now;
@@ -124,9 +172,13 @@ impl<'a> Machine<'a> {
                 cond::set(conds, ConditionType::Stalled, TRUE, why, message, g, now)
             }
             // Cleared once what was refused exists (nothing is being created
-            // again) or the run is over.
+            // again), the step disrupted again and again got through, or the
+            // run is over.
             None if cond::is_true(conds, ConditionType::Stalled)
-                && (phase.is_terminal() || !creating) =>
+                && (phase.is_terminal()
+                    || !creating
+                    || cond::get(conds, ConditionType::Stalled)
+                        .is_some_and(|c| c.reason == Reason::RepeatedlyDisrupted)) =>
             {
                 cond::set(
                     conds,
@@ -186,14 +238,16 @@ impl<'a> Machine<'a> {
             now,
         );
         if let Some(plan_status) = &self.status.plan
-            && let Some(from) = &plan_status.rerun_from
+            && (!plan_status.rerun.is_empty() || plan_status.rerun_from.is_some())
         {
-            let rerun_done = plan
-                .steps
-                .iter()
-                .position(|s| &s.name == from)
-                .and_then(|i| index.effective(&self.status.steps, plan, i))
-                .is_some_and(|c| self.status.steps[c].phase == StepPhase::Succeeded);
+            // Fresh again once every step this revision runs again is done.
+            let rerun_done = (0..plan.steps.len())
+                .filter(|&i| plan.runs_at_revision(i))
+                .all(|i| {
+                    index
+                        .effective(&self.status.steps, plan, i)
+                        .is_some_and(|c| self.status.steps[c].phase.is_done())
+                });
             let (s, r) = if rerun_done {
                 (FALSE, Reason::InputsFresh)
             } else {
@@ -222,6 +276,14 @@ impl<'a> Machine<'a> {
         if excess == 0 {
             return;
         }
+        // The newest compactor that succeeded marks where the summary ends:
+        // the results before it are in the summary and left out of every
+        // context. It stays, or every later step would compact again.
+        let boundary = self
+            .status
+            .steps
+            .iter()
+            .rposition(|c| c.role == StepRole::Compactor && c.phase == StepPhase::Succeeded);
         // Compactors whose step has started: their summary is in the status.
         let started: std::collections::HashSet<(String, i64)> = self
             .status
@@ -230,8 +292,12 @@ impl<'a> Machine<'a> {
             .filter(|c| c.role == StepRole::Step)
             .map(|c| (c.name.clone(), c.plan_revision))
             .collect();
+        let mut position = 0;
         self.status.steps.retain(|c| {
+            let at = position;
+            position += 1;
             let drop = excess > 0
+                && Some(at) != boundary
                 && c.role == StepRole::Compactor
                 && c.phase.is_terminal()
                 && !c.stopping

@@ -113,7 +113,7 @@ impl<'a> Machine<'a> {
             return true;
         }
         let (message, exited_ok) = match observe::observe(Some(pod), None) {
-            Observation::Succeeded { message } => (message, true),
+            Observation::Succeeded { message, .. } => (message, true),
             Observation::Failed { message, .. } | Observation::Disrupted { message, .. } => {
                 (message, false)
             }

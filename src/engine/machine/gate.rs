@@ -40,6 +40,8 @@ pub(super) enum Hold {
     BudgetSpent,
     /// An earlier attempt with the same key is still stopping (D2).
     LivePod,
+    /// `spec.parallelism` step Pods are in flight.
+    Parallelism,
 }
 
 /// What is about to start.
@@ -80,14 +82,18 @@ impl<'a> Machine<'a> {
         if self.run.spec.suspend {
             return Err(Hold::Suspended);
         }
-        let at = (role == PodRole::Step && rev == plan.revision)
-            .then(|| plan.steps.iter().position(|s| s.name == name))
-            .flatten();
+        let at = (role == PodRole::Step).then(|| plan.index(&name)).flatten();
         if let Some(i) = at {
             if self.replan_if_stale(plan, i) {
                 return Err(Hold::Stale);
             }
-            if let Start::Again(Slot::Step(c)) = start {
+            // D14: every attempt — the first, a retry, a re-run after a
+            // disruption, a Reconcile retry — runs exactly what was approved.
+            let slot = match start {
+                Start::Again(slot) => Some(slot),
+                Start::New { .. } => self.slot(role, &name, rev),
+            };
+            if let Some(Slot::Step(c)) = slot {
                 let digest =
                     approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_ref());
                 if self.status.steps[c]
@@ -96,20 +102,24 @@ impl<'a> Machine<'a> {
                     .is_some_and(|d| *d != digest)
                 {
                     self.recorded = true;
-                    self.ask_approval(
+                    self.ask_again(
                         plan,
                         i,
-                        Some(c),
-                        Some(format!(
-                            "step {name} changed after it was approved and before its Pod was created"
-                        )),
+                        c,
+                        format!("step {name} changed after it was approved and before its Pod was created"),
                     );
                     return Err(Hold::ApprovalChanged);
                 }
             }
-            if new && self.compaction_blocks(plan, i) {
+            if new && rev == plan.revision && self.compaction_blocks(plan, i) {
                 return Err(Hold::Compacting);
             }
+        }
+        if new
+            && matches!(role, PodRole::Step | PodRole::Compactor)
+            && self.in_flight() >= self.parallelism()
+        {
+            return Err(Hold::Parallelism);
         }
         let Start::New { key, .. } = start else {
             return Ok(());

@@ -58,11 +58,23 @@ impl<'a> Machine<'a> {
         self.fail_run(why, message);
     }
 
-    /// The run is bound to fail (or be cancelled): stop what runs, record
-    /// why, and wind down through compensation.
+    /// The run is bound to fail (or be cancelled): record why, close what has
+    /// not started, and wind down through compensation. A cancel, a deadline,
+    /// a budget or a spec that cannot run stops what runs; any other failure
+    /// (a step failed for good, a refusal) lets the steps already running in
+    /// other branches finish, so their effects are recorded, not guessed.
     pub(super) fn fail_run(&mut self, why: Reason, message: String) {
         self.set_condition(ConditionType::FailureTarget, TRUE, why, message.clone());
         self.recorded = true;
+        let stop_running = matches!(
+            why,
+            Reason::Cancelled
+                | Reason::DeadlineExceeded
+                | Reason::TokenBudgetExceeded
+                | Reason::StepExecutionBudgetExceeded
+                | Reason::StatusBudgetExceeded
+                | Reason::InvalidSpec
+        );
         let now = self.now;
         let effects: HashMap<String, Effect> = self
             .run
@@ -78,9 +90,14 @@ impl<'a> Machine<'a> {
                 continue;
             }
             let mut effect = cp.effect;
+            let mut closing = format!("stopped: {message}");
             if cp.phase == StepPhase::Running {
                 let pod_name = cp.pod.clone().unwrap_or_default();
                 let pod = self.pods.get(pod_name.as_str()).copied();
+                // A Pod seen live runs on to its end and is recorded then.
+                if !stop_running && pod.is_some_and(observe::is_live) {
+                    continue;
+                }
                 // Unseen Pods may exist: assume they started.
                 let started = pod.is_none_or(observe::started);
                 if cp.role == StepRole::Step
@@ -89,7 +106,7 @@ impl<'a> Machine<'a> {
                     effect = Some(if started {
                         EffectOutcome::Unknown
                     } else {
-                        EffectOutcome::NotApplied
+                        cp.effect.unwrap_or(EffectOutcome::NotApplied)
                     });
                 }
                 if pod
@@ -103,8 +120,13 @@ impl<'a> Machine<'a> {
                 // A Pod that is still running may yet report a result (which
                 // its compensation needs) and tokens: they are still recorded.
                 self.status.steps[i].stopping = pod.is_some_and(observe::is_live);
-            } else if cp.role == StepRole::Step && effect.is_none() {
-                effect = Some(EffectOutcome::NotApplied);
+            } else {
+                if cp.role == StepRole::Step && effect.is_none() {
+                    effect = Some(EffectOutcome::NotApplied);
+                }
+                if !stop_running {
+                    closing = format!("not started: {message}");
+                }
             }
             let cp = &mut self.status.steps[i];
             cp.effect = if cp.role == StepRole::Step {
@@ -117,7 +139,7 @@ impl<'a> Machine<'a> {
             cp.finished_at = Some(Time(now));
             cp.pod_uid = None;
             cp.next_attempt_at = None;
-            cp.message = Some(format!("stopped: {message}"));
+            cp.message = Some(closing);
         }
         let type_ = if why == Reason::Cancelled {
             EventType::Normal

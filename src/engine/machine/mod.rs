@@ -51,9 +51,9 @@ pub const MAX_INLINE_RESULT: usize = 4096;
 /// Largest total of inline results across the run; later results are kept
 /// out of status (`resultTruncated`) so a 500-step run stays < 256 KiB (D11).
 pub const MAX_INLINE_RESULTS: usize = 48 * 1024;
-/// Re-plans for stale input before the run gives up: a freshness budget
-/// shorter than the steps (or approvals) after it can never be met.
-pub const MAX_REPLANS: i64 = 20;
+/// Disruptions of one step after which the run says it is stalled (D16):
+/// it still resumes, after its backoff, once the cluster heals.
+pub const STALL_AFTER_DISRUPTIONS: i32 = 3;
 /// D11: above this size the status is compacted: the oldest finished
 /// checkpoints are cut to their facts (see `StepCheckpoint::compacted`) and
 /// finished compactor checkpoints whose step has started are dropped.
@@ -187,6 +187,7 @@ impl<'a> Machine<'a> {
                 source: PlanSource::Spec,
                 step_names: self.run.spec.steps.iter().map(|s| s.name.clone()).collect(),
                 steps: Vec::new(),
+                rerun: Vec::new(),
                 rerun_from: None,
             });
         }
@@ -207,7 +208,9 @@ impl<'a> Machine<'a> {
                 let empty = Plan {
                     revision: plan_status.revision,
                     steps: Vec::new(),
-                    rerun_from: 0,
+                    deps: Vec::new(),
+                    order: Vec::new(),
+                    rerun: plan::Rerun::All,
                 };
                 self.wind_down(&empty);
                 self.derive(&empty);

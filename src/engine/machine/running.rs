@@ -12,7 +12,7 @@ use crate::api::{
     TokenUsage,
 };
 use crate::engine::conditions::TRUE;
-use crate::engine::names::{self, PodRole};
+use crate::engine::names::PodRole;
 use crate::engine::observe::{self};
 use crate::engine::plan::{self, Plan};
 use crate::engine::reasons::{ConditionType, Reason};
@@ -112,7 +112,13 @@ impl<'a> Machine<'a> {
         self.status.steps[i].stopping = true;
     }
 
-    pub(super) fn on_success(&mut self, plan: &Plan<'_>, i: usize, message: Option<&str>) {
+    pub(super) fn on_success(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        message: Option<&str>,
+        finished_at: Option<Timestamp>,
+    ) {
         let attempt = self.status.steps[i].attempt;
         let report = match result::parse(message) {
             Ok(r) => r,
@@ -154,10 +160,18 @@ impl<'a> Machine<'a> {
         };
         let (inline, truncated) = self.cap_result(report.result);
         self.tally.succeeded += 1;
+        if role == StepRole::Step {
+            self.attempt_ended(plan, i);
+        }
+        // D8: a result is as old as the container's finish, not as the
+        // moment the operator noticed (it may have been down meanwhile).
+        let finished = finished_at
+            .map(|t| super::whole_seconds(t).min(self.now))
+            .unwrap_or(self.now);
         let cp = &mut self.status.steps[i];
         cp.phase = StepPhase::Succeeded;
         cp.checkpoint = CheckpointState::Committed;
-        cp.finished_at = Some(Time(self.now));
+        cp.finished_at = Some(Time(finished));
         cp.pod_uid = None;
         cp.next_attempt_at = None;
         cp.result = inline;
@@ -165,17 +179,22 @@ impl<'a> Machine<'a> {
         // What the step waited for or went through no longer holds.
         cp.message = None;
         if role == StepRole::Step {
-            let effect = spec.as_ref().map_or(Effect::NonIdempotent, |s| s.effect);
-            cp.effect = Some(if effect == Effect::None {
-                EffectOutcome::NotApplied
-            } else {
-                EffectOutcome::Applied
+            let declared = spec.as_ref().map_or(Effect::NonIdempotent, |s| s.effect);
+            cp.effect = Some(match (declared, report.effect, cp.effect) {
+                (Effect::None, _, _) => EffectOutcome::NotApplied,
+                // An earlier attempt may have acted; this one saying it did
+                // not (under the same key) does not undo that.
+                (_, Some(EffectOutcome::NotApplied), Some(EffectOutcome::Unknown)) => {
+                    EffectOutcome::Unknown
+                }
+                (_, Some(said), _) => said,
+                (_, None, _) => EffectOutcome::Applied,
             });
         }
         let fresh_for = spec
             .as_ref()
             .and_then(|s| plan::duration(s.fresh_for.as_ref()));
-        cp.fresh_until = fresh_for.map(|d| Time(self.now.checked_add(d).unwrap_or(Timestamp::MAX)));
+        cp.fresh_until = fresh_for.map(|d| Time(finished.checked_add(d).unwrap_or(Timestamp::MAX)));
         let name = cp.name.clone();
         let attempt = cp.attempt;
         if truncated && role == StepRole::Step {
@@ -250,6 +269,7 @@ impl<'a> Machine<'a> {
             source: PlanSource::Planner,
             step_names: names,
             steps,
+            rerun: Vec::new(),
             rerun_from: None,
         });
         self.event(EventType::Normal, Reason::PlanAdopted, message);
@@ -287,14 +307,36 @@ impl<'a> Machine<'a> {
                 Reason::StepFailed,
                 format!("compactor before {name}: {message}"),
             );
-        } else {
+        } else if !self.failing() {
             self.fail_run(Reason::StepFailed, format!("step {name}: {message}"));
         }
     }
 
+    /// Whether plan step checkpoint `i` is a NonIdempotent step's.
+    pub(super) fn non_idempotent(&self, plan: &Plan<'_>, i: usize) -> bool {
+        self.status.steps[i].role == StepRole::Step
+            && self
+                .step_spec(plan, &self.status.steps[i].name)
+                .is_none_or(|s| s.effect == Effect::NonIdempotent)
+    }
+
+    /// An attempt of plan step checkpoint `i` ended. A step without an
+    /// approval gate was bound to a digest only for the attempt a Reconcile
+    /// answer released (D14): the next one is not.
+    pub(super) fn attempt_ended(&mut self, plan: &Plan<'_>, i: usize) {
+        let gated = self
+            .step_spec(plan, &self.status.steps[i].name)
+            .and_then(|s| s.approval)
+            .is_some_and(|g| g.required);
+        if !gated {
+            self.status.steps[i].step_digest = None;
+        }
+    }
+
     /// A disrupted step, after `disrupted` counted it: a NonIdempotent step
-    /// that may have acted asks a person instead of running again (D7);
-    /// any other runs again with the same key.
+    /// that may have acted asks a person instead of running again (D6); any
+    /// other runs again with the same key, after a backoff once disrupted
+    /// again; a step disrupted over and over says so (D16).
     pub(super) fn step_disrupted(&mut self, plan: &Plan<'_>, i: usize, why: &str, started: bool) {
         let effect = match self.status.steps[i].role {
             StepRole::Step => self
@@ -302,35 +344,57 @@ impl<'a> Machine<'a> {
                 .map_or(Effect::NonIdempotent, |s| s.effect),
             _ => Effect::None,
         };
-        let run = self.name.to_owned();
-        let uid = self.uid.to_owned();
-        let cp = &mut self.status.steps[i];
-        let (type_, reason, message) = if effect == Effect::NonIdempotent && started {
-            let approval =
-                names::reconcile_name(&run, &uid, &cp.name, cp.plan_revision, cp.attempt, 1);
-            let message = format!(
-                "attempt {} was disrupted ({why}) after it started; the step is NonIdempotent and may have acted: waiting for Approval {approval}",
-                cp.attempt
-            );
-            cp.effect = Some(EffectOutcome::Unknown);
-            cp.phase = StepPhase::WaitingForApproval;
-            cp.approval = Some(approval);
-            (EventType::Warning, Reason::StepOutcomeUnknown, message)
-        } else {
-            if started && effect != Effect::None && cp.role == StepRole::Step {
-                // It may have acted before it was stopped; the rerun with the
-                // same key settles it (Applied on success).
-                cp.effect = Some(EffectOutcome::Unknown);
+        if self.status.steps[i].role == StepRole::Step {
+            self.attempt_ended(plan, i);
+        }
+        let attempt = self.status.steps[i].attempt;
+        if started && effect != Effect::None && self.status.steps[i].role == StepRole::Step {
+            // It may have acted before it was stopped.
+            self.status.steps[i].effect = Some(EffectOutcome::Unknown);
+        }
+        if self.failing() {
+            let now = Time(self.now);
+            let cp = &mut self.status.steps[i];
+            cp.phase = StepPhase::Failed;
+            cp.checkpoint = CheckpointState::Committed;
+            cp.finished_at = Some(now);
+            if cp.role == StepRole::Step && cp.effect.is_none() {
+                cp.effect = Some(EffectOutcome::NotApplied);
             }
-            let message = format!(
-                "attempt {} was disrupted ({why}); it runs again with the same key",
-                cp.attempt
+            cp.message = Some(format!(
+                "attempt {attempt} was disrupted ({why}); not run again: the run is failing"
+            ));
+            return;
+        }
+        if effect == Effect::NonIdempotent && started {
+            return self.ask_reconcile(
+                plan,
+                i,
+                format!("attempt {attempt} was disrupted ({why}) after it started"),
             );
-            cp.phase = StepPhase::Pending;
-            (EventType::Normal, Reason::StepDisrupted, message)
+        }
+        let at = self.disruption_backoff(plan, super::attempt::Slot::Step(i));
+        let cp = &mut self.status.steps[i];
+        let disruptions = cp.disruptions;
+        let when = match &at {
+            Some(t) => format!(" at {}", t.0),
+            None => String::new(),
         };
+        let message = format!(
+            "attempt {attempt} was disrupted ({why}); it runs again with the same key{when}"
+        );
+        cp.phase = StepPhase::Pending;
+        cp.next_attempt_at = at;
         cp.message = Some(message.clone());
         let text = format!("step {}: {message}", cp.name);
-        self.event(type_, reason, text);
+        if disruptions >= super::STALL_AFTER_DISRUPTIONS {
+            self.event(
+                EventType::Warning,
+                Reason::RepeatedlyDisrupted,
+                format!("{text}; disrupted {disruptions} times"),
+            );
+        } else {
+            self.event(EventType::Normal, Reason::StepDisrupted, text);
+        }
     }
 }

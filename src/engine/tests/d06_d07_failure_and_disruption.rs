@@ -379,10 +379,19 @@ fn an_effect_that_may_have_happened_is_unknown_and_compensated() {
         w.created
     );
 
-    // A non-zero exit reports that the step did not act: not compensated.
+    // A non-zero exit says nothing of what the step did: it may have
+    // acted, and its compensation runs (D6, D7).
     let mut w = World::new(AgentRun::test().with_steps([step("a").with_compensate()]));
     w.settle();
     w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(1, ""));
+    w.settle();
+    assert_eq!(cp(&w, "a", 1).effect, Some(EffectOutcome::Unknown));
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1", "run-a-2b8d3c-r1-c1"]);
+
+    // One that reports NotApplied did not act: not compensated.
+    let mut w = World::new(AgentRun::test().with_steps([step("a").with_compensate()]));
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(1, NOT_APPLIED));
     w.settle();
     assert_eq!(cp(&w, "a", 1).effect, Some(EffectOutcome::NotApplied));
     assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"]);

@@ -134,3 +134,14 @@ pub(super) fn secs(n: i64) -> Option<SignedDuration> {
 pub(super) fn two_steps() -> AgentRun {
     AgentRun::test().with_steps([step("a"), step("b")])
 }
+
+/// The context a step Pod receives (its `agentrun.dev/context` annotation).
+pub(super) fn context_of(pod: &k8s_openapi::api::core::v1::Pod) -> serde_json::Value {
+    let text = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(labels::CONTEXT))
+        .expect("a context annotation");
+    serde_json::from_str(text).expect("the context is JSON")
+}
