@@ -428,3 +428,49 @@ fn the_recorded_decider_is_named_not_the_tool() {
     );
     assert_eq!(cp(&w, "a", 1).decided_by.as_deref(), Some("alice"));
 }
+
+#[test]
+fn a_step_edited_during_its_retry_backoff_is_asked_about_again() {
+    let mut w = World::new(
+        AgentRun::test().with_steps([step("a")
+            .with_approval(None, OnTimeout::Reject)
+            .with_retry(1, "30s", "30s")]),
+    );
+    w.settle();
+    assert!(w.decide_approval("run-a-2b8d3c-r1-approve", Answer::Approved, "alice"));
+    w.settle();
+    // Attempt 1 fails (saying it did not act): a retry in 30 s.
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(1, NOT_APPLIED));
+    w.settle();
+    // During the backoff, the step's arguments are edited.
+    w.run.spec.steps[0].container.args = vec!["--force".into()];
+    w.run.metadata.generation = Some(2);
+    w.advance(31);
+    w.settle();
+    assert_eq!(
+        w.created,
+        ["run-a-2b8d3c-r1-a1"],
+        "no attempt under the old approval"
+    );
+    let a = cp(&w, "a", 1);
+    assert_eq!(a.phase, StepPhase::WaitingForApproval);
+    assert_eq!(a.approval.as_deref(), Some("run-a-2b8d3c-r1-approve-2"));
+    let asked = &w.approvals["run-a-2b8d3c-r1-approve-2"];
+    assert_eq!(asked.spec.step_digest, a.step_digest);
+    assert_ne!(
+        asked.spec.step_digest,
+        w.approvals["run-a-2b8d3c-r1-approve"].spec.step_digest
+    );
+    assert!(w.decide_approval("run-a-2b8d3c-r1-approve-2", Answer::Approved, "alice"));
+    w.settle();
+    let pod = w.pod("run-a-2b8d3c-r1-a2");
+    assert_eq!(
+        pod.spec.unwrap().containers[0].args,
+        Some(vec!["--force".into()])
+    );
+    assert_eq!(
+        pod.metadata.annotations.unwrap()[labels::STEP_DIGEST],
+        a.step_digest.unwrap(),
+        "the Pod says what it runs"
+    );
+}

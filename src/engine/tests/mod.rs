@@ -16,7 +16,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 mod d01_d02_launch;
 mod d03_d05_commit;
+mod d04_graphs;
 mod d06_d07_failure_and_disruption;
+mod d06_unknown_outcomes;
 mod d07_saga;
 mod d08_freshness;
 mod d09_budgets_and_limits;
