@@ -65,6 +65,9 @@ struct StepGen {
     approval: Option<bool>,
     fresh: bool,
     compensate: bool,
+    /// In a graph: a bit per earlier step this one depends on. `None` for
+    /// every step of a run: a sequence.
+    deps: Option<u8>,
 }
 
 fn step_gen() -> impl Strategy<Value = StepGen> {
@@ -84,8 +87,30 @@ fn step_gen() -> impl Strategy<Value = StepGen> {
                 approval,
                 fresh,
                 compensate,
+                deps: None,
             },
         )
+}
+
+/// Steps of a sequence, or (one time in three) of a random graph: each
+/// step depends on a random subset of the steps before it.
+fn steps_gen() -> impl Strategy<Value = Vec<StepGen>> {
+    (
+        prop::collection::vec((step_gen(), any::<u8>()), 1..5),
+        prop::bool::weighted(0.35),
+    )
+        .prop_map(|(steps, graph)| {
+            steps
+                .into_iter()
+                .enumerate()
+                .map(|(i, (mut s, bits))| {
+                    if graph {
+                        s.deps = Some(bits & ((1u8 << i) - 1));
+                    }
+                    s
+                })
+                .collect()
+        })
 }
 
 fn build_run(steps: &[StepGen], tokens: Option<i64>) -> AgentRun {
@@ -117,6 +142,14 @@ fn build_run(steps: &[StepGen], tokens: Option<i64>) -> AgentRun {
             }
             if g.compensate {
                 s = s.with_compensate();
+            }
+            if let Some(bits) = g.deps {
+                s.depends_on = Some(
+                    (0..i)
+                        .filter(|j| bits & (1 << j) != 0)
+                        .map(|j| format!("s{j}"))
+                        .collect(),
+                );
             }
             s
         })
@@ -240,9 +273,28 @@ struct Execution {
     /// A decision that stood saw it as its attempt's Pod.
     seen_by_operator: bool,
     /// A committed decision closed its attempt and deleted its Pod (a
-    /// timeout): the step runs again by its retry policy, whatever the Pod
-    /// did meanwhile.
+    /// timeout, a cancel): once started, it may have acted.
     closed_by_operator: bool,
+    /// A step Pod of a step that acts (effect Idempotent or NonIdempotent).
+    acts: bool,
+    /// It ended on its own without saying it did not act: a non-zero exit
+    /// without `"effect": "NotApplied"`, or an unreadable result.
+    unreported_failure: bool,
+    /// It succeeded with a readable result: it acted.
+    succeeded: bool,
+}
+
+impl Execution {
+    /// It may have acted (D6): it started and ended any way but a failure
+    /// that said it did not act.
+    fn may_have_acted(&self) -> bool {
+        self.started
+            && (self.succeeded
+                || self.unreported_failure
+                || self.interrupted
+                || self.closed_by_operator
+                || self.disrupted)
+    }
 }
 
 /// An own Pod write standing in for the cache (`controller::expectations`).
@@ -299,6 +351,37 @@ fn lagging<T: Clone>(q: &VecDeque<T>, lag: usize, current: &T) -> T {
         0 => current.clone(),
         n => q[q.len().saturating_sub(n)].clone(),
     }
+}
+
+/// The steps `step` comes after, directly or not: the spec's `dependsOn`,
+/// or every step before it when none names any (computed here, apart from
+/// the engine's own graph).
+fn ancestors(steps: &[StepSpec], step: &str) -> Vec<String> {
+    let graph = steps.iter().any(|s| s.depends_on.is_some());
+    let deps = |name: &str| -> Vec<String> {
+        let i = steps.iter().position(|s| s.name == name).unwrap();
+        if graph {
+            steps[i]
+                .depends_on
+                .iter()
+                .flat_map(|d| d.iter().cloned())
+                .collect()
+        } else {
+            steps[..i]
+                .last()
+                .map(|s| vec![s.name.clone()])
+                .unwrap_or_default()
+        }
+    };
+    let mut out: Vec<String> = Vec::new();
+    let mut stack = deps(step);
+    while let Some(d) = stack.pop() {
+        if !out.contains(&d) {
+            stack.extend(deps(&d));
+            out.push(d);
+        }
+    }
+    out
 }
 
 fn uid(p: &Pod) -> String {
@@ -631,14 +714,19 @@ impl Sim {
                     let l = created.metadata.labels.as_ref().unwrap();
                     let role = PodRole::from_label(&l[labels::ROLE]).unwrap();
                     let step = l[labels::STEP].clone();
-                    let non_idempotent = role == PodRole::Step
-                        && self
-                            .w
-                            .run
-                            .spec
-                            .steps
-                            .iter()
-                            .any(|s| s.name == step && s.effect == Effect::NonIdempotent);
+                    let effect = (role == PodRole::Step)
+                        .then(|| {
+                            self.w
+                                .run
+                                .spec
+                                .steps
+                                .iter()
+                                .find(|s| s.name == step)
+                                .map(|s| s.effect)
+                        })
+                        .flatten();
+                    let non_idempotent = effect == Some(Effect::NonIdempotent);
+                    let acts = effect.is_some_and(|e| e != Effect::None);
                     self.ledger.insert(
                         uid(&created),
                         Execution {
@@ -656,6 +744,9 @@ impl Sim {
                             uid_recorded: false,
                             seen_by_operator: false,
                             closed_by_operator: false,
+                            acts,
+                            unreported_failure: false,
+                            succeeded: false,
                         },
                     );
                 }
@@ -784,24 +875,28 @@ impl Sim {
                 }
                 if pod_role == PodRole::Step {
                     self.check_rerun(&name, &key, attempt, absent);
+                    self.check_effect_once(&name, &step, rev);
                     // Actions are applied only once the decided status is
                     // acknowledged (or a quorum read showed it current), so
                     // the checkpoints a launch depends on must be committed
                     // in what the API server holds (D4).
                     let plan = held.plan.clone().expect("a plan with any step Pod");
-                    let i = plan
-                        .step_names
-                        .iter()
-                        .position(|n| *n == step)
-                        .expect("step in the committed plan");
-                    for earlier in &plan.step_names[..i] {
+                    assert!(
+                        plan.step_names.contains(&step),
+                        "step {step} in the committed plan"
+                    );
+                    for earlier in &ancestors(&self.w.run.spec.steps, &step) {
+                        // An input this revision runs again must have run again.
+                        let rerun_here = rev == plan.revision
+                            && (plan.rerun.is_empty() || plan.rerun.contains(earlier));
                         let input = held
                             .steps
                             .iter()
                             .filter(|c| {
                                 c.role == StepRole::Step
                                     && &c.name == earlier
-                                    && c.plan_revision <= rev
+                                    && (c.plan_revision == rev
+                                        || (!rerun_here && c.plan_revision < rev))
                                     && c.phase == StepPhase::Succeeded
                                     && c.checkpoint == CheckpointState::Committed
                             })
@@ -866,15 +961,18 @@ impl Sim {
         }
     }
 
-    /// D6: after a NonIdempotent attempt was disrupted once it had started,
-    /// the step runs again (a later attempt, or the same Pod created anew)
-    /// only after a person answered `Retry` on the Reconcile Approval about
-    /// that attempt's Pod.
+    /// D6: after a NonIdempotent attempt may have acted — disrupted once
+    /// started, timed out, failed without saying it did not act — the step
+    /// runs again with the same key (a later attempt, or the same Pod created
+    /// anew) only after a person answered `Retry` on the Reconcile Approval
+    /// about that attempt's Pod.
     fn check_rerun(&self, name: &str, key: &str, attempt: i32, absent: bool) {
-        for e in self.ledger.values().filter(|e| e.key == key && e.disrupted) {
+        for e in self.ledger.values().filter(|e| {
+            e.key == key
+                && (e.disrupted || (e.non_idempotent && e.may_have_acted() && !e.succeeded))
+        }) {
             if e.attempt > attempt
                 || (e.attempt == attempt && !absent)
-                || e.closed_by_operator
                 || (!self.strict && known_gap_vanished_before_recorded(e))
             {
                 continue;
@@ -888,7 +986,7 @@ impl Sim {
             });
             assert!(
                 retried,
-                "D6: {name} runs NonIdempotent step {} (key {key}) again after Pod {} of attempt {} was disrupted once started, without a Retry decision on its Reconcile Approval; approvals: {:?}",
+                "D6: {name} runs NonIdempotent step {} (key {key}) again after Pod {} of attempt {} may have acted, without a Retry decision on its Reconcile Approval; approvals: {:?}",
                 e.step,
                 e.name,
                 e.attempt,
@@ -899,6 +997,32 @@ impl Sim {
                     .collect::<Vec<_>>()
             );
         }
+    }
+
+    /// D1, D8: the contract protects a step's effect, (run, step name),
+    /// across plan revisions. A step that acts runs at a later revision
+    /// (under a new key) after one of its executions may have acted only if
+    /// a person approved acting again (an Approval with `repeats`).
+    fn check_effect_once(&self, name: &str, step: &str, rev: i64) {
+        let Some(earlier) = self
+            .ledger
+            .values()
+            .find(|e| e.acts && e.step == step && e.plan_revision < rev && e.may_have_acted())
+        else {
+            return;
+        };
+        let approved = self.w.approvals.values().any(|a| {
+            a.spec.kind == ApprovalKind::Approve
+                && a.spec.step == step
+                && a.spec.plan_revision == rev
+                && a.spec.decision == Some(Answer::Approved)
+                && a.spec.context.as_ref().is_some_and(|c| c.repeats.is_some())
+        });
+        assert!(
+            approved,
+            "D1: {name} runs step {step} at plan revision {rev} under a new key after Pod {} (revision {}) may have acted, without a person approving the repeat",
+            earlier.name, earlier.plan_revision
+        );
     }
 
     fn check_world(&self) {
@@ -940,8 +1064,30 @@ impl Sim {
     fn kubelet_sets(&mut self, name: &str, next: Pod, ran: bool, interrupted: bool) {
         let next = stopped_at(next, self.w.now);
         let open = self.attempt_open(&next);
+        let phase = next.status.as_ref().and_then(|s| s.phase.clone());
+        let message = next
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone());
+        let readable = message.as_deref().is_none_or(|m| {
+            serde_json::from_str::<serde_json::Value>(m).is_ok_and(|v| v.is_object())
+        });
+        let said_not_applied = message
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+            .is_some_and(|v| v["effect"] == "NotApplied");
         if let Some(e) = self.ledger.get_mut(&uid(&next)) {
             e.started |= ran;
+            match phase.as_deref() {
+                Some("Succeeded") if readable => e.succeeded = true,
+                Some("Succeeded") => e.unreported_failure = ran,
+                Some("Failed") if !interrupted => {
+                    e.unreported_failure = ran && !said_not_applied;
+                }
+                _ => {}
+            }
             e.interrupted |= interrupted && open;
             if interrupted && e.started && e.non_idempotent && open {
                 e.disrupted = true;
@@ -1000,6 +1146,13 @@ impl Sim {
             ),
             6 => (pod.evicted(running), true),
             7 => (pod.succeeded("not json"), false),
+            8 => (
+                pod.exited(
+                    1,
+                    r#"{"result": {"error": "declined"}, "effect": "NotApplied", "tokens": {"input": 1}}"#,
+                ),
+                false,
+            ),
             _ => (pod.running(), false),
         };
         let ran = what != 6 || running;
@@ -1300,7 +1453,7 @@ proptest! {
 
     #[test]
     fn invariants_hold_under_random_interleavings(
-        steps in prop::collection::vec(step_gen(), 1..5),
+        steps in steps_gen(),
         tokens in prop::option::weighted(0.3, 20i64..200),
         events in prop::collection::vec(ev(), 0..80),
         cancel_at in prop::option::weighted(0.15, 0usize..80),
@@ -1328,6 +1481,7 @@ fn plain_step(effect: u8, retries: i32, timeout: bool) -> StepGen {
         approval: None,
         fresh: false,
         compensate: false,
+        deps: None,
     }
 }
 

@@ -107,14 +107,19 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// Whether a checkpoint's attempt runs in a Pod this decision sees live.
+    /// Whether a checkpoint's attempt runs in a Pod this decision sees live,
+    /// or is being started by this decision (through the gate, on fresh
+    /// inputs).
     pub(super) fn started_running(&self, cp: &StepCheckpoint) -> bool {
-        cp.phase == StepPhase::Running
-            && cp
-                .pod
-                .as_deref()
-                .and_then(|p| self.pods.get(p))
-                .is_some_and(|p| crate::engine::observe::is_live(p))
+        let Some(pod) = cp.pod.as_deref().filter(|_| cp.phase == StepPhase::Running) else {
+            return false;
+        };
+        self.pods
+            .get(pod)
+            .is_some_and(|p| crate::engine::observe::is_live(p))
+            || self.actions.iter().any(|a| {
+                matches!(a, crate::engine::Action::CreatePod(p) if p.metadata.name.as_deref() == Some(pod))
+            })
     }
 
     /// Step Pods (steps and compactors) the run has in flight.
@@ -404,7 +409,22 @@ impl<'a> Machine<'a> {
             })
             .collect();
         for k in superseded {
+            // An attempt recorded as launched whose Pod this decision does
+            // not see may have been created, and started, all the same: it
+            // may have acted, and the step runs again only if a person says so.
+            let unseen_acting = self.status.steps[k].phase == StepPhase::Running
+                && self.status.steps[k].role == StepRole::Step
+                && plan
+                    .step(&self.status.steps[k].name)
+                    .is_none_or(|s| s.effect != crate::api::Effect::None);
             let cp = &mut self.status.steps[k];
+            if unseen_acting {
+                cp.effect = Some(EffectOutcome::Unknown);
+                self.actions.push(crate::engine::Action::DeletePod {
+                    name: cp.pod.clone().unwrap_or_default(),
+                    reason: format!("superseded by plan revision {revision}"),
+                });
+            }
             cp.phase = StepPhase::Superseded;
             cp.message = Some(format!("superseded by plan revision {revision}"));
         }

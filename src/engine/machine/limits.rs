@@ -109,7 +109,21 @@ impl<'a> Machine<'a> {
                         cp.effect.unwrap_or(EffectOutcome::NotApplied)
                     });
                 }
-                if pod
+                // An attempt this very decision launched (another branch of
+                // a graph) is taken back before its Pod is ever created.
+                let launched_now = self.actions.iter().position(|a| {
+                    matches!(a, Action::CreatePod(p) if p.metadata.name.as_deref() == Some(pod_name.as_str()))
+                });
+                if let Some(k) = launched_now {
+                    self.actions.remove(k);
+                    effect = cp.effect.or(Some(EffectOutcome::NotApplied)).filter(|_| {
+                        cp.role == StepRole::Step
+                            && effects.get(&cp.name).is_some_and(|e| *e != Effect::None)
+                    });
+                    if cp.role == StepRole::Step && effect.is_none() {
+                        effect = Some(EffectOutcome::NotApplied);
+                    }
+                } else if pod
                     .is_none_or(|p| p.metadata.deletion_timestamp.is_none() && observe::is_live(p))
                 {
                     self.actions.push(Action::DeletePod {

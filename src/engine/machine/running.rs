@@ -89,10 +89,15 @@ impl<'a> Machine<'a> {
             return;
         }
         let pod = cp.pod.clone().unwrap_or_default();
-        let started = self
-            .pods
-            .get(pod.as_str())
-            .is_none_or(|p| observe::started(p));
+        // The Pod may have started since the cache last showed it: a
+        // NonIdempotent step's timed-out attempt may have acted unless its
+        // Pod is gone having never started (D6). Other steps are judged
+        // by what the cache shows, for the effect they record.
+        let started = self.non_idempotent(plan, i)
+            || self
+                .pods
+                .get(pod.as_str())
+                .is_none_or(|p| observe::started(p));
         let why = format!(
             "attempt {} timed out after {}",
             cp.attempt,
