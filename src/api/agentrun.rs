@@ -537,6 +537,13 @@ pub struct StepCheckpoint {
     /// attempt ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
+    /// This attempt's Pod was created again after it was never seen (the
+    /// operator died between recording the launch and creating it, or the
+    /// Pod was removed unseen): its UID is then recorded once seen, like a
+    /// NonIdempotent step's, so an older copy of the Pod a cache still
+    /// holds is never read as this one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pod_recreated: bool,
     /// What the step is doing or how it ended.
     pub phase: StepPhase,
     /// Whether the outcome has been written to this status: `Committed` once

@@ -18,7 +18,7 @@ use super::Context;
 use super::apply;
 use super::error::{Error, Result, backoff};
 use super::queue::Action;
-use crate::api::{AgentRun, Approval, StepPhase};
+use crate::api::{AgentRun, Approval};
 use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::{self, Observed};
 use crate::metrics::CategoryLabel;
@@ -82,28 +82,20 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
     })
 }
 
-/// Reads the Pods that running NonIdempotent attempts record as seen (their
-/// UID) and the cache does not hold. The cache can be behind the run: a new
-/// leader's Pod list older than the run it read, whose previous leader
-/// recorded the Pod in between; a Pod watch that relists. Such a Pod would
-/// look lost, and for such a step a lost Pod asks a person whether it acted
-/// (D6). It is called lost on the API server's word only: a Pod found is
-/// decided on as read, a Pod not found is gone.
+/// Reads the Pods the run's status names as running or still stopping that
+/// the cache does not hold. The cache can be behind the run: a new leader's
+/// Pod list older than the run it read, whose previous leader created or
+/// recorded the Pod in between; a Pod watch that relists or stalls; a Pod
+/// whose `agentrun.dev/run` label someone removed, which the watch no longer
+/// selects. Taken as absent, such a Pod would look lost, never created, or
+/// stopped — and the next attempt could start beside it (D2), or a stopping
+/// attempt's report be given up on. It is called absent on the API server's
+/// word only: a Pod found is decided on as read, a Pod not found is gone.
 async fn read_recorded_pods(run: &AgentRun, world: &mut World, ctx: &Context) -> Result<()> {
-    let Some(status) = run.status.as_ref() else {
-        return Ok(());
-    };
-    let unseen: Vec<&str> = status
-        .steps
-        .iter()
-        .filter(|c| c.phase == StepPhase::Running && c.pod_uid.is_some())
-        .filter_map(|c| c.pod.as_deref())
-        .filter(|name| {
-            !world
-                .pods
-                .iter()
-                .any(|p| p.metadata.name.as_deref() == Some(*name))
-        })
+    let unseen: Vec<&str> = engine::referenced_pods(run)
+        .into_iter()
+        .filter(|(name, uid)| engine::must_read(&world.pods, name, *uid))
+        .map(|(name, _)| name)
         .collect();
     if unseen.is_empty() {
         return Ok(());
@@ -121,15 +113,19 @@ async fn read_recorded_pods(run: &AgentRun, world: &mut World, ctx: &Context) ->
             pod: name.to_owned(),
             source,
         })?;
+        // The API server's copy replaces whatever the cache showed.
+        world
+            .pods
+            .retain(|p| p.metadata.name.as_deref() != Some(name));
         match read {
             Some(pod) if pod.owner_references().iter().any(|r| r.uid == uid) => {
                 debug!(
                     pod = name,
-                    "the Pod cache does not show a recorded Pod yet; deciding on the Pod as read"
+                    "the Pod cache does not show a Pod the run names as it is; deciding on the Pod as read"
                 );
                 world.pods.push(pod);
             }
-            _ => debug!(pod = name, "a recorded Pod is gone"),
+            _ => debug!(pod = name, "a Pod the run names is gone"),
         }
     }
     Ok(())

@@ -12,6 +12,42 @@ const DISRUPTION_REASONS: &[&str] = &["Evicted", "Preempted", "NodeLost", "Shutd
 /// Exit codes of a container killed by SIGKILL / SIGTERM, as after a deletion.
 const KILLED_EXIT_CODES: &[i32] = &[137, 143];
 
+/// The Pods the run's status names as running or still stopping, with the
+/// UID it recorded for each, if any. A decision must see each of them as the
+/// API server holds it: the controller reads from the API server any the
+/// cache lacks, or holds under another UID than the one recorded, so a Pod
+/// absent from `Observed` is gone, not merely not cached yet, and an older
+/// Pod of the same name is never read as this one (D2, D6).
+pub fn referenced_pods(run: &crate::api::AgentRun) -> Vec<(&str, Option<&str>)> {
+    use crate::api::StepPhase;
+    let Some(status) = run.status.as_ref() else {
+        return Vec::new();
+    };
+    let steps = status
+        .steps
+        .iter()
+        .filter(|c| c.phase == StepPhase::Running || c.stopping)
+        .filter_map(|c| Some((c.pod.as_deref()?, c.pod_uid.as_deref())));
+    let compensations = status
+        .compensations
+        .iter()
+        .filter(|c| c.phase == StepPhase::Running)
+        .filter_map(|c| Some((c.pod.as_deref()?, c.pod_uid.as_deref())));
+    steps.chain(compensations).collect()
+}
+
+/// Whether a Pod the run names must be read from the API server: the view
+/// lacks it, or shows it under another UID than the one recorded.
+pub fn must_read(pods: &[Pod], name: &str, recorded_uid: Option<&str>) -> bool {
+    match pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name))
+    {
+        None => true,
+        Some(p) => recorded_uid.is_some_and(|u| p.metadata.uid.as_deref() != Some(u)),
+    }
+}
+
 /// The coordinates a step Pod carries in its labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodCoords {

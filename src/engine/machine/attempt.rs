@@ -216,6 +216,9 @@ impl<'a> Machine<'a> {
         *f.phase = StepPhase::Running;
         *f.started_at = Some(now);
         *f.next_attempt_at = None;
+        if let Slot::Step(i) = slot {
+            self.status.steps[i].pod_recreated = false;
+        }
         if role != PodRole::Compensate {
             self.status.step_executions = self.status.step_executions.saturating_add(1);
         }
@@ -395,7 +398,11 @@ impl<'a> Machine<'a> {
     /// Records the UID of a seen Pod where telling a vanished Pod from one
     /// never created changes the answer (see `may_have_acted_matters`).
     fn keep_pod_uid(&mut self, plan: &Plan<'_>, slot: Slot, r: &Record, uid: Option<String>) {
-        if r.pod_uid.is_none() && uid.is_some() && self.may_have_acted_matters(plan, r) {
+        let recreated = matches!(slot, Slot::Step(i) if self.status.steps[i].pod_recreated);
+        if r.pod_uid.is_none()
+            && uid.is_some()
+            && (recreated || self.may_have_acted_matters(plan, r))
+        {
             *self.facts(slot).pod_uid = uid;
         }
     }

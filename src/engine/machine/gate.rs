@@ -159,7 +159,15 @@ impl<'a> Machine<'a> {
             let refusal = self.emit_pod(plan, slot);
             if refusal.is_none() {
                 let r = self.record(slot);
-                self.uid_wanted |= r.pod_uid.is_none() && self.may_have_acted_matters(plan, &r);
+                if r.pod_uid.is_none() {
+                    // Its UID is recorded once seen, so that a cache that
+                    // still shows an earlier Pod of the same name is never
+                    // read as this one (`observe::referenced_pods`).
+                    if let Slot::Step(i) = slot {
+                        self.status.steps[i].pod_recreated = true;
+                    }
+                    self.uid_wanted = true;
+                }
             }
             if let Some(r) = refusal
                 && r.cause == RefusalCause::Rejected
