@@ -100,10 +100,20 @@ fn step_pods_carry_identity_context_finalizer_and_a_restricted_security_context(
 fn a_pod_missing_from_the_cache_is_created_again_under_the_same_name() {
     let mut w = World::new(two_steps());
     w.step();
-    // The cache has not seen the Pod yet: the same create is repeated.
+    // The Pod is not there (the controller reads a Pod the run names from
+    // the API server when its cache lacks it): the same create is repeated,
+    // and the Pod's UID will be recorded once seen.
     let d = w.decide_with(&[]);
     assert_eq!(creates(&d), ["run-a-2b8d3c-r1-a1"]);
-    assert_eq!(d.status, w.status(), "no new attempt, no status change");
+    let mut want = w.status();
+    want.steps[0].pod_recreated = true;
+    assert_eq!(d.status, want, "no new attempt");
+    w.commit(&d);
+    let seen = w.decide();
+    assert!(
+        seen.status.steps[0].pod_uid.is_some(),
+        "the UID of the Pod created again is recorded"
+    );
 }
 
 #[test]
