@@ -123,6 +123,29 @@ async fn read_recorded_pods(run: &AgentRun, world: &mut World, ctx: &Context) ->
                     pod = name,
                     "the Pod cache does not show a Pod the run names as it is; deciding on the Pod as read"
                 );
+                let run_name = run.name_any();
+                let labelled = pod
+                    .labels()
+                    .get(crate::labels::RUN)
+                    .is_some_and(|r| *r == run_name);
+                if !labelled {
+                    // Its run label was removed: the Pod watch no longer
+                    // selects it, and nothing would wake the run when it
+                    // ends. The operator's own label is put back.
+                    let patch = json!({"metadata": {"labels": {crate::labels::RUN: run_name}}});
+                    match pods
+                        .patch(name, &apply::patch_params(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(_) => warn!(
+                            pod = name,
+                            "put back the run label someone removed from a step Pod"
+                        ),
+                        Err(err) => {
+                            warn!(pod = name, error = %err, "could not put back a step Pod's run label")
+                        }
+                    }
+                }
                 world.pods.push(pod);
             }
             _ => debug!(pod = name, "a Pod the run names is gone"),

@@ -143,6 +143,8 @@ vocabulary! {
         StepSkipped,
         /// A step was disrupted again and again (D16); it resumes after its backoff.
         RepeatedlyDisrupted,
+        /// A deleted step Pod still runs past its grace period (D16).
+        PodNotStopping,
         /// A step's result was too large to keep inline in status (D11).
         ResultNotKept,
         ApprovalRequested,

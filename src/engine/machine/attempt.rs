@@ -349,7 +349,10 @@ impl<'a> Machine<'a> {
                     self.check_timeout(plan, i);
                 }
             }
-            Observation::Terminating { uid } => self.keep_pod_uid(plan, slot, &r, uid),
+            Observation::Terminating { uid } => {
+                self.keep_pod_uid(plan, slot, &r, uid);
+                self.watch_stopping_pod(&r, pod);
+            }
             Observation::Succeeded {
                 message,
                 finished_at,
@@ -393,6 +396,29 @@ impl<'a> Machine<'a> {
                 self.disrupted(plan, slot, "its Pod vanished", true, TokenUsage::default());
             }
         }
+    }
+
+    /// A Pod being deleted is awaited until it stops (D2: nothing else with
+    /// its key starts before). Past its grace period it is on a lost or stuck
+    /// node: the run says so (D16) and goes on waiting.
+    fn watch_stopping_pod(&mut self, r: &Record, pod: Option<&Pod>) {
+        let Some(gone_by) = pod.and_then(|p| p.metadata.deletion_timestamp.as_ref()) else {
+            return;
+        };
+        if gone_by.0 > self.now {
+            self.deadlines.push(gone_by.0);
+            return;
+        }
+        let name = r.pod.clone().unwrap_or_default();
+        self.stalled = Some((
+            Reason::PodNotStopping,
+            format!(
+                "{}: Pod {name} was to stop by {} and still runs (a lost or stuck node?); attempt {} waits until it has",
+                r.what(),
+                gone_by.0,
+                r.attempt + 1
+            ),
+        ));
     }
 
     /// Records the UID of a seen Pod where telling a vanished Pod from one

@@ -177,8 +177,10 @@ impl<'a> Machine<'a> {
             None if cond::is_true(conds, ConditionType::Stalled)
                 && (phase.is_terminal()
                     || !creating
-                    || cond::get(conds, ConditionType::Stalled)
-                        .is_some_and(|c| c.reason == Reason::RepeatedlyDisrupted)) =>
+                    || cond::get(conds, ConditionType::Stalled).is_some_and(|c| {
+                        c.reason == Reason::RepeatedlyDisrupted
+                            || c.reason == Reason::PodNotStopping
+                    })) =>
             {
                 cond::set(
                     conds,

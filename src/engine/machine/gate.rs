@@ -143,6 +143,32 @@ impl<'a> Machine<'a> {
             return Err(Hold::BudgetSpent);
         }
         if self.live_pod_with_key(key) {
+            let past_grace = self
+                .pods
+                .values()
+                .filter(|p| {
+                    crate::engine::observe::is_live(p)
+                        && p.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(crate::labels::IDEMPOTENCY_KEY))
+                            .map(String::as_str)
+                            == Some(key)
+                })
+                .find_map(|p| {
+                    let gone_by = p.metadata.deletion_timestamp.as_ref()?.0;
+                    (gone_by <= self.now)
+                        .then(|| (p.metadata.name.clone().unwrap_or_default(), gone_by))
+                });
+            if let Some((pod, gone_by)) = past_grace {
+                self.stalled = Some((
+                    Reason::PodNotStopping,
+                    format!(
+                        "{} {name}: Pod {pod} was to stop by {gone_by} and still runs (a lost or stuck node?); the next attempt waits until it has",
+                        role.label()
+                    ),
+                ));
+            }
             return Err(Hold::LivePod);
         }
         Ok(())

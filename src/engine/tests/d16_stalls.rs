@@ -133,3 +133,44 @@ fn a_foreign_approval_holding_the_name_stalls_the_gate_visibly() {
         ("True".into(), Reason::NameTaken.into())
     );
 }
+
+#[test]
+fn a_pod_that_does_not_stop_past_its_grace_period_is_a_visible_stall() {
+    let mut w = World::new(
+        AgentRun::test().with_steps([step("a").with_timeout("10s").with_retry(1, "1s", "1s")]),
+    );
+    w.settle();
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.running());
+    w.advance(12);
+    w.settle();
+    // Timed out: deleted, with a 30 s grace period; its node does not answer.
+    assert!(
+        w.pod("run-a-2b8d3c-r1-a1")
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    w.advance(10);
+    w.settle();
+    assert!(
+        !crate::engine::conditions::is_true(&w.status().conditions, ConditionType::Stalled),
+        "within its grace period"
+    );
+    w.advance(30);
+    w.settle();
+    let (status, reason) = condition_of(&w, ConditionType::Stalled);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "PodNotStopping")
+    );
+    assert_eq!(
+        w.created,
+        ["run-a-2b8d3c-r1-a1"],
+        "D2: no attempt beside it"
+    );
+    // The node comes back and the Pod stops: attempt 2 starts, the stall clears.
+    w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(137, ""));
+    w.settle();
+    assert!(w.pods.contains_key("run-a-2b8d3c-r1-a2"));
+    assert_eq!(condition_of(&w, ConditionType::Stalled).0, "False");
+}
