@@ -91,8 +91,13 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
 /// stopped — and the next attempt could start beside it (D2), or a stopping
 /// attempt's report be given up on. It is called absent on the API server's
 /// word only: a Pod found is decided on as read, a Pod not found is gone.
-async fn read_recorded_pods(run: &AgentRun, world: &mut World, ctx: &Context) -> Result<()> {
-    let unseen: Vec<&str> = engine::referenced_pods(run)
+async fn read_recorded_pods(
+    run: &AgentRun,
+    world: &mut World,
+    ctx: &Context,
+    now: jiff::Timestamp,
+) -> Result<()> {
+    let unseen: Vec<&str> = engine::referenced_pods(run, now)
         .into_iter()
         .filter(|(name, uid)| engine::must_read(&world.pods, name, *uid))
         .map(|(name, _)| name)
@@ -253,13 +258,14 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
     let mut refusals_told = false;
     loop {
         let mut world = observe(&current, ctx)?;
-        read_recorded_pods(&current, &mut world, ctx).await?;
+        let now = jiff::Timestamp::now();
+        read_recorded_pods(&current, &mut world, ctx, now).await?;
         let decision = engine::decide(&Observed {
             run: &current,
             pods: &world.pods,
             approvals: &world.approvals,
             refused: &refused,
-            now: jiff::Timestamp::now(),
+            now,
         });
         let creates = decision
             .actions

@@ -12,26 +12,46 @@ const DISRUPTION_REASONS: &[&str] = &["Evicted", "Preempted", "NodeLost", "Shutd
 /// Exit codes of a container killed by SIGKILL / SIGTERM, as after a deletion.
 const KILLED_EXIT_CODES: &[i32] = &[137, 143];
 
-/// The Pods the run's status names as running or still stopping, with the
-/// UID it recorded for each, if any. A decision must see each of them as the
-/// API server holds it: the controller reads from the API server any the
-/// cache lacks, or holds under another UID than the one recorded, so a Pod
-/// absent from `Observed` is gone, not merely not cached yet, and an older
-/// Pod of the same name is never read as this one (D2, D6).
-pub fn referenced_pods(run: &crate::api::AgentRun) -> Vec<(&str, Option<&str>)> {
+/// The Pods the run's status names as running or still stopping, and the
+/// Pod of the last attempt of a step about to try again (D2: nothing with
+/// its key starts while it is live), with the UID recorded for each, if any.
+/// A decision must see each of them as the API server holds it: the
+/// controller reads from the API server any the cache lacks (an ended Pod
+/// leaves the watch once released), or holds under another UID than the one
+/// recorded. So a Pod absent from `Observed` is gone, not merely not cached
+/// yet, and an older Pod of the same name is never read as this one (D2, D6).
+pub fn referenced_pods(
+    run: &crate::api::AgentRun,
+    now: jiff::Timestamp,
+) -> Vec<(&str, Option<&str>)> {
     use crate::api::StepPhase;
     let Some(status) = run.status.as_ref() else {
         return Vec::new();
     };
+    let about_to_try_again =
+        |phase: StepPhase,
+         next: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+         attempt: i32| {
+            attempt >= 1
+                && (phase == StepPhase::WaitingForApproval
+                    || (phase == StepPhase::Pending && next.is_none_or(|t| t.0 <= now)))
+        };
     let steps = status
         .steps
         .iter()
-        .filter(|c| c.phase == StepPhase::Running || c.stopping)
+        .filter(|c| {
+            c.phase == StepPhase::Running
+                || c.stopping
+                || about_to_try_again(c.phase, c.next_attempt_at.as_ref(), c.attempt)
+        })
         .filter_map(|c| Some((c.pod.as_deref()?, c.pod_uid.as_deref())));
     let compensations = status
         .compensations
         .iter()
-        .filter(|c| c.phase == StepPhase::Running)
+        .filter(|c| {
+            c.phase == StepPhase::Running
+                || about_to_try_again(c.phase, c.next_attempt_at.as_ref(), c.attempt)
+        })
         .filter_map(|c| Some((c.pod.as_deref()?, c.pod_uid.as_deref())));
     steps.chain(compensations).collect()
 }

@@ -41,7 +41,7 @@ use super::testing::*;
 use super::{Action, Decision, Observed, PodRole, decide, idempotency_key};
 use crate::api::{
     AgentRun, AgentRunStatus, Approval, ApprovalKind, CheckpointState, Decision as Answer, Effect,
-    OnTimeout, RunPhase, StepCheckpoint, StepPhase, StepRole, StepSpec,
+    EffectOutcome, OnTimeout, RunPhase, StepCheckpoint, StepPhase, StepRole, StepSpec,
 };
 use crate::labels;
 
@@ -505,7 +505,7 @@ impl Sim {
         pods.extend(self.stand_ins.values().map(|s| s.pod.clone()));
         // A Pod the run names as running or stopping that this process's
         // view lacks is read from the API server (`reconcile::read_recorded_pods`).
-        for (name, recorded) in super::referenced_pods(run) {
+        for (name, recorded) in super::referenced_pods(run, self.w.now) {
             if super::must_read(&pods, name, recorded) {
                 pods.retain(|p| p.metadata.name.as_deref() != Some(name));
                 pods.extend(self.w.pods.get(name).cloned());
@@ -958,7 +958,7 @@ impl Sim {
             e.key == key
                 && (e.disrupted || (e.non_idempotent && e.may_have_acted() && !e.succeeded))
         }) {
-            if e.attempt > attempt || (e.attempt == attempt && !absent) {
+            if e.attempt > attempt || (e.attempt == attempt && !absent) || force_removed_unseen(e) {
                 continue;
             }
             let retried = self.w.approvals.values().any(|a| {
@@ -1196,6 +1196,18 @@ impl Sim {
     }
 }
 
+/// The one way left to run an attempt that may have acted again without a
+/// person's word, and what it takes: someone strips the result finalizer
+/// (D5) and removes the Pod before any decision saw it, and the operator
+/// dies, or its write fails, between creating the Pod and recording its UID.
+/// The API server then holds nothing that tells that Pod from one never
+/// created, and the attempt is created again under its name and key. Treating
+/// every Pod never seen as one that may have acted would instead ask a person
+/// after every crash between a launch and its create.
+fn force_removed_unseen(e: &Execution) -> bool {
+    e.vanished && !e.uid_recorded && !e.seen_by_operator
+}
+
 /// D3 and D9 across one committed write.
 fn check_status_transition(before: &AgentRunStatus, after: &AgentRunStatus) {
     assert!(
@@ -1220,14 +1232,20 @@ fn check_status_transition(before: &AgentRunStatus, after: &AgentRunStatus) {
             })
             .expect("D3: a recorded checkpoint is never lost");
         // An attempt closed while its Pod ran (`stopping`) gains, once, what
-        // that Pod reports when it stops: its tokens and, if none was kept,
-        // its result. Nothing recorded before changes.
+        // that Pod reports when it stops: its tokens, if none was kept, its
+        // result, and, if it turns out to have started, an effect that may
+        // have happened (Unknown). Nothing recorded before changes.
         let outcome = |c: &StepCheckpoint| {
             let mut c = c.clone();
             if old.stopping {
                 c.stopping = false;
                 c.tokens = None;
                 c.message = None;
+                if c.effect == Some(EffectOutcome::Unknown)
+                    && old.effect != Some(EffectOutcome::Applied)
+                {
+                    c.effect = old.effect;
+                }
                 if old.result.is_none() {
                     c.result = None;
                     c.result_truncated = old.result_truncated;

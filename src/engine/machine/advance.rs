@@ -69,6 +69,32 @@ impl<'a> Machine<'a> {
             }
             let name = plan.steps[i].name.clone();
             let ready = plan.deps[i].iter().all(|&d| settled[d]);
+            // A step kept from an earlier revision that has yet to run an
+            // attempt, when a step before it runs again or ran again since:
+            // it joins this revision rather than run under its old key on
+            // other inputs (D8). Had it acted, running it again asks a person
+            // (`repeated_effect`).
+            if let Some(c) = effective[i]
+                && self.status.steps[c].plan_revision < plan.revision
+                && matches!(
+                    self.status.steps[c].phase,
+                    StepPhase::Pending | StepPhase::WaitingForApproval
+                )
+                && (!ready
+                    || plan.ancestors(i).into_iter().any(|j| {
+                        effective[j].is_some_and(|e| {
+                            self.status.steps[e].plan_revision > self.status.steps[c].plan_revision
+                        })
+                    }))
+            {
+                let cp = &mut self.status.steps[c];
+                cp.phase = StepPhase::Superseded;
+                cp.message = Some(format!(
+                    "superseded by plan revision {}: a step it comes after runs again",
+                    plan.revision
+                ));
+                effective[i] = None;
+            }
             match effective[i] {
                 Some(c) => {
                     let cp = &self.status.steps[c];

@@ -128,7 +128,21 @@ impl<'a> Machine<'a> {
             Some(r) => self.cap_result(r.result),
             None => (None, false),
         };
+        // Judged not started when it was stopped, it may have started since:
+        // what its Pod finally shows decides whether it may have acted (D7).
+        let acts = self.status.steps[i].role == crate::api::StepRole::Step
+            && self
+                .run
+                .spec
+                .steps
+                .iter()
+                .chain(self.status.plan.iter().flat_map(|p| p.steps.iter()))
+                .find(|s| s.name == self.status.steps[i].name)
+                .is_none_or(|s| s.effect != crate::api::Effect::None);
         let cp = &mut self.status.steps[i];
+        if acts && observe::started(pod) && cp.effect != Some(crate::api::EffectOutcome::Applied) {
+            cp.effect = Some(crate::api::EffectOutcome::Unknown);
+        }
         cp.stopping = false;
         let told = cp.message.clone().unwrap_or_else(|| "stopped".into());
         if exited_ok && cp.result.is_none() {
