@@ -61,10 +61,16 @@ pub fn answer(a: &Approval, now: Timestamp) -> Answer {
         ApprovalKind::Reconcile => None,
     };
     if let Some(d) = decided(a) {
-        // The API server's clock says when the decision was stored.
+        // The API server's clock says when the decision was stored. Where it
+        // says nothing (a client cleared managedFields), the decision is
+        // known to be in time only if the deadline has not passed yet: past
+        // it, it counts as late (D15: fail closed).
         return match (deadline, d.at) {
             (Some(deadline), Some(at)) if at > deadline => Answer::Expiring {
                 late: Some((d.decision, at)),
+            },
+            (Some(deadline), None) if now > deadline => Answer::Expiring {
+                late: Some((d.decision, now)),
             },
             _ => Answer::Decided {
                 decision: d.decision,
@@ -117,39 +123,45 @@ pub fn tally(a: &Approval) -> Option<String> {
 
 fn decided(a: &Approval) -> Option<Decided> {
     if by_votes(a) {
-        // One rejection rejects; `quorum` distinct approvals approve. A
+        // Votes are append-only, so their order is the API server's: the
+        // first rejection, or the vote that completes the quorum, decides,
+        // whichever comes first. A vote after that (it reached the API server
+        // before the operator wrote the outcome) changes nothing. A
         // `spec.decision` is not how a quorum is answered (the validating
         // policy refuses it), so it is not read here.
         let at = votes_at(a);
-        if let Some(v) = a
-            .spec
-            .votes
-            .iter()
-            .find(|v| v.decision == Decision::Rejected)
-        {
-            return Some(Decided {
-                decision: Decision::Rejected,
-                by: Some(v.user.clone()),
-                comment: v.comment.clone(),
-                at,
-            });
+        let quorum = a.spec.quorum.max(1) as usize;
+        let mut approvers: Vec<&str> = Vec::new();
+        for (k, v) in a.spec.votes.iter().enumerate() {
+            match v.decision {
+                Decision::Rejected => {
+                    return Some(Decided {
+                        decision: Decision::Rejected,
+                        by: Some(v.user.clone()),
+                        comment: v.comment.clone(),
+                        at,
+                    });
+                }
+                Decision::Approved if !approvers.contains(&v.user.as_str()) => {
+                    approvers.push(&v.user);
+                    if approvers.len() >= quorum {
+                        let deciding = &a.spec.votes[..=k];
+                        let comments: Vec<String> = deciding
+                            .iter()
+                            .filter_map(|v| Some(format!("{}: {}", v.user, v.comment.as_deref()?)))
+                            .collect();
+                        return Some(Decided {
+                            decision: Decision::Approved,
+                            by: Some(approvers.join(", ")),
+                            comment: (!comments.is_empty()).then(|| comments.join("; ")),
+                            at,
+                        });
+                    }
+                }
+                _ => {}
+            }
         }
-        let users = approving(a);
-        if users.len() < a.spec.quorum.max(1) as usize {
-            return None;
-        }
-        let comments: Vec<String> = a
-            .spec
-            .votes
-            .iter()
-            .filter_map(|v| Some(format!("{}: {}", v.user, v.comment.as_deref()?)))
-            .collect();
-        return Some(Decided {
-            decision: Decision::Approved,
-            by: Some(users.join(", ")),
-            comment: (!comments.is_empty()).then(|| comments.join("; ")),
-            at,
-        });
+        return None;
     }
     Some(Decided {
         decision: a.spec.decision?,
@@ -157,6 +169,35 @@ fn decided(a: &Approval) -> Option<Decided> {
         comment: a.spec.comment.clone(),
         at: decided_at(a),
     })
+}
+
+/// Votes that reached the API server after the quorum or a rejection had
+/// decided, as `user (decision)`: recorded on the Approval, never applied.
+pub fn votes_after_decision(a: &Approval) -> Vec<String> {
+    if !by_votes(a) {
+        return Vec::new();
+    }
+    let quorum = a.spec.quorum.max(1) as usize;
+    let mut approvers: Vec<&str> = Vec::new();
+    for (k, v) in a.spec.votes.iter().enumerate() {
+        let decides = match v.decision {
+            Decision::Rejected => true,
+            Decision::Approved => {
+                if !approvers.contains(&v.user.as_str()) {
+                    approvers.push(&v.user);
+                }
+                approvers.len() >= quorum
+            }
+            _ => false,
+        };
+        if decides {
+            return a.spec.votes[k + 1..]
+                .iter()
+                .map(|v| format!("{} ({:?})", v.user, v.decision))
+                .collect();
+        }
+    }
+    Vec::new()
 }
 
 /// The status an Approval should show, if it differs from what it shows.
@@ -217,7 +258,16 @@ pub fn desired_status(
                     ApprovalPhase::Resolved
                 }
             };
-            (phase, by, format!("decision {decision:?} applied"))
+            let late = votes_after_decision(a);
+            let message = if late.is_empty() {
+                format!("decision {decision:?} applied")
+            } else {
+                format!(
+                    "decision {decision:?} applied; votes after it were not applied: {}",
+                    late.join(", ")
+                )
+            };
+            (phase, by, message)
         }
         Answer::Decided { .. } if waiting => return None, // acted on next
         Answer::Decided { .. } => return superseded(),

@@ -474,3 +474,74 @@ fn a_step_edited_during_its_retry_backoff_is_asked_about_again() {
         "the Pod says what it runs"
     );
 }
+
+/// A Reject vote that reached the API server after the quorum was met, but
+/// before the operator wrote the outcome (so its status write met 409), does
+/// not turn the applied approval into a rejection, and does not take the
+/// credit from the approvers: the order of the votes is the server's.
+#[test]
+fn a_vote_after_the_quorum_changes_nothing_and_is_said() {
+    let (mut w, name) = quorum_of_two();
+    assert!(w.vote(name, "alice", Answer::Approved));
+    assert!(w.vote(name, "bob", Answer::Approved));
+    // The decision that releases the step is made...
+    let d = w.decide();
+    assert_eq!(creates(&d), ["run-a-2b8d3c-r1-a1"]);
+    // ...but carol's Reject lands before it is applied, so the Approval's
+    // status write, guarded by the version the decision saw, is refused.
+    assert!(w.vote(name, "carol", Answer::Rejected));
+    w.commit(&d);
+    assert_eq!(
+        w.approvals[name].status.as_ref().map(|s| s.phase),
+        Some(ApprovalPhase::Pending),
+        "the guarded status write was refused"
+    );
+    w.settle();
+    assert_eq!(
+        cp(&w, "a", 1).phase,
+        StepPhase::Running,
+        "the step runs as approved"
+    );
+    let a = w.approvals[name].status.clone().unwrap();
+    assert_eq!(
+        (a.phase, a.decided_by.as_deref()),
+        (ApprovalPhase::Approved, Some("alice, bob"))
+    );
+    assert_eq!(
+        a.message.as_deref(),
+        Some("decision Approved applied; votes after it were not applied: carol (Rejected)")
+    );
+}
+
+/// Where the API server's word on when a decision was made is missing (a
+/// client cleared managedFields), a decision seen only after the deadline
+/// counts as late: the expiry applies (D10, D15).
+#[test]
+fn a_decision_without_the_servers_time_counts_as_late_past_the_deadline() {
+    let run = || {
+        World::new(
+            AgentRun::test().with_steps([step("a").with_approval(Some("10m"), OnTimeout::Reject)]),
+        )
+    };
+    let name = "run-a-2b8d3c-r1-approve";
+    // Seen before the deadline: in time, whatever managedFields says.
+    let mut w = run();
+    w.settle();
+    w.advance(60);
+    assert!(w.decide_approval(name, Answer::Approved, "alice"));
+    w.approvals.get_mut(name).unwrap().metadata.managed_fields = None;
+    w.settle();
+    assert_eq!(cp(&w, "a", 1).phase, StepPhase::Running);
+    // Seen only after the deadline: late.
+    let mut w = run();
+    w.settle();
+    w.advance(60);
+    assert!(w.decide_approval(name, Answer::Approved, "alice"));
+    w.approvals.get_mut(name).unwrap().metadata.managed_fields = None;
+    w.advance(600);
+    w.settle();
+    assert!(w.pods.is_empty(), "never run on a decision of unknown time");
+    assert_ended(&w, RunPhase::Failed, Reason::ApprovalExpired);
+    let a = w.approvals[name].status.clone().unwrap();
+    assert_eq!(a.phase, ApprovalPhase::Expired);
+}
