@@ -218,3 +218,43 @@ fn a_replan_that_would_overflow_the_status_fails_the_run_and_says_why() {
         "{message}"
     );
 }
+
+/// The compactor's checkpoint marks where the summary ends. Compacting the
+/// status must keep the newest one, or every later step finds all results
+/// since an older boundary in its context and runs the compactor again.
+#[test]
+fn compacting_the_status_keeps_the_summary_boundary() {
+    let steps: Vec<_> = (0..300)
+        .map(|i| step(&format!("{i:03}-{}", "s".repeat(44))))
+        .collect();
+    let mut run = AgentRun::test().with_steps(steps).with_context(2048, true);
+    run.metadata.name = Some("r".repeat(63));
+    let mut w = World::new(run);
+    w.settle();
+    let mut compactions = Vec::new();
+    for i in 0..300 {
+        // Run the compactor before step i as often as it is asked.
+        let mut n = 0;
+        loop {
+            let cp = w.status().steps.last().cloned().unwrap();
+            let pod = cp.pod.clone().unwrap();
+            if cp.role == StepRole::Compactor {
+                n += 1;
+                w.succeed(&pod, &format!(r#"{{"summary": "through step {i}"}}"#));
+                continue;
+            }
+            w.succeed(&pod, &ok_message(json!({"i": i, "text": "z".repeat(500)}), 0));
+            break;
+        }
+        compactions.push(n);
+    }
+    assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
+    let size = serde_json::to_vec(&w.status()).unwrap().len();
+    assert!(size > 128 * 1024, "the status was compacted: {size} bytes");
+    let late: usize = compactions[200..].iter().sum();
+    assert!(
+        late <= 10,
+        "the compactor ran {late} times before the last 100 steps: {:?}",
+        &compactions[200..]
+    );
+}
