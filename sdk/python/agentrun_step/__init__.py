@@ -22,7 +22,7 @@ import signal
 import sys
 
 __all__ = ["Step", "StepError", "MessageTooLarge", "Terminated", "MAX_MESSAGE_BYTES",
-           "encode_message", "write_message", "exit_on_sigterm"]
+           "EFFECTS", "encode_message", "write_message", "exit_on_sigterm"]
 
 #: What the kubelet keeps of a termination message.
 MAX_MESSAGE_BYTES = 4096
@@ -96,9 +96,17 @@ def _tokens(tokens):
     return {"input": inp, "output": out}
 
 
-def encode_message(result=None, tokens=None, plan=None, summary=None):
+#: What a step may say it did to the outside world (``effect`` in the message).
+EFFECTS = ("Applied", "NotApplied", "Unknown")
+
+
+def encode_message(result=None, tokens=None, plan=None, summary=None, effect=None):
     """The termination message as bytes, checked against the 4096-byte limit."""
+    if effect is not None and effect not in EFFECTS:
+        raise StepError(f"effect must be one of {', '.join(EFFECTS)}, got {effect!r}")
     msg = {"result": result}
+    if effect is not None:
+        msg["effect"] = effect
     t = _tokens(tokens)
     if t is not None:
         msg["tokens"] = t
@@ -208,21 +216,28 @@ class Step:
         """Writes the result (and token usage) to the termination message; exit 0 after it."""
         self._write(encode_message(result, tokens, plan, summary))
 
-    def fail(self, reason, result=None, tokens=None, exit_code=1):
+    def fail(self, reason, result=None, tokens=None, exit_code=1, not_applied=False):
         """Reports what is known (tokens count against the budget even on failure), prints
-        the reason to stderr and exits non-zero: the attempt failed and may be retried with
-        the same idempotency key."""
+        the reason to stderr and exits non-zero.
+
+        A failed attempt that does not say otherwise may have acted: the operator records
+        its effect as Unknown, and a NonIdempotent step is then retried only after a person
+        answers a Reconcile question. Pass ``not_applied=True`` only when the step knows
+        nothing changed — the request was refused before it was sent, or the system it
+        calls said it did not apply it: the attempt is then retried by the step's retry
+        policy, with the same idempotency key."""
         if exit_code == 0:
             raise StepError("fail() needs a non-zero exit code")
+        effect = "NotApplied" if not_applied else None
         partial = {"error": str(reason)}
         if isinstance(result, dict):
             partial.update(result)
         elif result is not None:
             partial["partial"] = result
         try:
-            data = encode_message(partial, tokens)
+            data = encode_message(partial, tokens, effect=effect)
         except MessageTooLarge:
-            data = encode_message({"error": str(reason)[:1024]}, tokens)
+            data = encode_message({"error": str(reason)[:1024]}, tokens, effect=effect)
         self._write(data)
         print(f"step {self.step} attempt {self.attempt} failed: {reason}", file=sys.stderr)
         sys.exit(exit_code)

@@ -119,6 +119,22 @@ class StepTest(unittest.TestCase):
                           "tokens": {"input": 12, "output": 3}})
         self.assertIn("failed: upstream 503", err.getvalue())
 
+    def test_a_failure_says_it_did_not_act_only_when_told(self):
+        s = self.load()
+        with redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            s.fail("card declined", not_applied=True)
+        self.assertEqual(json.loads(self.written()),
+                         {"result": {"error": "card declined"}, "effect": "NotApplied"})
+        s = self.load()
+        with redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            s.fail("gateway timeout")
+        self.assertNotIn("effect", json.loads(self.written()),
+                         "a plain failure says nothing: it may have acted")
+
+    def test_an_unknown_effect_name_is_refused(self):
+        with self.assertRaisesRegex(StepError, "effect must be one of Applied, NotApplied, Unknown"):
+            encode_message(None, effect="Done")
+
     def test_headers_carry_the_key_and_the_trace_context(self):
         self.assertEqual(self.load().headers(),
                          {"Idempotency-Key": "9f3c6e1d0a7b4c28e5d1f6a0b3c9e7d2"})

@@ -145,16 +145,44 @@ pub struct Context {
     pub omitted_results: usize,
 }
 
+/// What an attempt says it did to the outside world (`effect` in the message).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Effect {
+    /// It changed the world (the default for a success of a step that acts).
+    Applied,
+    /// Nothing changed: a failed attempt that says so is retried by the
+    /// step's retry policy, with the same key.
+    NotApplied,
+    /// It cannot tell.
+    Unknown,
+}
+
 #[derive(Serialize)]
 struct Message<'a> {
     result: &'a Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     tokens: Option<Tokens>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    effect: Option<Effect>,
 }
 
 /// The termination message as bytes, checked against the 4096-byte limit.
 pub fn encode_message(result: &Value, tokens: Option<Tokens>) -> Result<Vec<u8>> {
-    let data = serde_json::to_vec(&Message { result, tokens }).expect("JSON values serialize");
+    encode_report(result, tokens, None)
+}
+
+/// The termination message with what the attempt says of its effect.
+pub fn encode_report(
+    result: &Value,
+    tokens: Option<Tokens>,
+    effect: Option<Effect>,
+) -> Result<Vec<u8>> {
+    let data = serde_json::to_vec(&Message {
+        result,
+        tokens,
+        effect,
+    })
+    .expect("JSON values serialize");
     if data.len() > MAX_MESSAGE_BYTES {
         return Err(Error::MessageTooLarge { size: data.len() });
     }
@@ -278,12 +306,38 @@ impl Step {
     }
 
     /// Writes what is known of a failed attempt (`{"error": reason, ...partial}` and the
-    /// tokens, which still count); the caller then exits non-zero.
+    /// tokens, which still count); the caller then exits non-zero. Such an attempt may
+    /// have acted: the operator records its effect as Unknown, and a NonIdempotent step
+    /// runs again only once a person answers a Reconcile question. Use
+    /// [`Step::report_not_applied`] when the step knows nothing changed.
     pub fn report_failure(
         &self,
         reason: &str,
         partial: Option<&Value>,
         tokens: Option<Tokens>,
+    ) -> Result<()> {
+        self.report(reason, partial, tokens, None)
+    }
+
+    /// Writes a failed attempt that did not act — the request was refused before it was
+    /// sent, or the system it calls said it did not apply it (`"effect": "NotApplied"`);
+    /// the caller then exits non-zero, and the step's retry policy runs it again with the
+    /// same key.
+    pub fn report_not_applied(
+        &self,
+        reason: &str,
+        partial: Option<&Value>,
+        tokens: Option<Tokens>,
+    ) -> Result<()> {
+        self.report(reason, partial, tokens, Some(Effect::NotApplied))
+    }
+
+    fn report(
+        &self,
+        reason: &str,
+        partial: Option<&Value>,
+        tokens: Option<Tokens>,
+        effect: Option<Effect>,
     ) -> Result<()> {
         let mut obj = serde_json::Map::new();
         obj.insert("error".into(), Value::String(reason.to_owned()));
@@ -294,11 +348,11 @@ impl Step {
             }
             None => {}
         }
-        let data = match encode_message(&Value::Object(obj), tokens) {
+        let data = match encode_report(&Value::Object(obj), tokens, effect) {
             Ok(d) => d,
             Err(Error::MessageTooLarge { .. }) => {
                 let cut: String = reason.chars().take(1024).collect();
-                encode_message(&serde_json::json!({"error": cut}), tokens)?
+                encode_report(&serde_json::json!({"error": cut}), tokens, effect)?
             }
             Err(e) => return Err(e),
         };
@@ -480,6 +534,21 @@ mod tests {
             f.message(),
             json!({"result": {"error": "upstream 503", "pagesDone": 2}, "tokens": {"input": 12, "output": 3}})
         );
+    }
+
+    #[test]
+    fn a_failure_says_it_did_not_act_only_when_told() {
+        let f = Fixture::new("not-applied");
+        let s = Step::from_env(&f.env).unwrap();
+        s.report_not_applied("card declined", None, None).unwrap();
+        assert_eq!(
+            f.message(),
+            json!({"result": {"error": "card declined"}, "effect": "NotApplied"})
+        );
+        let f = Fixture::new("may-have-acted");
+        let s = Step::from_env(&f.env).unwrap();
+        s.report_failure("gateway timeout", None, None).unwrap();
+        assert_eq!(f.message(), json!({"result": {"error": "gateway timeout"}}));
     }
 
     #[test]

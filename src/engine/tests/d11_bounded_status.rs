@@ -243,7 +243,10 @@ fn compacting_the_status_keeps_the_summary_boundary() {
                 w.succeed(&pod, &format!(r#"{{"summary": "through step {i}"}}"#));
                 continue;
             }
-            w.succeed(&pod, &ok_message(json!({"i": i, "text": "z".repeat(500)}), 0));
+            w.succeed(
+                &pod,
+                &ok_message(json!({"i": i, "text": "z".repeat(500)}), 0),
+            );
             break;
         }
         compactions.push(n);
