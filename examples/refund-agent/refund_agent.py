@@ -10,7 +10,10 @@
 Each reads its inputs from the step context (agentrun_step SDK), talks to the payments
 service at $PAYMENTS_API_URL with the step's idempotency key, and reports its result in the
 termination message. A failed call exits non-zero: the attempt fails and is retried with
-the same key, which the payments service answers with the first result.
+the same key, which the payments service answers with the first result. A request the
+service refused (a 4xx answer) did not act, and the step says so (`"effect": "NotApplied"`);
+any other failure may have acted, and for issue-refund (NonIdempotent) the operator asks a
+person before it runs again.
 
 draft-refund stands in for an LLM call: it applies the refund policy as a rule and reports
 the tokens a model call over the same prompt would be billed (prompt and answer length / 4),
@@ -28,6 +31,10 @@ import urllib.request
 from agentrun_step import Step, StepError
 
 
+class Refused(StepError):
+    """The service answered 4xx: it refused the request, so nothing changed."""
+
+
 def call(method, url, body=None, headers=None, timeout=10):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method,
@@ -36,7 +43,8 @@ def call(method, url, body=None, headers=None, timeout=10):
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.load(resp), resp.headers.get("Idempotent-Replayed") == "true"
     except urllib.error.HTTPError as e:
-        raise StepError(f"{method} {url}: {e.code} {e.read()[:200].decode(errors='replace')}") from None
+        text = f"{method} {url}: {e.code} {e.read()[:200].decode(errors='replace')}"
+        raise (Refused if 400 <= e.code < 500 else StepError)(text) from None
     except (urllib.error.URLError, OSError) as e:
         raise StepError(f"{method} {url}: {getattr(e, 'reason', e)}") from None
 
@@ -126,6 +134,8 @@ def main(argv=None):
           f"key {step.idempotency_key}", flush=True)
     try:
         result, tokens = a.fn(step, a)
+    except Refused as e:
+        step.fail(e, not_applied=True)
     except StepError as e:
         step.fail(e)
     step.succeed(result, tokens=tokens)
