@@ -988,11 +988,13 @@ impl Sim {
     /// (under a new key) after one of its executions may have acted only if
     /// a person approved acting again (an Approval with `repeats`).
     fn check_effect_once(&self, name: &str, step: &str, rev: i64) {
-        let Some(earlier) = self
-            .ledger
-            .values()
-            .find(|e| e.acts && e.step == step && e.plan_revision < rev && e.may_have_acted())
-        else {
+        let Some(earlier) = self.ledger.values().find(|e| {
+            e.acts
+                && e.step == step
+                && e.plan_revision < rev
+                && e.may_have_acted()
+                && !force_removed_unrecorded(e)
+        }) else {
             return;
         };
         let approved = self.w.approvals.values().any(|a| {
@@ -1206,6 +1208,16 @@ impl Sim {
 /// after every crash between a launch and its create.
 fn force_removed_unseen(e: &Execution) -> bool {
     e.vanished && !e.uid_recorded && !e.seen_by_operator
+}
+
+/// The same override, for what a step's effect across revisions rests on: a
+/// Pod whose UID was not recorded (every step that is not NonIdempotent)
+/// and that someone force-removed, finalizer and all, before its outcome was
+/// read leaves nothing behind that says it acted. Its attempt runs again
+/// under the same key, which is what `Idempotent` allows; a later revision
+/// knows nothing of the lost outcome.
+fn force_removed_unrecorded(e: &Execution) -> bool {
+    e.vanished && !e.uid_recorded
 }
 
 /// D3 and D9 across one committed write.
