@@ -225,6 +225,7 @@ fn mark(phase: StepPhase) -> &'static str {
         StepPhase::Running => "▶",
         StepPhase::WaitingForApproval => "?",
         StepPhase::Superseded => "~",
+        StepPhase::Skipped => "-",
         StepPhase::Pending => "·",
     }
 }

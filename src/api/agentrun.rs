@@ -135,8 +135,11 @@ pub struct StepSpec {
     /// sequence (each step after the one before it); once one step sets it,
     /// a step without it starts at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32), inner(length(min = 1, max = 48)))]
-    #[x_kube(validation = Rule::new("self.all(d, self.exists_one(e, e == d))").message("dependsOn: a step is named at most once"))]
+    #[schemars(
+        length(max = 32),
+        inner(length(min = 1, max = 48)),
+        extend("x-kubernetes-list-type" = "set")
+    )]
     pub depends_on: Option<Box<[String]>>,
 
     /// A CEL expression over the results of the steps this one depends on
