@@ -7,9 +7,7 @@
 use std::time::Duration;
 
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_operator::api::{
-    AgentRun, ApprovalKind, EffectOutcome, RunPhase, StepCheckpoint,
-};
+use agentrun_operator::api::{AgentRun, ApprovalKind, EffectOutcome, RunPhase, StepCheckpoint};
 use agentrun_operator::labels;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -39,7 +37,12 @@ fn checkpoint<'a>(run: &'a AgentRun, name: &str, rev: i64) -> &'a StepCheckpoint
         .steps
         .iter()
         .find(|c| c.name == name && c.plan_revision == rev && c.role.is_step())
-        .unwrap_or_else(|| panic!("no checkpoint of {name} at revision {rev}: {:#?}", run.status))
+        .unwrap_or_else(|| {
+            panic!(
+                "no checkpoint of {name} at revision {rev}: {:#?}",
+                run.status
+            )
+        })
 }
 
 fn status_ref(run: &AgentRun) -> &agentrun_operator::api::AgentRunStatus {
@@ -72,8 +75,16 @@ async fn a_replan_runs_the_stale_read_again_and_never_the_charge() {
     .await;
     let run = s.wait_finished("checkout", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    assert_eq!(executions(&s, "checkout", "charge").len(), 1, "charged once");
-    assert_eq!(executions(&s, "checkout", "quote").len(), 2, "the stale quote ran again");
+    assert_eq!(
+        executions(&s, "checkout", "charge").len(),
+        1,
+        "charged once"
+    );
+    assert_eq!(
+        executions(&s, "checkout", "quote").len(),
+        2,
+        "the stale quote ran again"
+    );
     let plan = status(&run).plan.unwrap();
     assert_eq!(plan.revision, 2);
     assert_eq!(plan.rerun, ["quote", "ship"]);
@@ -113,17 +124,31 @@ async fn a_timed_out_non_idempotent_step_waits_for_a_person_before_attempt_2() {
     assert_eq!(a.spec.kind, ApprovalKind::Reconcile);
     // However long nobody answers, nothing runs again.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(executions(&s, "refund", "issue-refund").len(), 1, "no blind retry");
+    assert_eq!(
+        executions(&s, "refund", "issue-refund").len(),
+        1,
+        "no blind retry"
+    );
     let run = s.runs().get("refund").await.unwrap();
     assert_eq!(phase(&run), Some(RunPhase::WaitingForApproval));
-    assert_eq!(checkpoint(&run, "issue-refund", 1).effect, Some(EffectOutcome::Unknown));
-    s.decide(&name, "Retry", "the payments ledger shows no refund for this key")
-        .await;
+    assert_eq!(
+        checkpoint(&run, "issue-refund", 1).effect,
+        Some(EffectOutcome::Unknown)
+    );
+    s.decide(
+        &name,
+        "Retry",
+        "the payments ledger shows no refund for this key",
+    )
+    .await;
     let run = s.wait_finished("refund", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
     let keys = executions(&s, "refund", "issue-refund");
     assert_eq!(keys.len(), 2);
-    assert_eq!(keys[0], keys[1], "the retry a person allowed uses the same key");
+    assert_eq!(
+        keys[0], keys[1],
+        "the retry a person allowed uses the same key"
+    );
     s.finish().await;
 }
 
@@ -148,7 +173,9 @@ async fn a_step_edited_during_its_backoff_is_approved_again_before_it_runs() {
         )]}),
     )
     .await;
-    let first = s.approval_of("deploy", Some("deploy"), Duration::from_secs(30)).await;
+    let first = s
+        .approval_of("deploy", Some("deploy"), Duration::from_secs(30))
+        .await;
     s.decide(&first, "Approved", "ship it").await;
     s.wait_run("deploy", "failed once", Duration::from_secs(30), |r| {
         r.status
@@ -164,7 +191,9 @@ async fn a_step_edited_during_its_backoff_is_approved_again_before_it_runs() {
         .patch(
             "deploy",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"steps": [serde_json::to_value(&run.spec.steps[0]).unwrap()]}})),
+            &Patch::Merge(
+                json!({"spec": {"steps": [serde_json::to_value(&run.spec.steps[0]).unwrap()]}}),
+            ),
         )
         .await
         .unwrap();
@@ -177,8 +206,13 @@ async fn a_step_edited_during_its_backoff_is_approved_again_before_it_runs() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(executions(&s, "deploy", "deploy").len(), 1, "nothing runs under the old approval");
-    s.decide(&second, "Approved", "the forced deploy is fine").await;
+    assert_eq!(
+        executions(&s, "deploy", "deploy").len(),
+        1,
+        "nothing runs under the old approval"
+    );
+    s.decide(&second, "Approved", "the forced deploy is fine")
+        .await;
     let run = s.wait_finished("deploy", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
     let pods = s.list_pods().await;
@@ -221,16 +255,32 @@ async fn repeated_evictions_back_off_and_the_run_says_it_is_stalled() {
     let mut created: Vec<i64> = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while evicted < 4 {
-        assert!(tokio::time::Instant::now() < deadline, "attempt {} never came", evicted + 1);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "attempt {} never came",
+            evicted + 1
+        );
         let live: Vec<Pod> = pods
-            .list(&ListParams::default().labels(&format!("{}=flaky,{}={}", labels::RUN, labels::ATTEMPT, evicted + 1)))
+            .list(&ListParams::default().labels(&format!(
+                "{}=flaky,{}={}",
+                labels::RUN,
+                labels::ATTEMPT,
+                evicted + 1
+            )))
             .await
             .unwrap()
             .items;
         match live.first() {
             Some(p) => {
-                created.extend(p.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()));
-                pods.evict(&p.name_any(), &EvictParams::default()).await.unwrap();
+                created.extend(
+                    p.metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.as_second()),
+                );
+                pods.evict(&p.name_any(), &EvictParams::default())
+                    .await
+                    .unwrap();
                 evicted += 1;
             }
             None => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -251,12 +301,25 @@ async fn repeated_evictions_back_off_and_the_run_says_it_is_stalled() {
     );
     let run = s.wait_finished("flaky", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded));
-    assert_eq!(condition(&run, "Stalled").map(|c| c.0), Some("False".into()));
+    assert_eq!(
+        condition(&run, "Stalled").map(|c| c.0),
+        Some("False".into())
+    );
     // The attempts came after a growing backoff: creation times spread out.
     let last = status(&run).steps[0].clone();
-    assert_eq!((last.attempt, last.disruptions), (5, 4), "one Pod per attempt, no hot loop");
+    assert_eq!(
+        (last.attempt, last.disruptions),
+        (5, 4),
+        "one Pod per attempt, no hot loop"
+    );
     let fifth = s.pods().get(last.pod.as_deref().unwrap()).await.unwrap();
-    created.extend(fifth.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()));
+    created.extend(
+        fifth
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()),
+    );
     let gaps: Vec<i64> = created.windows(2).map(|w| w[1] - w[0]).collect();
     assert!(
         gaps[1] >= 2 && gaps[2] >= 4 && gaps[3] >= 8,
@@ -279,7 +342,8 @@ async fn freshness_counts_from_the_containers_finish_not_from_the_operators_look
         ]}),
     )
     .await;
-    s.wait_step_running("order", "quote", Duration::from_secs(30)).await;
+    s.wait_step_running("order", "quote", Duration::from_secs(30))
+        .await;
     s.kill_operator().await;
     tokio::time::sleep(Duration::from_secs(17)).await;
     s.start_operator(None);
@@ -289,7 +353,9 @@ async fn freshness_counts_from_the_containers_finish_not_from_the_operators_look
     let finished = q.finished_at.as_ref().unwrap().0;
     assert_eq!(
         q.fresh_until.as_ref().unwrap().0,
-        finished.checked_add(jiff::SignedDuration::from_secs(8)).unwrap()
+        finished
+            .checked_add(jiff::SignedDuration::from_secs(8))
+            .unwrap()
     );
     assert_eq!(status(&run).plan.unwrap().revision, 2, "the run re-planned");
     assert_eq!(executions(&s, "order", "quote").len(), 2);
@@ -297,11 +363,17 @@ async fn freshness_counts_from_the_containers_finish_not_from_the_operators_look
         .ledger()
         .entries
         .iter()
-        .filter(|e| e.step.as_deref() == Some("buy") && e.event == agentrun_e2e::ledger::LedgerEvent::Started)
+        .filter(|e| {
+            e.step.as_deref() == Some("buy")
+                && e.event == agentrun_e2e::ledger::LedgerEvent::Started
+        })
         .map(|e| e.pod.clone())
         .collect::<Vec<_>>();
     assert_eq!(buys.len(), 1);
-    assert!(buys[0].contains("-r2-"), "buy ran once, on the fresh quote: {buys:?}");
+    assert!(
+        buys[0].contains("-r2-"),
+        "buy ran once, on the fresh quote: {buys:?}"
+    );
     s.finish().await;
 }
 
@@ -316,7 +388,8 @@ async fn a_step_pod_that_lost_its_run_label_still_ends_its_step() {
         json!({"steps": [sim_step("slow", "Idempotent", json!({"runMs": 6000, "result": {"ok": true}}))]}),
     )
     .await;
-    s.wait_step_running("unlabelled", "slow", Duration::from_secs(30)).await;
+    s.wait_step_running("unlabelled", "slow", Duration::from_secs(30))
+        .await;
     let run = s.runs().get("unlabelled").await.unwrap();
     let pod = checkpoint(&run, "slow", 1).pod.clone().unwrap();
     s.pods()
@@ -330,7 +403,10 @@ async fn a_step_pod_that_lost_its_run_label_still_ends_its_step() {
     let run = s.wait_finished("unlabelled", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
     let p = s.pods().get(&pod).await.unwrap();
-    assert_eq!(p.labels().get(labels::RUN).map(String::as_str), Some("unlabelled"));
+    assert_eq!(
+        p.labels().get(labels::RUN).map(String::as_str),
+        Some("unlabelled")
+    );
     assert!(!p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER));
     s.finish().await;
 }
@@ -349,7 +425,9 @@ async fn a_decision_of_unknown_time_seen_after_the_deadline_is_late() {
         )]}),
     )
     .await;
-    let name = s.approval_of("gated", Some("act"), Duration::from_secs(30)).await;
+    let name = s
+        .approval_of("gated", Some("act"), Duration::from_secs(30))
+        .await;
     s.kill_operator().await;
     s.decide(&name, "Approved", "fine").await;
     s.approvals()
@@ -362,7 +440,11 @@ async fn a_decision_of_unknown_time_seen_after_the_deadline_is_late() {
         .unwrap();
     let cleared = s.approvals().get(&name).await.unwrap();
     assert!(
-        cleared.metadata.managed_fields.as_ref().is_none_or(|m| m.is_empty()),
+        cleared
+            .metadata
+            .managed_fields
+            .as_ref()
+            .is_none_or(|m| m.is_empty()),
         "the API server dropped the record of when it was decided"
     );
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -373,7 +455,10 @@ async fn a_decision_of_unknown_time_seen_after_the_deadline_is_late() {
         condition(&run, "Succeeded"),
         Some(("False".into(), "ApprovalExpired".into()))
     );
-    assert!(executions(&s, "gated", "act").is_empty(), "the step never ran");
+    assert!(
+        executions(&s, "gated", "act").is_empty(),
+        "the step never ran"
+    );
     s.finish().await;
 }
 
