@@ -730,11 +730,14 @@ pub struct CompensationCheckpoint {
     pub idempotency_key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
-    /// Not recorded: compensations are repeatable, so a Pod that vanished
-    /// unseen is simply created again. Kept for status written before.
-    /// (`StepCheckpoint.podUid` explains the field.)
+    /// Recorded only for a Pod created again after it was never seen
+    /// (`podRecreated`), so an older Pod of the same name is never read as
+    /// this one. (`StepCheckpoint.podUid` explains the field.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
+    /// As `StepCheckpoint.podRecreated`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pod_recreated: bool,
     pub phase: StepPhase,
     /// When the current or last attempt of the compensation was launched.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -99,7 +99,7 @@ async fn read_recorded_pods(
 ) -> Result<()> {
     let unseen: Vec<&str> = engine::referenced_pods(run, now)
         .into_iter()
-        .filter(|(name, uid)| engine::must_read(&world.pods, name, *uid))
+        .filter(|(name, recorded)| engine::must_read(&world.pods, name, *recorded))
         .map(|(name, _)| name)
         .collect();
     if unseen.is_empty() {

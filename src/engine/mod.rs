@@ -52,7 +52,7 @@ pub use names::{
     MAX_CHILD_NAME, PodRole, approve_name, approve_request, idempotency_key, pod_name,
     reconcile_name,
 };
-pub use observe::{is_live, must_read, referenced_pods};
+pub use observe::{Recorded, is_live, must_read, referenced_pods};
 pub use reasons::{ConditionType, Reason};
 pub use result::MAX_MESSAGE_BYTES;
 

@@ -23,7 +23,7 @@ const KILLED_EXIT_CODES: &[i32] = &[137, 143];
 pub fn referenced_pods(
     run: &crate::api::AgentRun,
     now: jiff::Timestamp,
-) -> Vec<(&str, Option<&str>)> {
+) -> Vec<(&str, Recorded<'_>)> {
     use crate::api::StepPhase;
     let Some(status) = run.status.as_ref() else {
         return Vec::new();
@@ -44,7 +44,14 @@ pub fn referenced_pods(
                 || c.stopping
                 || about_to_try_again(c.phase, c.next_attempt_at.as_ref(), c.attempt)
         })
-        .filter_map(|c| Some((c.pod.as_deref()?, c.pod_uid.as_deref())));
+        .filter_map(|c| {
+            let recorded = match (c.pod_uid.as_deref(), c.pod_recreated) {
+                (Some(uid), _) => Recorded::Uid(uid),
+                (None, true) => Recorded::Recreated,
+                (None, false) => Recorded::Nothing,
+            };
+            Some((c.pod.as_deref()?, recorded))
+        });
     let compensations = status
         .compensations
         .iter()
@@ -52,19 +59,41 @@ pub fn referenced_pods(
             c.phase == StepPhase::Running
                 || about_to_try_again(c.phase, c.next_attempt_at.as_ref(), c.attempt)
         })
-        .filter_map(|c| Some((c.pod.as_deref()?, c.pod_uid.as_deref())));
+        .filter_map(|c| {
+            let recorded = c
+                .pod_uid
+                .as_deref()
+                .map_or(Recorded::Nothing, Recorded::Uid);
+            Some((c.pod.as_deref()?, recorded))
+        });
     steps.chain(compensations).collect()
 }
 
+/// What the run's status recorded of a Pod it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded<'a> {
+    /// Its UID.
+    Uid(&'a str),
+    /// That it was created again, and not yet its UID: a cached Pod of that
+    /// name may be its predecessor.
+    Recreated,
+    Nothing,
+}
+
 /// Whether a Pod the run names must be read from the API server: the view
-/// lacks it, or shows it under another UID than the one recorded.
-pub fn must_read(pods: &[Pod], name: &str, recorded_uid: Option<&str>) -> bool {
+/// lacks it, shows it under another UID than the one recorded, or the Pod
+/// was created again and which one the view shows is not known yet.
+pub fn must_read(pods: &[Pod], name: &str, recorded: Recorded<'_>) -> bool {
     match pods
         .iter()
         .find(|p| p.metadata.name.as_deref() == Some(name))
     {
         None => true,
-        Some(p) => recorded_uid.is_some_and(|u| p.metadata.uid.as_deref() != Some(u)),
+        Some(p) => match recorded {
+            Recorded::Uid(u) => p.metadata.uid.as_deref() != Some(u),
+            Recorded::Recreated => true,
+            Recorded::Nothing => false,
+        },
     }
 }
 

@@ -216,8 +216,9 @@ impl<'a> Machine<'a> {
         *f.phase = StepPhase::Running;
         *f.started_at = Some(now);
         *f.next_attempt_at = None;
-        if let Slot::Step(i) = slot {
-            self.status.steps[i].pod_recreated = false;
+        match slot {
+            Slot::Step(i) => self.status.steps[i].pod_recreated = false,
+            Slot::Compensation(k) => self.status.compensations[k].pod_recreated = false,
         }
         if role != PodRole::Compensate {
             self.status.step_executions = self.status.step_executions.saturating_add(1);
@@ -424,7 +425,10 @@ impl<'a> Machine<'a> {
     /// Records the UID of a seen Pod where telling a vanished Pod from one
     /// never created changes the answer (see `may_have_acted_matters`).
     fn keep_pod_uid(&mut self, plan: &Plan<'_>, slot: Slot, r: &Record, uid: Option<String>) {
-        let recreated = matches!(slot, Slot::Step(i) if self.status.steps[i].pod_recreated);
+        let recreated = match slot {
+            Slot::Step(i) => self.status.steps[i].pod_recreated,
+            Slot::Compensation(k) => self.status.compensations[k].pod_recreated,
+        };
         if r.pod_uid.is_none()
             && uid.is_some()
             && (recreated || self.may_have_acted_matters(plan, r))

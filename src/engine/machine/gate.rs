@@ -189,8 +189,9 @@ impl<'a> Machine<'a> {
                     // Its UID is recorded once seen, so that a cache that
                     // still shows an earlier Pod of the same name is never
                     // read as this one (`observe::referenced_pods`).
-                    if let Slot::Step(i) = slot {
-                        self.status.steps[i].pod_recreated = true;
+                    match slot {
+                        Slot::Step(i) => self.status.steps[i].pod_recreated = true,
+                        Slot::Compensation(k) => self.status.compensations[k].pod_recreated = true,
                     }
                     self.uid_wanted = true;
                 }
