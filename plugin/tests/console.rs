@@ -299,3 +299,54 @@ fn the_run_page_shows_steps_decider_and_events() {
         assert!(html.contains(want), "the run page lacks {want}:\n{html}");
     }
 }
+
+/// parse → physicist ∥ chemist, with the chemist skipped by its condition:
+/// the two experts overlap on their own lanes, and the skipped step is a
+/// mark on its lane saying why.
+#[test]
+fn parallel_branches_get_lanes_of_their_own_and_a_skipped_step_a_mark() {
+    let run: AgentRun = serde_json::from_value(json!({
+        "apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+        "metadata": {"name": "q", "namespace": "shop", "uid": "u2", "creationTimestamp": at(0).to_string()},
+        "spec": {"steps": []},
+        "status": {
+            "phase": "Running", "progress": "2/4",
+            "steps": [
+                {"name": "parse", "planRevision": 1, "attempt": 1, "idempotencyKey": "k1", "pod": "q-parse-a1",
+                 "phase": "Succeeded", "checkpoint": "Committed", "startedAt": at(0).to_string(), "finishedAt": at(2).to_string()},
+                {"name": "physicist", "planRevision": 1, "attempt": 1, "idempotencyKey": "k2", "pod": "q-physicist-a1",
+                 "phase": "Running", "startedAt": at(2).to_string()},
+                {"name": "chemist", "planRevision": 1, "attempt": 0, "idempotencyKey": "k3",
+                 "phase": "Skipped", "checkpoint": "Committed", "finishedAt": at(2).to_string(),
+                 "message": "skipped: when \"steps.parse.result.chem\" is false"},
+                {"name": "biologist", "planRevision": 1, "attempt": 1, "idempotencyKey": "k4", "pod": "q-biologist-a1",
+                 "phase": "Running", "startedAt": at(2).to_string()}
+            ]
+        }
+    }))
+    .unwrap();
+    let tl = timeline::build(&run, &[], &[], at(10));
+    let labels: Vec<&str> = tl.lanes.iter().map(|l| l.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        ["parse r1", "physicist r1", "chemist r1", "biologist r1"]
+    );
+    let physicist = &tl.lanes[1].bars[0];
+    let biologist = &tl.lanes[3].bars[0];
+    assert_eq!((physicist.start, physicist.end), (at(2), at(10)));
+    assert_eq!(
+        (biologist.start, biologist.end),
+        (at(2), at(10)),
+        "side by side in time"
+    );
+    let skipped = &tl.lanes[2].bars;
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(skipped[0].kind, BarKind::Skipped);
+    assert_eq!((skipped[0].start, skipped[0].end), (at(2), at(2)));
+    assert_eq!(
+        skipped[0].label,
+        "skipped: when \"steps.parse.result.chem\" is false"
+    );
+    let svg = tl.svg().into_string();
+    assert!(svg.contains(r#"data-kind="skipped""#), "{svg}");
+}

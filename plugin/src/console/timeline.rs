@@ -9,6 +9,8 @@
 //! ```text
 //!   lane "reserve r1"   [attempt 1 ▒disrupted▒][attempt 2 ████]░░fresh░░
 //!   lane "charge r1"            ⟦approval: alice⟧[attempt 1 ██]
+//!   lane "notify r1"            [attempt 1 ██]       (a branch beside charge)
+//!   lane "spam r1"              ◇ skipped: when … is false
 //!                        |r2 re-plan
 //! ```
 
@@ -28,6 +30,8 @@ pub enum BarKind {
     TimedOut,
     /// Waiting for a person's decision.
     Approval,
+    /// Not run: its `when` was false (a mark at the time it was decided).
+    Skipped,
 }
 
 impl BarKind {
@@ -39,6 +43,7 @@ impl BarKind {
             BarKind::Disrupted => "bar-disrupted",
             BarKind::TimedOut => "bar-timedout",
             BarKind::Approval => "bar-approval",
+            BarKind::Skipped => "bar-skipped",
         }
     }
     pub fn word(self) -> &'static str {
@@ -49,6 +54,7 @@ impl BarKind {
             BarKind::Disrupted => "disrupted",
             BarKind::TimedOut => "timed out",
             BarKind::Approval => "approval",
+            BarKind::Skipped => "skipped",
         }
     }
 }
@@ -239,6 +245,16 @@ pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Time
                 end: f,
                 kind: BarKind::Approval,
                 label: format!("approval: released by {by}"),
+            });
+        }
+        if cp.phase == StepPhase::Skipped
+            && let Some(f) = rec.finished
+        {
+            bars.push(Bar {
+                start: f,
+                end: f,
+                kind: BarKind::Skipped,
+                label: cp.message.clone().unwrap_or_else(|| "skipped".into()),
             });
         }
         // A wait comes before the attempt it released, also within one second.
