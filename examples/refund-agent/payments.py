@@ -11,8 +11,9 @@ what makes a rerun of an agent step with the same key harmless.
     GET  /refunds/<id>                one refund; "pending" until --settle-seconds have passed
     POST /refunds/<id>/reversal       reverse a refund (the compensation)
     POST /notifications               {"customer", "template"}; de-duplicated by key
-    GET  /ledger                      everything that happened: refunds and, per key, how
-                                      many requests carried it (what tests count)
+    POST /payouts                     {"expenseId", "employee", "amount"}: an expense reimbursed
+    GET  /ledger                      everything that happened: refunds, payouts and, per key,
+                                      how many requests carried it (what tests count)
     GET  /healthz
 
     payments.py --listen 127.0.0.1:8080 [--settle-seconds 0]
@@ -40,12 +41,14 @@ class Ledger:
         self.by_key = {}  # (kind, key) -> (status, body)
         self.requests = {}  # key -> count of mutating requests carrying it
         self.notifications = []
+        self.payouts = []
 
     def snapshot(self):
         with self.lock:
             return {
                 "refunds": [self._view(r) for r in self.refunds.values()],
                 "notifications": list(self.notifications),
+                "payouts": list(self.payouts),
                 "requestsByKey": dict(self.requests),
             }
 
@@ -146,6 +149,18 @@ class Handler(BaseHTTPRequestHandler):
                 r["state"] = "reversed"
                 return 200, {"id": r["id"], "state": "reversed"}
             status, out, replayed = led.once("reversal", key, make)
+            return self._send(status, out, replayed)
+
+        if parts == ["payouts"]:
+            def make():
+                if not body.get("expenseId") or not body.get("amount"):
+                    return 422, {"error": "expenseId and amount are required"}
+                pid = f"po_{len(led.payouts) + 1:04d}"
+                led.payouts.append({"id": pid, "expenseId": body["expenseId"],
+                                    "employee": body.get("employee"), "amount": body["amount"],
+                                    "idempotencyKey": key})
+                return 201, {"id": pid, "state": "paid"}
+            status, out, replayed = led.once("payout", key, make)
             return self._send(status, out, replayed)
 
         if parts == ["notifications"]:

@@ -1,11 +1,25 @@
 #!/usr/bin/env python3
-"""The refund agent of config/samples/agentrun_refund.yaml, one subcommand per step.
+"""The example agent of config/samples, one subcommand per step.
+
+The refund agent (config/samples/agentrun_refund.yaml):
 
     refund_agent.py lookup-order --order-id=4711
     refund_agent.py draft-refund
     refund_agent.py issue-refund --from-context=draft-refund
     refund_agent.py reverse-refund --from-context=issue-refund
     refund_agent.py notify-customer --template=refund-issued
+
+Expert review, a fan-out and fan-in (config/samples/agentrun_expert_review.yaml):
+
+    refund_agent.py parse-question --question="Why is the sky blue?"
+    refund_agent.py expert --field=physics      (and --field=chemistry, in parallel)
+    refund_agent.py aggregate
+
+Expense reimbursement with parallel approvals (config/samples/agentrun_expense.yaml):
+
+    refund_agent.py prepare-expense --expense-id=ex-77 --employee=e-12 --amount="120.00 EUR"
+    refund_agent.py check --policy=budget        (and --policy=compliance, each behind its gate)
+    refund_agent.py reimburse
 
 Each reads its inputs from the step context (agentrun_step SDK), talks to the payments
 service at $PAYMENTS_API_URL with the step's idempotency key, and reports its result in the
@@ -111,6 +125,60 @@ def notify_customer(step, a):
     return {"messageId": out["id"], "channel": out["channel"]}, None
 
 
+# The "model" calls below stand in for LLM calls, as draft-refund does: a rule gives the
+# answer, and the tokens a model call over the same prompt would bill are reported.
+EXPERTS = {
+    "physics": "Sunlight scatters off air molecules; short (blue) wavelengths scatter most "
+               "(Rayleigh scattering, intensity ~ 1/wavelength^4).",
+    "chemistry": "The scatterers are N2 and O2 molecules, far smaller than the wavelength; "
+                 "ozone absorbs some orange light, deepening the blue at dusk.",
+}
+
+
+def _billed(prompt, answer):
+    return {"input": len(prompt) // 4, "output": len(json.dumps(answer)) // 4}
+
+
+def parse_question(step, a):
+    q = a.question.strip()
+    parsed = {"question": q, "topics": [f for f in EXPERTS if f in ("physics", "chemistry")]}
+    return parsed, _billed(q, parsed)
+
+
+def expert(step, a):
+    q = step.result_of("parse-question")["question"]
+    if a.field not in EXPERTS:
+        raise Refused(f"no expert on {a.field}")
+    answer = {"field": a.field, "answer": EXPERTS[a.field]}
+    return answer, _billed(f"As an expert in {a.field}, answer: {q}", answer)
+
+
+def aggregate(step, a):
+    answers = [r["result"] for r in step.results if r.get("step", "").endswith(("physicist", "chemist"))]
+    if len(answers) < 2:
+        raise StepError(f"expected two expert answers in the context, got {len(answers)}")
+    summary = {"question": step.result_of("parse-question")["question"],
+               "answer": " ".join(x["answer"] for x in answers),
+               "fields": [x["field"] for x in answers]}
+    return summary, _billed(json.dumps(answers), summary)
+
+
+def prepare_expense(step, a):
+    return {"expenseId": a.expense_id, "employee": a.employee, "amount": a.amount}, None
+
+
+def check(step, a):
+    # The manager's check comes before the claim is prepared.
+    e = step.result_of("prepare-expense", {"expenseId": None})
+    return {"policy": a.policy, "expenseId": e["expenseId"], "ok": True}, None
+
+
+def reimburse(step, a):
+    e = step.result_of("prepare-expense")
+    out, replayed = call("POST", f"{api()}/payouts", e, headers=step.headers())
+    return {"payoutId": out["id"], "state": out["state"], "replayed": replayed}, None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="refund-agent")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -123,6 +191,15 @@ def main(argv=None):
     s.set_defaults(fn=reverse_refund)
     s = sub.add_parser("notify-customer"); s.add_argument("--template", default="refund-issued")
     s.set_defaults(fn=notify_customer)
+    s = sub.add_parser("parse-question"); s.add_argument("--question", required=True)
+    s.set_defaults(fn=parse_question)
+    s = sub.add_parser("expert"); s.add_argument("--field", required=True); s.set_defaults(fn=expert)
+    s = sub.add_parser("aggregate"); s.set_defaults(fn=aggregate)
+    s = sub.add_parser("prepare-expense"); s.add_argument("--expense-id", required=True)
+    s.add_argument("--employee", required=True); s.add_argument("--amount", required=True)
+    s.set_defaults(fn=prepare_expense)
+    s = sub.add_parser("check"); s.add_argument("--policy", required=True); s.set_defaults(fn=check)
+    s = sub.add_parser("reimburse"); s.set_defaults(fn=reimburse)
     a = p.parse_args(argv)
 
     try:

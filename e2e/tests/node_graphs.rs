@@ -1,0 +1,139 @@
+//! The two graph samples on the real local node (`e2e/cluster node up`), as they are:
+//! config/samples/agentrun_expert_review.yaml (fan-out and fan-in) and
+//! config/samples/agentrun_expense.yaml (parallel approvals), with the example agent's
+//! image on real containers. Every test fails (never skips) when the node is missing.
+
+use std::time::Duration;
+
+use agentrun_e2e::kubectl_ok;
+use agentrun_e2e::support::node::{Payments, node_scenario};
+use agentrun_e2e::support::scenario::{Scenario, phase, status};
+use agentrun_operator::api::{AgentRun, RunPhase, StepCheckpoint, StepPhase};
+use serde_json::json;
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(240);
+
+fn step(run: &AgentRun, name: &str) -> StepCheckpoint {
+    status(run)
+        .steps
+        .into_iter()
+        .rev()
+        .find(|c| c.name == name && c.role.is_step())
+        .unwrap_or_else(|| panic!("no checkpoint for step {name}"))
+}
+
+async fn apply(s: &Scenario, files: &[&std::path::Path]) {
+    for f in files {
+        kubectl_ok([
+            "apply".as_ref(),
+            "-n".as_ref(),
+            s.namespace().as_ref(),
+            "-f".as_ref(),
+            f.as_os_str(),
+        ])
+        .await;
+    }
+}
+
+/// The ConfigMap the samples read the payments URL from, pointing at the example
+/// payments service this test started.
+fn configmap(s: &Scenario, payments: &Payments) -> std::path::PathBuf {
+    let file = agentrun_e2e::support::processes::log_dir(s.namespace()).join("configmap.json");
+    let cm = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "refund-agent", "namespace": s.namespace()},
+        "data": {"PAYMENTS_API_URL": payments.url()},
+    });
+    std::fs::write(&file, cm.to_string()).expect("writing the ConfigMap");
+    file
+}
+
+#[tokio::test]
+async fn expert_review_sample_fans_out_to_two_experts_and_joins_them() {
+    let s = node_scenario("node-expert-review").await;
+    let sample = agentrun_e2e::repo_root().join("config/samples/agentrun_expert_review.yaml");
+    apply(&s, &[&sample]).await;
+    let run = s.wait_finished("expert-review", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    let physicist = step(&run, "physicist");
+    let chemist = step(&run, "chemist");
+    let aggregate = step(&run, "aggregate");
+    assert_eq!(physicist.result.as_ref().unwrap()["field"], "physics");
+    assert_eq!(chemist.result.as_ref().unwrap()["field"], "chemistry");
+    // The experts ran side by side: each started before the other finished.
+    let (p0, p1) = (
+        physicist.started_at.unwrap().0,
+        physicist.finished_at.unwrap().0,
+    );
+    let (c0, c1) = (
+        chemist.started_at.unwrap().0,
+        chemist.finished_at.unwrap().0,
+    );
+    assert!(
+        p0 <= c1 && c0 <= p1,
+        "physicist {p0}–{p1}, chemist {c0}–{c1}"
+    );
+    // The aggregator read both answers from its context file.
+    let result = aggregate.result.unwrap();
+    assert_eq!(result["fields"], json!(["physics", "chemistry"]));
+    assert!(
+        result["answer"].as_str().unwrap().contains("Rayleigh"),
+        "{result}"
+    );
+    assert!(aggregate.started_at.unwrap().0 >= p1.max(c1));
+    assert_eq!(status(&run).progress.as_deref(), Some("4/4"));
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn expense_sample_asks_two_approvals_at_once_and_pays_out_once() {
+    let s = node_scenario("node-expense").await;
+    let payments = Payments::start(s.namespace(), 0.0).await;
+    let cm = configmap(&s, &payments);
+    let sample = agentrun_e2e::repo_root().join("config/samples/agentrun_expense.yaml");
+    apply(&s, &[&cm, &sample]).await;
+    let manager = s
+        .approval_of("expense-ex-77", Some("manager-approval"), RUN_TIMEOUT)
+        .await;
+    s.decide(&manager, "Approved", "team offsite, fine").await;
+    let budget = s
+        .approval_of("expense-ex-77", Some("budget-check"), RUN_TIMEOUT)
+        .await;
+    let compliance = s
+        .approval_of("expense-ex-77", Some("compliance-check"), RUN_TIMEOUT)
+        .await;
+    // Both questions are open at the same time; compliance answers first.
+    s.decide(&compliance, "Approved", "within policy").await;
+    let run = s
+        .wait_run("expense-ex-77", "compliance checked", RUN_TIMEOUT, |r| {
+            status(r)
+                .steps
+                .iter()
+                .any(|c| c.name == "compliance-check" && c.phase == StepPhase::Succeeded)
+        })
+        .await;
+    assert_eq!(
+        step(&run, "budget-check").phase,
+        StepPhase::WaitingForApproval
+    );
+    assert!(
+        payments.ledger().await["payouts"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "no payout before both approvals"
+    );
+    s.decide(&budget, "Approved", "budget ok").await;
+    let run = s.wait_finished("expense-ex-77", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    let reimburse = step(&run, "reimburse");
+    let ledger = payments.ledger().await;
+    let payouts = ledger["payouts"].as_array().unwrap();
+    assert_eq!(payouts.len(), 1, "{ledger}");
+    assert_eq!(
+        payouts[0]["idempotencyKey"],
+        json!(reimburse.idempotency_key)
+    );
+    assert_eq!(payouts[0]["amount"], "120.00 EUR");
+    s.finish().await;
+}
