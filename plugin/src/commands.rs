@@ -711,6 +711,7 @@ async fn logs(
             StepRole::Step => "step",
             StepRole::Planner => "planner",
             StepRole::Compactor => "compactor",
+            StepRole::Verify => "verify",
         };
         for n in (1..=cp.attempt).filter(|n| attempt.is_none_or(|a| a == *n)) {
             let has = pods.iter().any(|p| {

@@ -226,6 +226,7 @@ fn mark(phase: StepPhase) -> &'static str {
         StepPhase::WaitingForApproval => "?",
         StepPhase::Superseded => "~",
         StepPhase::Skipped => "-",
+        StepPhase::Verifying => "?",
         StepPhase::Pending => "·",
     }
 }
@@ -236,6 +237,7 @@ fn step_line(cp: &StepCheckpoint, now: Timestamp, full: bool, style: Style) -> S
         StepRole::Step => String::new(),
         StepRole::Planner => " (planner)".into(),
         StepRole::Compactor => " (compactor)".into(),
+        StepRole::Verify => " (verify probe)".into(),
     };
     let _ = writeln!(
         s,

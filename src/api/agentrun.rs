@@ -183,6 +183,16 @@ pub struct StepSpec {
     /// when the run is cancelled or fails after this step applied its effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensate: Option<Box<StepContainer>>,
+
+    /// A container that asks the system this step changes whether an attempt
+    /// acted, when the operator cannot know (the attempt ended without saying
+    /// it did not act). It runs with the step's `AGENTRUN_IDEMPOTENCY_KEY` and
+    /// answers `{"effect": "Applied" | "NotApplied" | "Unknown", "result": …}`:
+    /// Applied records the step as done with that result; NotApplied lets the
+    /// step retry within its retry policy; anything else, or a probe that
+    /// fails, asks a person (a Reconcile Approval that shows what it saw).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Box<StepContainer>>,
 }
 
 /// The container of a step. The step Pod gets exactly one container built from it.
@@ -611,6 +621,11 @@ pub struct StepCheckpoint {
     /// recorded here. Cleared once recorded, or once the Pod is gone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stopping: bool,
+    /// How the outcome was established, when not by the step's own attempt:
+    /// `Verified` (its verify probe answered Applied), `Marked` (a person
+    /// answered MarkSucceeded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
     /// The status grew past its size budget and this finished checkpoint was
     /// cut to its facts: outcome, persistence, effect, key, attempt, result
     /// and freshness stay; its Pod name, start time, tokens (counted in the
@@ -623,6 +638,15 @@ fn is_zero(n: &i32) -> bool {
     *n == 0
 }
 
+/// How a checkpoint's outcome was established.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provenance {
+    /// The step's verify probe found the effect applied.
+    Verified,
+    /// A person answered a Reconcile question MarkSucceeded.
+    Marked,
+}
+
 /// What a checkpointed Pod does for the run.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum StepRole {
@@ -633,6 +657,9 @@ pub enum StepRole {
     Planner,
     /// `spec.context.compactor`: its summary replaces older raw results.
     Compactor,
+    /// `steps[].verify`: the probe that settles an unknown outcome of the
+    /// step it is named after, with the step's key.
+    Verify,
 }
 
 impl StepRole {
@@ -659,6 +686,9 @@ pub enum StepPhase {
     Superseded,
     /// Not run: its `when` was false. The steps after it go on.
     Skipped,
+    /// An attempt may have acted; the step's verify probe is asking the
+    /// system it changes what happened.
+    Verifying,
 }
 
 impl StepPhase {

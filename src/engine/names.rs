@@ -14,6 +14,9 @@ pub enum PodRole {
     Planner,
     Compactor,
     Compensate,
+    /// A step's verify probe: asks the system the step changed whether an
+    /// attempt with the step's key acted.
+    Verify,
 }
 
 impl PodRole {
@@ -23,6 +26,7 @@ impl PodRole {
             PodRole::Planner => "planner",
             PodRole::Compactor => "compactor",
             PodRole::Compensate => "compensate",
+            PodRole::Verify => "verify",
         }
     }
 
@@ -32,6 +36,7 @@ impl PodRole {
             "planner" => PodRole::Planner,
             "compactor" => PodRole::Compactor,
             "compensate" => PodRole::Compensate,
+            "verify" => PodRole::Verify,
             _ => return None,
         })
     }
@@ -43,6 +48,7 @@ impl PodRole {
             PodRole::Planner => 'p',
             PodRole::Compactor => 's',
             PodRole::Compensate => 'c',
+            PodRole::Verify => 'v',
         }
     }
 }
@@ -55,6 +61,7 @@ impl PodRole {
             PodRole::Step => Some(StepRole::Step),
             PodRole::Planner => Some(StepRole::Planner),
             PodRole::Compactor => Some(StepRole::Compactor),
+            PodRole::Verify => Some(StepRole::Verify),
             PodRole::Compensate => None,
         }
     }
@@ -66,6 +73,7 @@ impl From<StepRole> for PodRole {
             StepRole::Step => PodRole::Step,
             StepRole::Planner => PodRole::Planner,
             StepRole::Compactor => PodRole::Compactor,
+            StepRole::Verify => PodRole::Verify,
         }
     }
 }
@@ -76,12 +84,13 @@ const KEY_LEN: usize = 32;
 /// The idempotency key of one logical execution (D1): the same for every
 /// attempt of (run UID, step, plan revision), different for every revision.
 /// Plan steps hash exactly (uid, step, revision); other roles add their role
-/// so a compensation never shares its step's key.
+/// so a compensation never shares its step's key. A verify probe asks about
+/// the step's own attempts, so it carries the step's key.
 pub fn idempotency_key(run_uid: &str, role: PodRole, step: &str, plan_revision: i64) -> String {
     let mut h = Sha256::new();
     h.update(run_uid.as_bytes());
     h.update([0]);
-    if role != PodRole::Step {
+    if role != PodRole::Step && role != PodRole::Verify {
         h.update(role.label().as_bytes());
         h.update([0]);
     }

@@ -68,6 +68,8 @@ struct StepGen {
     /// In a graph: a bit per earlier step this one depends on. `None` for
     /// every step of a run: a sequence.
     deps: Option<u8>,
+    /// The step has a verify probe.
+    verify: bool,
 }
 
 fn step_gen() -> impl Strategy<Value = StepGen> {
@@ -78,9 +80,10 @@ fn step_gen() -> impl Strategy<Value = StepGen> {
         prop::option::weighted(0.2, any::<bool>()),
         prop::bool::weighted(0.2),
         any::<bool>(),
+        prop::bool::weighted(0.3),
     )
         .prop_map(
-            |(effect, retries, timeout, approval, fresh, compensate)| StepGen {
+            |(effect, retries, timeout, approval, fresh, compensate, verify)| StepGen {
                 effect,
                 retries,
                 timeout,
@@ -88,6 +91,7 @@ fn step_gen() -> impl Strategy<Value = StepGen> {
                 fresh,
                 compensate,
                 deps: None,
+                verify,
             },
         )
 }
@@ -142,6 +146,9 @@ fn build_run(steps: &[StepGen], tokens: Option<i64>) -> AgentRun {
             }
             if g.compensate {
                 s = s.with_compensate();
+            }
+            if g.verify {
+                s.verify = Some(Box::new(container("verify:1")));
             }
             if let Some(bits) = g.deps {
                 s.depends_on = Some(
@@ -250,6 +257,7 @@ fn ev() -> impl Strategy<Value = Ev> {
 /// What one Pod (one incarnation, by UID) did, as the cluster saw it.
 struct Execution {
     name: String,
+    role: PodRole,
     key: String,
     step: String,
     plan_revision: i64,
@@ -282,6 +290,8 @@ struct Execution {
     unreported_failure: bool,
     /// It succeeded with a readable result: it acted.
     succeeded: bool,
+    /// Its message said `"effect": "NotApplied"` (a verify probe's answer too).
+    said_not_applied: bool,
 }
 
 impl Execution {
@@ -631,6 +641,7 @@ impl Sim {
         {
             let still_open = d.status.steps.iter().any(|c| {
                 c.idempotency_key == old.idempotency_key
+                    && c.role == old.role
                     && c.attempt == old.attempt
                     && c.phase == StepPhase::Running
             });
@@ -638,11 +649,11 @@ impl Sim {
                 |a| matches!(a, Action::DeletePod { name, .. } if Some(name) == old.pod.as_ref()),
             );
             if !still_open && deletes {
-                for e in self
-                    .ledger
-                    .values_mut()
-                    .filter(|e| e.key == old.idempotency_key && e.attempt == old.attempt)
-                {
+                for e in self.ledger.values_mut().filter(|e| {
+                    e.key == old.idempotency_key
+                        && e.attempt == old.attempt
+                        && e.role == PodRole::from(old.role)
+                }) {
                     e.closed_by_operator = true;
                 }
             }
@@ -650,14 +661,18 @@ impl Sim {
             let latest = self
                 .ledger
                 .values()
-                .filter(|e| e.key == old.idempotency_key && e.attempt == old.attempt)
+                .filter(|e| {
+                    e.key == old.idempotency_key
+                        && e.attempt == old.attempt
+                        && e.role == PodRole::from(old.role)
+                })
                 .max_by_key(|e| e.seq);
             if let Some(e) = latest.filter(|e| !still_open && !deletes && e.interrupted) {
                 let new = d
                     .status
                     .steps
                     .iter()
-                    .find(|c| c.idempotency_key == old.idempotency_key);
+                    .find(|c| c.idempotency_key == old.idempotency_key && c.role == old.role);
                 let failures = new.map_or(old.failures, |c| c.failures);
                 assert_eq!(
                     failures,
@@ -728,6 +743,7 @@ impl Sim {
                         uid(&created),
                         Execution {
                             name: name.clone(),
+                            role,
                             key: l[labels::IDEMPOTENCY_KEY].clone(),
                             step,
                             plan_revision: l[labels::PLAN_REVISION].parse().unwrap(),
@@ -744,6 +760,7 @@ impl Sim {
                             acts,
                             unreported_failure: false,
                             succeeded: false,
+                            said_not_applied: false,
                         },
                     );
                 }
@@ -829,10 +846,13 @@ impl Sim {
                         .find(|c| c.idempotency_key == key && c.phase.is_terminal())
                         .map(|c| format!("{:?}", c.phase))
                 } else {
+                    // A verify probe carries its step's key: each is judged
+                    // by its own checkpoint.
                     held.steps
                         .iter()
                         .find(|c| {
                             c.idempotency_key == key
+                                && PodRole::from(c.role) == pod_role
                                 && (c.phase.is_terminal()
                                     || c.checkpoint == CheckpointState::Committed)
                         })
@@ -956,6 +976,7 @@ impl Sim {
     fn check_rerun(&self, name: &str, key: &str, attempt: i32, absent: bool) {
         for e in self.ledger.values().filter(|e| {
             e.key == key
+                && e.role == PodRole::Step
                 && (e.disrupted || (e.non_idempotent && e.may_have_acted() && !e.succeeded))
         }) {
             if e.attempt > attempt || (e.attempt == attempt && !absent) || force_removed_unseen(e) {
@@ -968,6 +989,15 @@ impl Sim {
                     && a.spec.decision == Some(Answer::Retry)
                     && a.spec.context.as_ref().and_then(|c| c.pod.as_deref()) == Some(&e.name)
             });
+            // Or the step's verify probe, with the same key, found it not applied.
+            let verified = self.ledger.values().any(|v| {
+                v.role == PodRole::Verify
+                    && v.key == e.key
+                    && v.seq > e.seq
+                    && v.succeeded
+                    && v.said_not_applied
+            });
+            let retried = retried || verified;
             assert!(
                 retried,
                 "D6: {name} runs NonIdempotent step {} (key {key}) again after Pod {} of attempt {} may have acted, without a Retry decision on its Reconcile Approval; approvals: {:?}",
@@ -1030,8 +1060,10 @@ impl Sim {
     fn attempt_open(&self, pod: &Pod) -> bool {
         let l = pod.metadata.labels.as_ref().unwrap();
         let (key, attempt) = (&l[labels::IDEMPOTENCY_KEY], &l[labels::ATTEMPT]);
+        let role = PodRole::from_label(&l[labels::ROLE]);
         self.w.status().steps.iter().any(|c| {
             &c.idempotency_key == key
+                && Some(PodRole::from(c.role)) == role
                 && c.attempt.to_string() == *attempt
                 && c.phase == StepPhase::Running
         })
@@ -1064,6 +1096,7 @@ impl Sim {
             .is_some_and(|v| v["effect"] == "NotApplied");
         if let Some(e) = self.ledger.get_mut(&uid(&next)) {
             e.started |= ran;
+            e.said_not_applied |= said_not_applied;
             match phase.as_deref() {
                 Some("Succeeded") if readable => e.succeeded = true,
                 Some("Succeeded") => e.unreported_failure = ran,
@@ -1114,8 +1147,24 @@ impl Sim {
                 next.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed");
             return self.kubelet_sets(&name, next, ran, interrupted);
         }
+        let is_probe = pod
+            .metadata
+            .labels
+            .as_ref()
+            .map(|l| l[labels::ROLE].as_str())
+            == Some("verify");
         let (next, interrupted) = match what {
             0 | 1 if !running => (pod.running(), false),
+            1..=3 if is_probe => {
+                let effect = ["Applied", "NotApplied", "Unknown"][usize::from(what - 1)];
+                (
+                    pod.succeeded(
+                        &serde_json::json!({"effect": effect, "result": {"probe": what}})
+                            .to_string(),
+                    ),
+                    false,
+                )
+            }
             0..=3 => (
                 pod.succeeded(&ok_message(
                     serde_json::json!({"n": what}),
@@ -1450,6 +1499,7 @@ fn plain_step(effect: u8, retries: i32, timeout: bool) -> StepGen {
         fresh: false,
         compensate: false,
         deps: None,
+        verify: false,
     }
 }
 

@@ -141,6 +141,10 @@ vocabulary! {
         StepOutcomeUnknown,
         /// A step's `when` was false: it did not run.
         StepSkipped,
+        /// An attempt may have acted: the step's verify probe asks what happened.
+        StepVerifying,
+        /// The verify probe answered: applied (recorded as succeeded) or not (retried).
+        StepVerified,
         /// A step was disrupted again and again (D16); it resumes after its backoff.
         RepeatedlyDisrupted,
         /// A deleted step Pod still runs past its grace period (D16).

@@ -202,6 +202,7 @@ pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Time
             agentrun_operator::api::StepRole::Step => "step",
             agentrun_operator::api::StepRole::Planner => "planner",
             agentrun_operator::api::StepRole::Compactor => "compactor before step",
+            agentrun_operator::api::StepRole::Verify => "verify probe of step",
         };
         let rec = Record {
             label: format!("{} r{}", cp.name, cp.plan_revision),

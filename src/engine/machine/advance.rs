@@ -109,6 +109,7 @@ impl<'a> Machine<'a> {
                             self.launch(plan, PodRole::Step, &name, rev, attempt);
                         }
                         StepPhase::WaitingForApproval => self.wait_for_approval(plan, i, c),
+                        StepPhase::Verifying => self.continue_verifying(plan, c),
                         _ => {}
                     }
                 }
@@ -146,6 +147,17 @@ impl<'a> Machine<'a> {
             || self.actions.iter().any(|a| {
                 matches!(a, crate::engine::Action::CreatePod(p) if p.metadata.name.as_deref() == Some(pod))
             })
+    }
+
+    /// Whether a Pod of step `name` from a revision before `revision` is
+    /// still live (being stopped after a re-plan superseded its attempt).
+    fn earlier_attempt_live(&self, name: &str, revision: i64) -> bool {
+        self.pods.values().any(|p| {
+            crate::engine::observe::is_live(p)
+                && crate::engine::observe::coords(p).is_some_and(|c| {
+                    c.role == PodRole::Step && c.step == name && c.plan_revision < revision
+                })
+        })
     }
 
     /// Step Pods (steps and compactors) the run has in flight.
@@ -232,6 +244,12 @@ impl<'a> Machine<'a> {
             }
         }
         if self.replan_if_stale(plan, i) {
+            return;
+        }
+        // An attempt of this step from an earlier revision is still being
+        // stopped: what it did is not known yet, and nothing of the step
+        // starts beside it (its effect decides whether a person is asked).
+        if self.earlier_attempt_live(&step.name, plan.revision) {
             return;
         }
         let gated = step.approval.as_ref().is_some_and(|g| g.required);

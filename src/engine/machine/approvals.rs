@@ -457,9 +457,18 @@ impl<'a> Machine<'a> {
 
     /// An attempt of plan step checkpoint `c` ended in a way that may have
     /// acted, and the step is NonIdempotent: the run does not guess (D6). It
-    /// asks a person what happened, bound to the step as it is now (D14: a
-    /// `Retry` runs exactly this).
+    /// asks the step's verify probe, if it has one and has not used it at
+    /// this revision; otherwise a person, bound to the step as it is now
+    /// (D14: a `Retry` runs exactly this).
     pub(super) fn ask_reconcile(&mut self, plan: &Plan<'_>, c: usize, what_happened: String) {
+        if self.can_verify(plan, c) {
+            return self.start_verifying(plan, c, what_happened);
+        }
+        self.ask_person(plan, c, what_happened);
+    }
+
+    /// The Reconcile question itself: a person says what the attempt did.
+    pub(super) fn ask_person(&mut self, plan: &Plan<'_>, c: usize, what_happened: String) {
         let digest = plan
             .step(&self.status.steps[c].name)
             .map(|s| approval::step_digest(s, self.run.spec.pod_template.as_ref()));

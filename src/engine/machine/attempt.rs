@@ -59,6 +59,7 @@ impl Record {
             PodRole::Planner => format!("planner {name}"),
             PodRole::Compactor => format!("compactor before step {name}"),
             PodRole::Compensate => format!("compensation of step {name}"),
+            PodRole::Verify => format!("verify probe of step {name}"),
         }
     }
 }
@@ -271,6 +272,13 @@ impl<'a> Machine<'a> {
                     summary,
                     MAX_CONTEXT_BYTES as usize,
                 ),
+                // A probe sees what the step saw; its key is the step's.
+                PodRole::Verify => (
+                    *self.step_spec(plan, &r.name)?.verify?,
+                    self.prior_results(plan, i, at),
+                    summary,
+                    self.max_context_bytes(),
+                ),
                 // A compensation sees the result of the step it undoes.
                 PodRole::Compensate => (
                     *self.step_spec(plan, &r.name)?.compensate?,
@@ -450,12 +458,20 @@ impl<'a> Machine<'a> {
         self.tally.tokens += t.total().max(0) as u64;
     }
 
-    /// The retry rule of a record: a compensation retries as its step does.
+    /// The retry rule of a record: a compensation retries as its step does;
+    /// a verify probe has `MAX_VERIFY_FAILURES` failures and its step's backoff.
     fn retry_rule(&self, plan: &Plan<'_>, r: &Record) -> (i32, Option<crate::api::Backoff>) {
         let spec = match r.role {
             PodRole::Step | PodRole::Compensate => self.step_spec(plan, &r.name),
             PodRole::Planner => self.run.spec.planner.clone(),
             PodRole::Compactor => None,
+            PodRole::Verify => {
+                let backoff = self
+                    .step_spec(plan, &r.name)
+                    .and_then(|s| s.retry)
+                    .and_then(|r| r.backoff);
+                return (super::MAX_VERIFY_FAILURES - 1, backoff);
+            }
         };
         let retry = spec.and_then(|s| s.retry);
         (
@@ -509,6 +525,7 @@ impl<'a> Machine<'a> {
             *f.next_attempt_at = None;
             *f.message = Some(message.clone());
             match slot {
+                Slot::Step(i) if r.role == PodRole::Verify => self.probe_gave_up(plan, i, message),
                 Slot::Step(i) => self.step_exhausted(i, message),
                 Slot::Compensation(_) => self.event(
                     EventType::Warning,

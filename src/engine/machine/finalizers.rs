@@ -29,11 +29,7 @@ impl<'a> Machine<'a> {
                 (cp.attempt, cp.phase)
             }
             role => {
-                let step_role = match role {
-                    PodRole::Planner => StepRole::Planner,
-                    PodRole::Compactor => StepRole::Compactor,
-                    _ => StepRole::Step,
-                };
+                let step_role = role.step_role().unwrap_or(StepRole::Step);
                 let cp = self.committed.steps.iter().find(|x| {
                     x.role == step_role && x.name == c.step && x.plan_revision == c.plan_revision
                 })?;
@@ -80,6 +76,7 @@ impl<'a> Machine<'a> {
             PodRole::Step => StepRole::Step,
             PodRole::Planner => StepRole::Planner,
             PodRole::Compactor => StepRole::Compactor,
+            PodRole::Verify => StepRole::Verify,
             PodRole::Compensate => return false,
         };
         let Some(i) = self.status.steps.iter().position(|x| {

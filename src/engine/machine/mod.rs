@@ -30,6 +30,7 @@ mod gate;
 mod limits;
 mod running;
 mod saga;
+mod verify;
 
 use std::collections::HashMap;
 
@@ -51,6 +52,8 @@ pub const MAX_INLINE_RESULT: usize = 4096;
 /// Largest total of inline results across the run; later results are kept
 /// out of status (`resultTruncated`) so a 500-step run stays < 256 KiB (D11).
 pub const MAX_INLINE_RESULTS: usize = 48 * 1024;
+/// Attempts a step's verify probe may fail before a person is asked.
+pub const MAX_VERIFY_FAILURES: i32 = 3;
 /// Disruptions of one step after which the run says it is stalled (D16):
 /// it still resumes, after its backoff, once the cluster heals.
 pub const STALL_AFTER_DISRUPTIONS: i32 = 3;

@@ -64,6 +64,10 @@ impl<'a> Machine<'a> {
                 .as_ref()
                 .and_then(|s| plan::duration(s.timeout.as_ref())),
             StepRole::Compactor => None,
+            // A probe has as long as one attempt of its step.
+            StepRole::Verify => self
+                .step_spec(plan, &cp.name)
+                .and_then(|s| plan::duration(s.timeout.as_ref())),
         };
         let (Some(timeout), Some(launched)) = (timeout, cp.started_at.as_ref()) else {
             return;
@@ -124,6 +128,9 @@ impl<'a> Machine<'a> {
         message: Option<&str>,
         finished_at: Option<Timestamp>,
     ) {
+        if self.status.steps[i].role == StepRole::Verify {
+            return self.probe_answered(plan, i, message, finished_at);
+        }
         let attempt = self.status.steps[i].attempt;
         let report = match result::parse(message) {
             Ok(r) => r,
@@ -161,7 +168,7 @@ impl<'a> Machine<'a> {
         let spec = match role {
             StepRole::Step => self.step_spec(plan, &self.status.steps[i].name),
             StepRole::Planner => self.run.spec.planner.clone(),
-            StepRole::Compactor => None,
+            StepRole::Compactor | StepRole::Verify => None,
         };
         let (inline, truncated) = self.cap_result(report.result);
         self.tally.succeeded += 1;
@@ -238,6 +245,7 @@ impl<'a> Machine<'a> {
                 self.recorded = true;
                 self.adopt_plan(&name, planned.unwrap_or_default());
             }
+            StepRole::Verify => {} // answered above
         }
     }
 
