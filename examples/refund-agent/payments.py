@@ -9,6 +9,8 @@ what makes a rerun of an agent step with the same key harmless.
     GET  /orders/<id>                 the order (amount, status, customer)
     POST /refunds                     {"orderId", "amount"}; 201 a new refund, 200 a replay
     GET  /refunds/<id>                one refund; "pending" until --settle-seconds have passed
+    GET  /refunds?idempotencyKey=<k>  the refund made with that key, or 404: what a verify
+                                      probe asks
     POST /refunds/<id>/reversal       reverse a refund (the compensation)
     POST /notifications               {"customer", "template"}; de-duplicated by key
     POST /payouts                     {"expenseId", "employee", "amount"}: an expense reimbursed
@@ -97,7 +99,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         led = self.server.ledger
-        parts = self.path.strip("/").split("/")
+        path, _, query = self.path.partition("?")
+        parts = path.strip("/").split("/")
+        if parts == ["refunds"] and query.startswith("idempotencyKey="):
+            key = query.split("=", 1)[1]
+            with led.lock:
+                found = [led._view(r) for r in led.refunds.values() if r["idempotencyKey"] == key]
+            return self._send(200, found[0]) if found else self._send(404, {"error": "no refund with that key"})
         if parts == ["healthz"]:
             return self._send(200, {"ok": True})
         if parts == ["ledger"]:

@@ -8,6 +8,8 @@ The refund agent (config/samples/agentrun_refund.yaml):
     refund_agent.py issue-refund --from-context=draft-refund
     refund_agent.py reverse-refund --from-context=issue-refund
     refund_agent.py notify-customer --template=refund-issued
+    refund_agent.py verify-refund              (issue-refund's verify probe: asks the payments
+                                                service for the refund made with the key)
 
 Expert review, a fan-out and fan-in (config/samples/agentrun_expert_review.yaml):
 
@@ -111,6 +113,18 @@ def issue_refund(step, a):
             "state": refund["state"], "replayed": replayed}, None
 
 
+def verify_refund(step, a):
+    """issue-refund's verify probe: did an attempt with this key make a refund?"""
+    url = f"{api()}/refunds?idempotencyKey={step.idempotency_key}"
+    try:
+        refund, _ = call("GET", url, timeout=5)
+    except Refused:
+        # 404: the service made no refund with this key.
+        return ("NotApplied", {"idempotencyKey": step.idempotency_key}), None
+    return ("Applied", {"refundId": refund["id"], "orderId": refund["orderId"],
+                        "amount": refund["amount"], "state": refund["state"], "replayed": True}), None
+
+
 def reverse_refund(step, a):
     refund = step.result_of(a.from_context)
     out, _ = call("POST", f"{api()}/refunds/{refund['refundId']}/reversal", {},
@@ -187,6 +201,7 @@ def main(argv=None):
     s = sub.add_parser("draft-refund"); s.set_defaults(fn=draft_refund)
     s = sub.add_parser("issue-refund"); s.add_argument("--from-context", default="draft-refund")
     s.add_argument("--settle-timeout", type=float, default=60.0); s.set_defaults(fn=issue_refund)
+    s = sub.add_parser("verify-refund"); s.set_defaults(fn=verify_refund)
     s = sub.add_parser("reverse-refund"); s.add_argument("--from-context", default="issue-refund")
     s.set_defaults(fn=reverse_refund)
     s = sub.add_parser("notify-customer"); s.add_argument("--template", default="refund-issued")
@@ -215,6 +230,11 @@ def main(argv=None):
         step.fail(e, not_applied=True)
     except StepError as e:
         step.fail(e)
+    if step.is_verify:
+        effect, seen = result
+        step.answer(effect, seen, tokens=tokens)
+        print(f"refund-agent {a.cmd}: {effect} {json.dumps(seen)}", flush=True)
+        return 0
     step.succeed(result, tokens=tokens)
     print(f"refund-agent {a.cmd}: {json.dumps(result)}", flush=True)
     return 0

@@ -216,6 +216,21 @@ class Step:
         """Writes the result (and token usage) to the termination message; exit 0 after it."""
         self._write(encode_message(result, tokens, plan, summary))
 
+    @property
+    def is_verify(self):
+        """Whether this attempt is a step's verify probe (``steps[].verify``): it runs with
+        the step's idempotency key and asks the system the step changed what happened."""
+        return self.role == "verify"
+
+    def answer(self, effect, result=None, tokens=None):
+        """A verify probe's answer: ``"Applied"`` (the step's attempt with this key acted;
+        ``result`` becomes the step's result), ``"NotApplied"`` (it did not: the step may
+        retry with the same key) or ``"Unknown"`` (a person is asked, and shown ``result``).
+        Exit 0 after it."""
+        if effect not in EFFECTS:
+            raise StepError(f"effect must be one of {', '.join(EFFECTS)}, got {effect!r}")
+        self._write(encode_message(result, tokens, effect=effect))
+
     def fail(self, reason, result=None, tokens=None, exit_code=1, not_applied=False):
         """Reports what is known (tokens count against the budget even on failure), prints
         the reason to stderr and exits non-zero.

@@ -131,6 +131,14 @@ class StepTest(unittest.TestCase):
         self.assertNotIn("effect", json.loads(self.written()),
                          "a plain failure says nothing: it may have acted")
 
+    def test_a_verify_probe_answers_with_an_effect_and_what_it_saw(self):
+        s = self.load()
+        s.answer("Applied", result={"refundId": "re_0001"})
+        self.assertEqual(json.loads(self.written()),
+                         {"result": {"refundId": "re_0001"}, "effect": "Applied"})
+        with self.assertRaisesRegex(StepError, "effect must be one of"):
+            self.load().answer("Maybe")
+
     def test_an_unknown_effect_name_is_refused(self):
         with self.assertRaisesRegex(StepError, "effect must be one of Applied, NotApplied, Unknown"):
             encode_message(None, effect="Done")

@@ -305,6 +305,21 @@ impl Step {
         self.write(&data)
     }
 
+    /// Whether this attempt is a step's verify probe (`steps[].verify`): it runs with the
+    /// step's idempotency key and asks the system the step changed what happened.
+    pub fn is_verify(&self) -> bool {
+        self.context.role.as_deref() == Some("verify")
+    }
+
+    /// A verify probe's answer, once; exit 0 after it. [`Effect::Applied`]: the step's
+    /// attempt with this key acted, and `result` becomes the step's result;
+    /// [`Effect::NotApplied`]: it did not, and the step may retry with the same key;
+    /// [`Effect::Unknown`]: a person is asked, and shown `result`.
+    pub fn answer(&self, effect: Effect, result: &Value, tokens: Option<Tokens>) -> Result<()> {
+        let data = encode_report(result, tokens, Some(effect))?;
+        self.write(&data)
+    }
+
     /// Writes what is known of a failed attempt (`{"error": reason, ...partial}` and the
     /// tokens, which still count); the caller then exits non-zero. Such an attempt may
     /// have acted: the operator records its effect as Unknown, and a NonIdempotent step
@@ -533,6 +548,18 @@ mod tests {
         assert_eq!(
             f.message(),
             json!({"result": {"error": "upstream 503", "pagesDone": 2}, "tokens": {"input": 12, "output": 3}})
+        );
+    }
+
+    #[test]
+    fn a_verify_probe_answers_with_an_effect_and_what_it_saw() {
+        let f = Fixture::new("answer");
+        let s = Step::from_env(&f.env).unwrap();
+        s.answer(Effect::Applied, &json!({"refundId": "re_0001"}), None)
+            .unwrap();
+        assert_eq!(
+            f.message(),
+            json!({"result": {"refundId": "re_0001"}, "effect": "Applied"})
         );
     }
 
