@@ -45,7 +45,9 @@ fn step_runs(s: &Scenario) -> usize {
 }
 
 async fn evict_attempt_1(s: &Scenario, run: &str) {
-    let (_, pod) = s.wait_step_running(run, "pay", Duration::from_secs(30)).await;
+    let (_, pod) = s
+        .wait_step_running(run, "pay", Duration::from_secs(30))
+        .await;
     s.pods().evict(&pod, &EvictParams::default()).await.unwrap();
 }
 
@@ -60,14 +62,27 @@ async fn a_probe_that_finds_the_payment_records_the_step_and_nobody_is_asked() {
     evict_attempt_1(&s, "checkout").await;
     let run = s.wait_finished("checkout", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    let c = status(&run).steps.into_iter().find(|c| c.name == "pay" && c.role.is_step()).unwrap();
+    let c = status(&run)
+        .steps
+        .into_iter()
+        .find(|c| c.name == "pay" && c.role.is_step())
+        .unwrap();
     assert_eq!(
         (c.effect, c.provenance, c.result),
-        (Some(EffectOutcome::Applied), Some(Provenance::Verified), Some(json!({"paymentId": "p-1"})))
+        (
+            Some(EffectOutcome::Applied),
+            Some(Provenance::Verified),
+            Some(json!({"paymentId": "p-1"}))
+        )
     );
     assert_eq!(step_runs(&s), 1, "the step ran once");
     assert!(
-        s.approvals().list(&ListParams::default()).await.unwrap().items.is_empty(),
+        s.approvals()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
         "nobody was woken"
     );
     // The probe ran with the step's key.
@@ -101,7 +116,14 @@ async fn a_probe_that_finds_nothing_lets_the_step_retry_with_the_same_key() {
         .collect();
     assert_eq!(keys.len(), 2, "attempt 2 ran");
     assert_eq!(keys[0], keys[1], "with the same key");
-    assert!(s.approvals().list(&ListParams::default()).await.unwrap().items.is_empty());
+    assert!(
+        s.approvals()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     s.finish().await;
 }
 
@@ -122,7 +144,11 @@ async fn a_failing_probe_falls_back_to_a_person() {
     let reason = a.spec.context.unwrap().reason;
     assert!(reason.contains("its verify probe failed"), "{reason}");
     let run = s.runs().get("checkout").await.unwrap();
-    let c = status(&run).steps.into_iter().find(|c| c.name == "pay" && c.role.is_step()).unwrap();
+    let c = status(&run)
+        .steps
+        .into_iter()
+        .find(|c| c.name == "pay" && c.role.is_step())
+        .unwrap();
     assert_eq!(c.phase, StepPhase::WaitingForApproval);
     assert_eq!(step_runs(&s), 1, "nothing ran again");
     s.finish().await;

@@ -34,6 +34,7 @@ pub fn referenced_pods(
          attempt: i32| {
             attempt >= 1
                 && (phase == StepPhase::WaitingForApproval
+                    || phase == StepPhase::Verifying
                     || (phase == StepPhase::Pending && next.is_none_or(|t| t.0 <= now)))
         };
     let steps = status
