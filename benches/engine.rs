@@ -72,6 +72,7 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
             pods: &pods,
             approvals: &[],
             refused: &[],
+            source: None,
             now,
         });
         run.status = Some(d.status);
@@ -118,6 +119,7 @@ fn bench(c: &mut Criterion) {
         pods: &pods,
         approvals: &[],
         refused: &[],
+        source: None,
         now,
     };
     let d = decide(&observed);

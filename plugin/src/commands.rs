@@ -140,6 +140,9 @@ pub enum Command {
     },
     /// Follow one run until it finishes.
     Watch { run: String },
+    /// A new run that starts RUN again from a step, keeping what came before
+    /// it (docs/recover.md); --dry-run shows what it would keep, run and ask.
+    Retry(crate::retry::RetryArgs),
     /// A web console on 127.0.0.1, with your own credentials: runs, a
     /// timeline per run, an approvals inbox (docs/console.md).
     Console {
@@ -423,6 +426,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             follow,
         } => logs(&client, &ns, &run, step.as_deref(), attempt, follow).await?,
         Command::Watch { run } => watch(&client, &ns, &run).await?,
+        Command::Retry(args) => crate::retry::retry(&client, &ns, &args).await?,
         Command::Console {
             port,
             open,

@@ -8,3 +8,4 @@ pub mod commands;
 pub mod console;
 pub mod identity;
 pub mod render;
+pub mod retry;

@@ -102,6 +102,13 @@ pub struct AgentRunSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancel: bool,
 
+    /// This run is a fork of another: it starts from `fromStep`, carrying
+    /// over the source run's checkpoints of the steps not after it (still
+    /// fresh ones only) instead of running them again. Written by
+    /// `kubectl agentrun retry`; immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_of: Option<ForkSource>,
+
     /// Wall-clock limit for the whole run, counted from its start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
@@ -347,6 +354,26 @@ pub enum OnTimeout {
     Approve,
 }
 
+/// The run a fork starts from, and where.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message("spec.forkOf is immutable: a fork starts from one source"))]
+pub struct ForkSource {
+    /// The source run, in this namespace.
+    #[schemars(length(min = 1, max = 63))]
+    pub run_name: String,
+    /// Its UID: a run deleted and created again under the name is not it.
+    #[schemars(length(min = 1, max = 64))]
+    pub run_uid: String,
+    /// The step this run starts from: it and every step after it run here.
+    #[schemars(length(min = 1, max = 48))]
+    pub from_step: String,
+    /// Run `fromStep` again even though it acted in the source run. It then
+    /// acts a second time, so it waits for an Approval that says so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rerun_acted: bool,
+}
+
 /// Limits on what the whole run may spend.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -449,6 +476,9 @@ pub struct AgentRunStatus {
     /// When the run started; `activeDeadlineSeconds` counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// For a fork: where it came from, and who asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
     /// When the run reached a terminal phase; `ttlSecondsAfterFinished`
     /// counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -457,6 +487,22 @@ pub struct AgentRunStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// The lineage of a fork, as the operator read it from the source run.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkedFrom {
+    pub run_name: String,
+    pub run_uid: String,
+    pub from_step: String,
+    /// Who created the fork (the API server's record, annotation
+    /// `agentrun.dev/requested-by`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// The steps whose checkpoints were carried over (provenance Inherited).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inherited: Vec<String>,
 }
 
 /// Where a run stands.
@@ -645,6 +691,8 @@ pub enum Provenance {
     Verified,
     /// A person answered a Reconcile question MarkSucceeded.
     Marked,
+    /// Carried over from the run this one was forked from (`spec.forkOf`).
+    Inherited,
 }
 
 /// What a checkpointed Pod does for the run.

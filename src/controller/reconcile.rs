@@ -159,6 +159,18 @@ async fn read_recorded_pods(
     Ok(())
 }
 
+/// For a fork's first decision, its source run as the cache shows it (the
+/// engine checks its UID). Once the fork has a plan it needs no source.
+fn fork_source(run: &AgentRun, ctx: &Context) -> Option<AgentRun> {
+    let fork = run.spec.fork_of.as_ref()?;
+    if run.status.as_ref().is_some_and(|s| s.plan.is_some()) {
+        return None;
+    }
+    let key = super::RunRef::new(&fork.run_name).within(&run.namespace()?);
+    let guard = ctx.runs.get(&key)?;
+    guard.0.as_ref().ok().cloned()
+}
+
 /// Reconciles the run `run` names, as the cache shows it now; a failure is
 /// logged and decides when the run is tried again ([`error_policy`]).
 pub(super) async fn reconcile(run: super::RunRef, ctx: Arc<Context>) -> Action {
@@ -258,13 +270,15 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
     let mut refusals_told = false;
     loop {
         let mut world = observe(&current, ctx)?;
-        let now = jiff::Timestamp::now();
+        let now = ctx.clock.now();
         read_recorded_pods(&current, &mut world, ctx, now).await?;
+        let source = fork_source(&current, ctx);
         let decision = engine::decide(&Observed {
             run: &current,
             pods: &world.pods,
             approvals: &world.approvals,
             refused: &refused,
+            source: source.as_ref(),
             now,
         });
         let creates = decision
@@ -413,7 +427,7 @@ pub(super) async fn unreadable(
             "reason": Reason::Unreadable,
             "message": message,
             "observedGeneration": generation,
-            "lastTransitionTime": Time(jiff::Timestamp::now()),
+            "lastTransitionTime": Time(ctx.clock.now()),
         }]},
     });
     let runs: Api<DeserializeGuard<AgentRun>> = Api::namespaced(ctx.client.clone(), ns);

@@ -27,6 +27,7 @@
 mod approval;
 mod conditions;
 mod context;
+pub mod fork;
 mod machine;
 mod names;
 mod observe;
@@ -67,6 +68,9 @@ pub struct Observed<'a> {
     /// Creations the API server refused while this reconcile applied the
     /// previous decision: facts no cache shows (D16).
     pub refused: &'a [Refusal],
+    /// For a fork (`spec.forkOf`) not yet started: the source run, as the
+    /// cache shows it (its UID is checked).
+    pub source: Option<&'a AgentRun>,
     pub now: Timestamp,
 }
 

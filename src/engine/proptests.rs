@@ -527,6 +527,7 @@ impl Sim {
             pods: &pods,
             approvals: &approvals,
             refused: &[],
+            source: None,
             now: self.w.now,
         })
     }

@@ -131,6 +131,12 @@ vocabulary! {
         ApprovalExpired,
         /// A step's `when` could not be evaluated (the CEL error says why).
         WhenFailed,
+        /// A fork's source run is gone (or is another run now).
+        ForkSourceGone,
+        /// A fork would make a step that acted act again, unasked for.
+        ForkRefused,
+        /// A fork started, carrying over the source run's checkpoints.
+        Forked,
 
         StepStarted,
         StepSucceeded,

@@ -259,6 +259,8 @@ pub struct World {
     pub run_deleted: bool,
     /// Every Pod name ever created, in order.
     pub created: Vec<String>,
+    /// The run a fork starts from, as the cache shows it.
+    pub source: Option<AgentRun>,
     next_uid: u64,
 }
 
@@ -272,6 +274,7 @@ impl World {
             now: t(0),
             run_deleted: false,
             created: Vec::new(),
+            source: None,
             next_uid: 0,
         }
     }
@@ -293,6 +296,7 @@ impl World {
             pods,
             approvals: &approvals,
             refused: &self.refused,
+            source: self.source.as_ref(),
             now: self.now,
         })
     }

@@ -78,6 +78,7 @@ pub(super) fn decide(obs: &Observed) -> Decision {
 
 struct Machine<'a> {
     run: &'a AgentRun,
+    source: Option<&'a AgentRun>,
     approvals: &'a [crate::api::Approval],
     name: &'a str,
     uid: &'a str,
@@ -125,6 +126,7 @@ impl<'a> Machine<'a> {
             .collect();
         Machine {
             run,
+            source: obs.source,
             approvals: obs.approvals,
             name: run.metadata.name.as_deref().unwrap_or(""),
             uid,
@@ -193,6 +195,9 @@ impl<'a> Machine<'a> {
                 rerun: Vec::new(),
                 rerun_from: None,
             });
+            if spec_error.is_none() && self.run.spec.fork_of.is_some() {
+                self.start_fork();
+            }
         }
         let plan_status = self.status.plan.clone().unwrap_or_default();
         let spec = &self.run.spec;
@@ -239,6 +244,65 @@ impl<'a> Machine<'a> {
         // Last: which Approvals the run waits on is known only now.
         self.sync_approvals();
         self.compact_status();
+    }
+
+    /// A fork's first decision: carry over the source run's checkpoints and
+    /// run the rest (`fork::fork_plan`), or say why it cannot start.
+    fn start_fork(&mut self) {
+        let Some(fork) = self.run.spec.fork_of.clone() else {
+            return;
+        };
+        match super::fork::fork_plan(self.source, &self.run.spec, self.now) {
+            Ok(f) => {
+                if let Some(p) = self.status.plan.as_mut() {
+                    p.reason = format!(
+                        "fork of run {} from step {}: {} carried over",
+                        fork.run_name,
+                        fork.from_step,
+                        if f.inherited.is_empty() {
+                            "nothing".to_owned()
+                        } else {
+                            f.inherited.join(", ")
+                        }
+                    );
+                    p.rerun = f.runs.clone();
+                }
+                self.status.steps.extend(f.checkpoints);
+                self.status.forked_from = Some(crate::api::ForkedFrom {
+                    run_name: fork.run_name.clone(),
+                    run_uid: fork.run_uid.clone(),
+                    from_step: fork.from_step.clone(),
+                    requested_by: self
+                        .run
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(crate::labels::REQUESTED_BY))
+                        .cloned(),
+                    inherited: f.inherited.clone(),
+                });
+                let mut text = format!(
+                    "forked from run {} at step {}; runs {}",
+                    fork.run_name,
+                    fork.from_step,
+                    f.runs.join(", ")
+                );
+                if !f.acts_again.is_empty() {
+                    text.push_str(&format!(
+                        "; {} acted before and will ask before acting again",
+                        f.acts_again.join(", ")
+                    ));
+                }
+                self.event(EventType::Normal, Reason::Forked, text);
+            }
+            Err(e) => {
+                let why = match e {
+                    super::fork::ForkRefused::SourceGone(_) => Reason::ForkSourceGone,
+                    _ => Reason::ForkRefused,
+                };
+                self.fail_run(why, e.message().to_owned());
+            }
+        }
     }
 
     fn finish(self) -> Decision {

@@ -80,6 +80,8 @@ impl<'a> Machine<'a> {
             .iter()
             .rev()
             .filter(|c| c.role == StepRole::Step)
+            // Inherited effects are the source run's to undo.
+            .filter(|c| c.provenance != Some(crate::api::Provenance::Inherited))
             .filter(|c| {
                 matches!(
                     c.effect,

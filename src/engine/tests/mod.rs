@@ -26,6 +26,7 @@ mod d09_budgets_and_limits;
 mod d10_d14_approvals;
 mod d11_bounded_status;
 mod d12_d13_lifecycle;
+mod d14_fork;
 mod d16_stalls;
 
 /// The idempotency key of step `a` at plan revision 1 of the test run (UID

@@ -12,6 +12,9 @@ use k8s_openapi::api::events::v1::Event;
 
 use crate::identity::Identity;
 
+mod plan;
+pub use plan::{graph_lines, lineage_line};
+
 /// Colours for a terminal; none when not a TTY or with `NO_COLOR`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Style {
@@ -307,6 +310,7 @@ pub fn describe(
             p.revision, p.source, p.reason
         );
     }
+    s.push_str(&lineage_line(run, &status));
     let budget = run.spec.budget.clone().unwrap_or_default();
     let of = |n: Option<i64>| n.map(|b| format!(" of {b}")).unwrap_or_default();
     let _ = writeln!(
@@ -384,72 +388,6 @@ pub fn describe(
         s.push_str(&table(&rows));
     }
     s
-}
-
-/// For a plan whose steps form a graph (`dependsOn`): each step of the plan
-/// in force, what it comes after, and where it stands — done, running,
-/// waiting on a person, skipped, or waiting on the steps it depends on.
-pub fn graph_lines(run: &AgentRun, status: &agentrun_operator::api::AgentRunStatus) -> String {
-    let plan = status.plan.clone().unwrap_or_default();
-    let specs: Vec<&agentrun_operator::api::StepSpec> = if plan.steps.is_empty() {
-        plan.step_names
-            .iter()
-            .filter_map(|n| run.spec.steps.iter().find(|s| &s.name == n))
-            .collect()
-    } else {
-        plan.steps.iter().collect()
-    };
-    if !specs.iter().any(|s| s.depends_on.is_some()) {
-        return String::new();
-    }
-    let latest = |name: &str| {
-        status
-            .steps
-            .iter()
-            .filter(|c| c.name == name && c.role == StepRole::Step)
-            .filter(|c| c.phase != StepPhase::Superseded)
-            .max_by_key(|c| c.plan_revision)
-    };
-    let done = |name: &str| {
-        latest(name)
-            .is_some_and(|c| c.phase == StepPhase::Succeeded || c.phase == StepPhase::Skipped)
-    };
-    let mut rows = Vec::new();
-    for spec in &specs {
-        let deps: Vec<&str> = spec
-            .depends_on
-            .iter()
-            .flat_map(|d| d.iter().map(String::as_str))
-            .collect();
-        let after = if deps.is_empty() {
-            "-".to_owned()
-        } else {
-            deps.join(", ")
-        };
-        let state = match latest(&spec.name) {
-            Some(c) => format!("{} {:?}", mark(c.phase), c.phase),
-            None => {
-                let waiting: Vec<&str> = deps.iter().copied().filter(|d| !done(d)).collect();
-                if waiting.is_empty() {
-                    "· ready".to_owned()
-                } else {
-                    format!("· waits for {}", waiting.join(", "))
-                }
-            }
-        };
-        let when = spec
-            .when
-            .as_deref()
-            .map(|w| format!("when {}", truncate(w, 30)))
-            .unwrap_or_default();
-        rows.push(vec![
-            format!("  {}", spec.name),
-            format!("after {after}"),
-            state,
-            when,
-        ]);
-    }
-    format!("Graph:\n{}", table(&rows))
 }
 
 fn approval_lines(a: &Approval) -> String {
@@ -618,83 +556,4 @@ pub fn question(a: &Approval) -> String {
         }
     }
     s
-}
-
-#[cfg(test)]
-mod graph_tests {
-    use agentrun_operator::api::{
-        AgentRun, AgentRunSpec, AgentRunStatus, PlanStatus, StepCheckpoint, StepContainer,
-        StepPhase, StepSpec,
-    };
-
-    fn step(name: &str, deps: &[&str], when: Option<&str>) -> StepSpec {
-        StepSpec {
-            name: name.into(),
-            depends_on: (!deps.is_empty()).then(|| deps.iter().map(|d| d.to_string()).collect()),
-            when: when.map(Into::into),
-            container: StepContainer {
-                image: "x".into(),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
-    }
-
-    fn cp(name: &str, phase: StepPhase) -> StepCheckpoint {
-        StepCheckpoint {
-            name: name.into(),
-            plan_revision: 1,
-            phase,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_graph_shows_what_each_step_waits_on() {
-        let mut parse = step("parse", &[], None);
-        parse.depends_on = Some(Box::new([]));
-        let run = AgentRun::new(
-            "q",
-            AgentRunSpec {
-                steps: vec![
-                    parse,
-                    step("physicist", &["parse"], None),
-                    step("chemist", &["parse"], Some("steps.parse.result.science")),
-                    step("aggregate", &["physicist", "chemist"], None),
-                ],
-                ..Default::default()
-            },
-        );
-        let status = AgentRunStatus {
-            plan: Some(PlanStatus {
-                revision: 1,
-                step_names: ["parse", "physicist", "chemist", "aggregate"]
-                    .map(String::from)
-                    .to_vec(),
-                ..Default::default()
-            }),
-            steps: vec![
-                cp("parse", StepPhase::Succeeded),
-                cp("physicist", StepPhase::Running),
-                cp("chemist", StepPhase::Skipped),
-            ],
-            ..Default::default()
-        };
-        let want = "Graph:
-  parse       after -                    ✓ Succeeded
-  physicist   after parse                ▶ Running
-  chemist     after parse                - Skipped               when steps.parse.result.science
-  aggregate   after physicist, chemist   · waits for physicist
-";
-        assert_eq!(super::graph_lines(&run, &status), want);
-        // A sequence has no graph to show.
-        let seq = AgentRun::new(
-            "s",
-            AgentRunSpec {
-                steps: vec![step("a", &[], None), step("b", &[], None)],
-                ..Default::default()
-            },
-        );
-        assert_eq!(super::graph_lines(&seq, &status), "");
-    }
 }

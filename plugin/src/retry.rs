@@ -1,0 +1,260 @@
+//! `kubectl agentrun retry RUN [--from STEP]`: a new run that forks RUN at a
+//! step (docs/recover.md). The plan of what the fork keeps and runs is the
+//! operator's own (`engine::fork::fork_plan`), so `--dry-run` shows exactly
+//! what the operator will do with it.
+
+use agentrun_operator::api::{AgentRun, CheckpointState, ForkSource, RunPhase, StepPhase};
+use agentrun_operator::engine::fork::{ForkPlan, fork_plan};
+use jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+use crate::commands::{Error, api};
+
+/// What `retry` was asked.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RetryArgs {
+    /// The run to fork (Failed, Cancelled or Succeeded).
+    pub run: String,
+    /// The step the new run starts from; default: the first step that did
+    /// not succeed.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Run the step again even though it acted in RUN: it then acts a second
+    /// time, after a person approves an Approval that says so.
+    #[arg(long)]
+    pub rerun_applied: bool,
+    /// Print what the new run would keep, run and ask, and create nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The new run's name (default: RUN-retry-<random>).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// The step a retry starts from when none is named: the first step of the
+/// plan whose newest checkpoint is not committed.
+pub fn default_from(source: &AgentRun) -> Option<String> {
+    let status = source.status.as_ref()?;
+    source
+        .spec
+        .steps
+        .iter()
+        .find(|s| {
+            !status.steps.iter().any(|c| {
+                c.role.is_step()
+                    && c.name == s.name
+                    && c.phase == StepPhase::Succeeded
+                    && c.checkpoint == CheckpointState::Committed
+            })
+        })
+        .map(|s| s.name.clone())
+}
+
+/// The fork of `source` these arguments ask for, as the object to create.
+pub fn fork_of(source: &AgentRun, args: &RetryArgs) -> Result<AgentRun, Error> {
+    let name = source.metadata.name.clone().unwrap_or_default();
+    let phase = source.status.as_ref().and_then(|s| s.phase);
+    if !phase.is_some_and(RunPhase::is_terminal) {
+        return Err(Error::Refused(format!(
+            "run {name} is {}: only a Failed, Cancelled or Succeeded run can be retried; cancel it first",
+            phase.map_or("not started".to_owned(), |p| format!("{p:?}"))
+        )));
+    }
+    let from = match &args.from {
+        Some(f) => f.clone(),
+        None => default_from(source).ok_or_else(|| {
+            Error::Usage(format!(
+                "every step of run {name} succeeded: say where to start with --from STEP"
+            ))
+        })?,
+    };
+    let mut spec = source.spec.clone();
+    spec.cancel = false;
+    spec.suspend = false;
+    spec.fork_of = Some(ForkSource {
+        run_name: name.clone(),
+        run_uid: source.metadata.uid.clone().unwrap_or_default(),
+        from_step: from,
+        rerun_acted: args.rerun_applied,
+    });
+    let metadata = ObjectMeta {
+        name: args.name.clone(),
+        generate_name: args.name.is_none().then(|| format!("{name}-retry-")),
+        namespace: source.metadata.namespace.clone(),
+        labels: source.metadata.labels.clone(),
+        ..ObjectMeta::default()
+    };
+    Ok(AgentRun {
+        metadata,
+        spec,
+        status: None,
+    })
+}
+
+/// What `--dry-run` prints: the operator's plan for the fork.
+pub fn render_plan(fork: &AgentRun, plan: &ForkPlan) -> String {
+    let f = fork.spec.fork_of.as_ref().expect("a fork");
+    let mut out = format!(
+        "Retry of run {} from step {} (dry run: nothing created)\n",
+        f.run_name, f.from_step
+    );
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none".to_owned()
+        } else {
+            v.join(", ")
+        }
+    };
+    out.push_str(&format!(
+        "  Kept (carried over): {}\n",
+        list(&plan.inherited)
+    ));
+    out.push_str(&format!("  Runs again:          {}\n", list(&plan.runs)));
+    let mut asks: Vec<String> = plan.gated.iter().map(|s| format!("{s} (gate)")).collect();
+    asks.extend(
+        plan.acts_again
+            .iter()
+            .map(|s| format!("{s} (acted in {}: acts a second time)", f.run_name)),
+    );
+    out.push_str(&format!("  Asks a person:       {}\n", list(&asks)));
+    let carried: i64 = plan
+        .checkpoints
+        .iter()
+        .filter(|c| c.phase == StepPhase::Succeeded)
+        .filter_map(|c| c.tokens.as_ref())
+        .map(|t| t.total())
+        .sum();
+    let limit = fork.spec.budget.as_ref().and_then(|b| b.tokens);
+    out.push_str(&format!(
+        "  Budget:              {carried} tokens carried over{}\n",
+        limit.map_or(String::new(), |l| format!(
+            " of {l}; {} left for the steps that run",
+            l.saturating_sub(carried)
+        ))
+    ));
+    out
+}
+
+/// Creates the fork (or prints its plan with `--dry-run`).
+pub async fn retry(client: &Client, ns: &str, args: &RetryArgs) -> Result<(), Error> {
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), ns);
+    let source = runs
+        .get(&args.run)
+        .await
+        .map_err(api(format!("reading AgentRun {}", args.run)))?;
+    let fork = fork_of(&source, args)?;
+    let plan = fork_plan(Some(&source), &fork.spec, Timestamp::now())
+        .map_err(|e| Error::Refused(e.message().to_owned()))?;
+    if args.dry_run {
+        print!("{}", render_plan(&fork, &plan));
+        return Ok(());
+    }
+    let created = runs
+        .create(&PostParams::default(), &fork)
+        .await
+        .map_err(api(format!("creating the retry of AgentRun {}", args.run)))?;
+    let name = created.metadata.name.unwrap_or_default();
+    println!(
+        "agentrun {name} created: a retry of {} from step {} (kept: {}; runs: {})",
+        args.run,
+        fork.spec
+            .fork_of
+            .as_ref()
+            .map_or("", |f| f.from_step.as_str()),
+        if plan.inherited.is_empty() {
+            "nothing".to_owned()
+        } else {
+            plan.inherited.join(", ")
+        },
+        plan.runs.join(", ")
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use agentrun_operator::api::{
+        AgentRunSpec, AgentRunStatus, StepCheckpoint, StepContainer, StepSpec,
+    };
+
+    use super::*;
+
+    fn source(phase: RunPhase, done: &[&str]) -> AgentRun {
+        let step = |n: &str| StepSpec {
+            name: n.into(),
+            container: StepContainer {
+                image: "x".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut run = AgentRun::new(
+            "order",
+            AgentRunSpec {
+                steps: vec![step("quote"), step("charge"), step("ship")],
+                cancel: true,
+                ..Default::default()
+            },
+        );
+        run.metadata.uid = Some("u-1".into());
+        run.status = Some(AgentRunStatus {
+            phase: Some(phase),
+            steps: done
+                .iter()
+                .map(|n| StepCheckpoint {
+                    name: (*n).into(),
+                    plan_revision: 1,
+                    phase: StepPhase::Succeeded,
+                    checkpoint: CheckpointState::Committed,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        });
+        run
+    }
+
+    fn args(from: Option<&str>) -> RetryArgs {
+        RetryArgs {
+            run: "order".into(),
+            from: from.map(Into::into),
+            rerun_applied: false,
+            dry_run: false,
+            name: None,
+        }
+    }
+
+    #[test]
+    fn a_retry_starts_from_the_first_step_that_did_not_succeed() {
+        let fork = fork_of(&source(RunPhase::Failed, &["quote"]), &args(None)).unwrap();
+        let f = fork.spec.fork_of.unwrap();
+        assert_eq!(
+            (
+                f.run_name.as_str(),
+                f.run_uid.as_str(),
+                f.from_step.as_str()
+            ),
+            ("order", "u-1", "charge")
+        );
+        assert!(
+            !fork.spec.cancel,
+            "a cancelled run's retry is not cancelled"
+        );
+        assert_eq!(fork.metadata.generate_name.as_deref(), Some("order-retry-"));
+    }
+
+    #[test]
+    fn only_a_finished_run_is_retried_and_a_succeeded_one_needs_from() {
+        let e = fork_of(&source(RunPhase::Running, &[]), &args(None)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("only a Failed, Cancelled or Succeeded run"),
+            "{e}"
+        );
+        let all = source(RunPhase::Succeeded, &["quote", "charge", "ship"]);
+        let e = fork_of(&all, &args(None)).unwrap_err();
+        assert!(e.to_string().contains("--from STEP"), "{e}");
+        assert!(fork_of(&all, &args(Some("ship"))).is_ok());
+    }
+}
