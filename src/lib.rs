@@ -4,6 +4,7 @@
 //! - [`engine`]: the durable run state machine, pure and clock-free.
 //! - [`controller`]: the kube-runtime wiring: observe, decide, apply.
 //! - [`notify`]: approval notifications to the platform team's channels.
+//! - [`lease`]: leader election, where a leader that cannot renew steps down.
 //! - [`labels`]: the names put on the objects the operator creates.
 //! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`.
 //! - [`telemetry`]: what each committed write changed, and the run's trace.
@@ -13,6 +14,7 @@ pub mod api;
 pub mod controller;
 pub mod engine;
 pub mod labels;
+pub mod lease;
 pub mod metrics;
 pub mod notify;
 pub mod telemetry;

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use kube::Client;
 use kube::runtime::events::Reporter;
 use kube_lease_manager::LeaseManagerBuilder;
 use tracing::{info, warn};
@@ -217,7 +216,16 @@ enum RunError {
 }
 
 async fn run(args: RunArgs) -> Result<(), RunError> {
-    let client = Client::try_default().await.map_err(RunError::Client)?;
+    // Every API response's `Date` feeds the controller's clock, which never
+    // runs ahead of the API server's (src/controller/clock.rs).
+    let clock = agentrun_operator::controller::clock::Clock::from_env();
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| RunError::Client(kube::Error::InferConfig(e)))?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(RunError::Client)?
+        .with_layer(&clock.layer())
+        .build();
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     let health = Health::default();
@@ -259,6 +267,7 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
                 lease_name: args.lease_name.clone(),
                 lease_namespace: lease_namespace(&args),
             }),
+        clock,
     };
     let reporter = Reporter {
         controller: "agentrun-operator".into(),
@@ -294,7 +303,8 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
         .build()
         .await
         .map_err(RunError::Lease)?;
-    let (mut leader, lease_task) = manager.watch().await;
+    let grace = Duration::from_secs((args.lease_duration_seconds / 3).max(1));
+    let (mut leader, lease_task) = agentrun_operator::lease::elect(manager, grace);
     info!(%identity, lease = %format!("{lease_namespace}/{}", args.lease_name), "waiting for the leader lease");
 
     let mut stop = stop_rx.clone();

@@ -118,7 +118,7 @@ pub(super) async fn apply(
                 ctx.metrics.status_write("ok");
                 ctx.metrics.count(&ns, &decision.tally);
                 let facts =
-                    transitions::between(&current_status, &decision.status, jiff::Timestamp::now());
+                    transitions::between(&current_status, &decision.status, ctx.clock.now());
                 ctx.metrics.observe(&facts);
                 write_span("ok");
                 trace::record(run, &decision.status, &facts);

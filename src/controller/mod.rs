@@ -15,6 +15,7 @@
 //! committed status.
 
 mod apply;
+pub mod clock;
 mod error;
 mod events;
 mod expectations;
@@ -64,6 +65,9 @@ pub struct Scope {
     /// set on the step Pods it creates (`agentrun.dev/leader`); `None` without
     /// leader election.
     pub leader: Option<Leader>,
+    /// Where every decision's `now` comes from ([`clock`]); the client the
+    /// controller is given should feed it (`Clock::layer`).
+    pub clock: clock::Clock,
 }
 
 /// This instance's place in leader election.
@@ -82,6 +86,7 @@ impl Default for Scope {
             notify: None,
             reconcile_timeout: std::time::Duration::from_secs(60),
             leader: None,
+            clock: clock::Clock::default(),
         }
     }
 }
@@ -119,6 +124,8 @@ pub struct Context {
     reconcile_timeout: std::time::Duration,
     /// This instance's Lease, its identity annotated on the step Pods it creates.
     leader: Option<Leader>,
+    /// The time every decision is made at: never ahead of the API server's.
+    pub clock: clock::Clock,
 }
 
 /// Reconciles that do work at once, granted first come, first served
@@ -267,6 +274,7 @@ pub async fn run(
         unreadable: Mutex::new(HashMap::new()),
         reconcile_timeout: scope.reconcile_timeout,
         leader: scope.leader.clone(),
+        clock: scope.clock.clone(),
     });
 
     let triggers = triggers(run_stream, pod_stream, approval_stream, &metrics);
