@@ -324,6 +324,10 @@ struct SimStep {
     hang: bool,
     /// Per-attempt behaviour: attempt N uses entry N-1, the last entry repeats.
     attempts: Option<Vec<SimStep>>,
+    /// Per-run behaviour: the entry for the Pod's run (label `agentrun.dev/run`)
+    /// replaces the rest, so a retried run (`kubectl agentrun retry`, the same
+    /// spec) can do what its source did not.
+    runs: Option<std::collections::BTreeMap<String, SimStep>>,
 }
 
 /// One attempt's behaviour, resolved.
@@ -339,6 +343,20 @@ struct Behaviour {
 impl SimStep {
     fn parse(json: &str) -> std::result::Result<SimStep, String> {
         serde_json::from_str(json).map_err(|e| format!("invalid {SIM_STEP}: {e}"))
+    }
+
+    /// The entry for the run `run`, if `runs` has one; else this.
+    fn for_run(self, run: Option<&str>) -> std::result::Result<SimStep, String> {
+        let Some(runs) = &self.runs else {
+            return Ok(self);
+        };
+        match run.and_then(|r| runs.get(r)) {
+            Some(chosen) if chosen.runs.is_some() => {
+                Err(format!("{SIM_STEP}.runs entries cannot nest runs"))
+            }
+            Some(chosen) => Ok(chosen.clone()),
+            None => Ok(SimStep { runs: None, ..self }),
+        }
     }
 
     /// The entry for `attempt` (from 1): `attempts[attempt-1]`, the last one repeating.
@@ -478,6 +496,7 @@ impl PodFacts {
             Some(None) => Err(format!("{SIM_STEP} must be a literal value")),
             Some(Some(json)) => SimStep::parse(&json),
         }
+        .and_then(|s| s.for_run(labels.get(labels::RUN).map(String::as_str)))
         .and_then(|s| s.for_attempt(attempt.unwrap_or(1)))
         .map(|s| s.behaviour(default_run));
         Self {
@@ -1297,6 +1316,15 @@ mod tests {
             behaviour(r#"{"rawMessage":"{not json"}"#, 1).message,
             "{not json"
         );
+    }
+
+    #[test]
+    fn runs_pick_the_entry_of_the_pods_run() {
+        let json = r#"{"exitCode":1,"runs":{"order-retry":{"exitCode":0,"result":{"ok":true}}}}"#;
+        let s = SimStep::parse(json).unwrap();
+        assert_eq!(s.clone().for_run(Some("order-retry")).unwrap().exit_code, 0);
+        let own = s.for_run(Some("order")).unwrap();
+        assert_eq!((own.exit_code, own.runs.is_none()), (1, true));
     }
 
     #[test]
