@@ -18,6 +18,8 @@
 #   make bench         the engine micro-benchmark, then the cluster benchmark on its own
 #                      control plane (target/e2e-bench); BENCH_ARGS passes flags to it,
 #                      e.g. make bench BENCH_ARGS='--concurrency 1,50 --repeats 1'
+#   make bench-fanout  runs of 50 steps as a sequence, then as a fan-out: steps/s of
+#                      each on a plane of its own (target/e2e-fanout)
 #   make bench-peers   AgentRuns against chains of Jobs (kube-controller-manager with its
 #                      default client QPS, then raised) and Argo Workflows (its
 #                      workflow-controller, built by `e2e/cluster argo`: defaults, raised
@@ -140,6 +142,23 @@ KCM_RAISED := --controllers job-controller --kube-api-qps 1000 --kube-api-burst 
 PEERS := target/release/bench --resume-runs 0 --status-steps 0 $(PEERS_ARGS)
 ARGO_RAISED := --argo-qps 1000 --argo-burst 2000
 ARGO_TUNED := $(ARGO_RAISED) --argo-requeue-time 1s
+
+# A run of 50 steps as a sequence, then as a fan-out (one step, then 49 in
+# parallel, spec.parallelism 50): steps/s of each, on a plane of its own
+# (target/e2e-fanout). FANOUT_ARGS passes flags to both.
+FANOUT_E2E_DIR ?= $(CURDIR)/target/e2e-fanout
+FANOUT_ARGS ?= --concurrency 1,20 --repeats 3
+FANOUT := target/release/bench --steps 50 --resume-runs 0 --status-steps 0 $(FANOUT_ARGS)
+
+.PHONY: bench-fanout
+bench-fanout:
+	$(CARGO) build --release --locked -p agentrun-operator -p agentrun-e2e --bins
+	$(CLUSTER) build
+	export AGENTRUN_E2E_DIR=$(FANOUT_E2E_DIR); unset KUBECONFIG; \
+	  trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; \
+	  $(FANOUT) --label sequence --report $(FANOUT_E2E_DIR)/sequence.md; \
+	  $(FANOUT) --fan-out --label 'fan-out (1 then 49 in parallel)' --report $(FANOUT_E2E_DIR)/fan-out.md; \
+	  cat $(FANOUT_E2E_DIR)/sequence.md $(FANOUT_E2E_DIR)/fan-out.md
 
 bench-peers:
 	$(CARGO) build --release --locked -p agentrun-operator -p agentrun-e2e --bins

@@ -95,6 +95,12 @@ struct Args {
     /// Steps per run.
     #[arg(long, default_value_t = 10)]
     steps: usize,
+    /// The batches' runs are a fan-out: every step after the first depends on
+    /// the first only, and `spec.parallelism` lets them all run at once (the
+    /// status-size run stays a sequence). Compare its steps/s with a run of
+    /// the same steps without it.
+    #[arg(long, default_value_t = false)]
+    fan_out: bool,
     /// Repeats of every figure (the table shows medians).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
@@ -743,22 +749,32 @@ fn step_name(i: usize) -> String {
 
 /// `steps` Idempotent steps; with `result_bytes > 0` each step reports a
 /// string result of that many bytes (simkubelet's `SIM_STEP`), else `{}`.
-fn run_spec(steps: usize, result_bytes: usize) -> Value {
+/// A fan-out: every step after the first depends on the first only.
+fn run_spec(steps: usize, result_bytes: usize, fan_out: bool) -> Value {
     let mut container = json!({"image": "registry.example/agent-step:1"});
     if result_bytes > 0 {
         let sim = json!({"result": "z".repeat(result_bytes)}).to_string();
         container["env"] = json!([{"name": "SIM_STEP", "value": sim}]);
     }
+    let count = steps;
     let steps: Vec<Value> = (0..steps)
         .map(|i| {
-            json!({
+            let mut step = json!({
                 "name": step_name(i),
                 "effect": "Idempotent",
                 "container": container,
-            })
+            });
+            if fan_out {
+                step["dependsOn"] = if i == 0 { json!([]) } else { json!([step_name(0)]) };
+            }
+            step
         })
         .collect();
-    json!({"steps": steps})
+    if fan_out {
+        json!({"steps": steps, "parallelism": count.clamp(1, 100)})
+    } else {
+        json!({"steps": steps})
+    }
 }
 
 fn run_name(i: usize) -> String {
@@ -772,9 +788,10 @@ async fn create_runs(
     n: usize,
     steps: usize,
     result_bytes: usize,
+    fan_out: bool,
 ) -> Res<()> {
     let api: Api<AgentRun> = Api::namespaced(setup.client.clone(), ns);
-    let spec = run_spec(steps, result_bytes);
+    let spec = run_spec(steps, result_bytes, fan_out);
     futures::stream::iter((0..n).map(|i| {
         let api = api.clone();
         let spec = spec.clone();
@@ -1107,7 +1124,7 @@ async fn run_batch(setup: &Setup, n: usize, steps: usize, repeat: usize) -> Res<
     pids.push(("simkubelet", kubelet.pid().unwrap_or(0)));
     let cpu_before: Vec<f64> = pids.iter().map(|(_, p)| cpu_ms(*p)).collect();
     let t0 = Instant::now();
-    create_runs(setup, &nsname, n, steps, 0).await?;
+    create_runs(setup, &nsname, n, steps, 0, setup.args.fan_out).await?;
     let created = t0.elapsed();
     let result = wait_seen(&seen, "every run finished", deadline, |s| {
         (s.finished.len() < n).then(|| format!("{}/{n} runs finished", s.finished.len()))
@@ -1768,7 +1785,7 @@ async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume> {
     let (seen, watch_task) = observe(&setup.client, &nsname);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (rss_idle, _) = rss_kib(op.proc.pid().unwrap_or(0));
-    create_runs(setup, &nsname, n, steps, 0).await?;
+    create_runs(setup, &nsname, n, steps, 0, false).await?;
     let first = step_name(0);
     let second = step_name(1);
     let has = |s: &Seen, step: &str| s.pods.values().filter(|p| p.step == step).count();
@@ -2088,7 +2105,7 @@ async fn status_size(setup: &Setup, steps: usize, repeat: usize) -> Res<StatusSi
         }
     }
     let t0 = Instant::now();
-    create_runs(setup, &nsname, 1, steps, setup.args.status_result_bytes).await?;
+    create_runs(setup, &nsname, 1, steps, setup.args.status_result_bytes, false).await?;
     let succeeded = |s: &Seen| {
         s.pods
             .values()
