@@ -139,7 +139,11 @@ async fn a_retry_that_would_charge_again_needs_the_flag_and_a_person() {
     // Without the flag the plugin refuses, and says how.
     let (code, out) = plugin(&s, &["retry", "order", "--from", "charge", "--dry-run"]).await;
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("charge acted in run order") && out.contains("--rerun-applied"), "{out}");
+    // reserve (Idempotent) acted too, and would act again under a new key.
+    assert!(
+        out.contains("charge, reserve acted in run order") && out.contains("--rerun-applied"),
+        "{out}"
+    );
     let (code, out) = plugin(&s, &["retry", "order", "--from", "charge", "--name", "order-retry"]).await;
     assert_eq!(code, 1, "{out}");
     assert!(s.runs().get_opt("order-retry").await.unwrap().is_none());
@@ -170,6 +174,10 @@ async fn a_retry_that_would_charge_again_needs_the_flag_and_a_person() {
 
     s.decide(&ask, "Approved", "charge again: the first charge was refunded")
         .await;
+    let again = s
+        .approval_of("order-retry", Some("reserve"), Duration::from_secs(60))
+        .await;
+    s.decide(&again, "Approved", "reserve again").await;
     let gate = s
         .approval_of("order-retry", Some("ship"), Duration::from_secs(60))
         .await;
