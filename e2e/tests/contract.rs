@@ -402,12 +402,21 @@ async fn a_step_pod_that_lost_its_run_label_still_ends_its_step() {
         .unwrap();
     let run = s.wait_finished("unlabelled", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    // The finalizer is released after the checkpoint commits (D3): wait for it.
+    agentrun_e2e::wait_for(
+        &s.pods(),
+        &pod,
+        |p: Option<&k8s_openapi::api::core::v1::Pod>| {
+            p.is_some_and(|p| !p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
+        },
+        Duration::from_secs(30),
+    )
+    .await;
     let p = s.pods().get(&pod).await.unwrap();
     assert_eq!(
         p.labels().get(labels::RUN).map(String::as_str),
         Some("unlabelled")
     );
-    assert!(!p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER));
     s.finish().await;
 }
 
