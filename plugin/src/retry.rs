@@ -126,12 +126,12 @@ pub fn render_plan(fork: &AgentRun, plan: &ForkPlan) -> String {
         .map(|t| t.total())
         .sum();
     let limit = fork.spec.budget.as_ref().and_then(|b| b.tokens);
+    // The kept steps' tokens were spent (and counted) in the source run; the
+    // new run's budget counts what the new run spends.
     out.push_str(&format!(
-        "  Budget:              {carried} tokens carried over{}\n",
-        limit.map_or(String::new(), |l| format!(
-            " of {l}; {} left for the steps that run",
-            l.saturating_sub(carried)
-        ))
+        "  Budget:              {} for the steps that run ({carried} tokens were spent on the kept steps in {})\n",
+        limit.map_or("no token limit".to_owned(), |l| format!("{l} tokens")),
+        f.run_name
     ));
     out
 }
