@@ -4,11 +4,14 @@
 //! ```text
 //! Pod reaches Running  ──▶ {"event":"started",  "uid":…, "idempotencyKey":…, "startedAt":…}
 //! Pod's step ends      ──▶ {"event":"finished", "uid":…, "idempotencyKey":…, "exitCode":…,
-//!                            "outcome":"Succeeded|Failed|Killed", "startedAt":…, "finishedAt":…}
+//!                            "outcome":"Succeeded|Failed|Killed", "startedAt":…, "finishedAt":…,
+//!                            "reportedEffect":"NotApplied"}   (when the step said so)
 //! ```
 //!
 //! A `started` line is one execution (one side effect performed); a `finished` line with
-//! outcome `Succeeded` is one successful execution. The format is documented in e2e/README.md.
+//! outcome `Succeeded` is one successful execution. The unit the contract protects is the
+//! step's effect, (run, step name), across plan revisions and keys:
+//! [`Ledger::executions_of`] lists them. The format is documented in e2e/README.md.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -16,6 +19,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use agentrun_operator::api::EffectOutcome;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -105,6 +109,10 @@ pub struct LedgerEntry {
     /// Only on `finished` lines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Timestamp>,
+    /// Only on `finished` lines of a step that exited: the `effect` its termination
+    /// message reported (`NotApplied`: the attempt says it did not act).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_effect: Option<EffectOutcome>,
 }
 
 impl LedgerEntry {
@@ -122,6 +130,26 @@ impl LedgerEntry {
             finished_at: Some(finished_at),
             ..self.clone()
         }
+    }
+
+    /// This `finished` line, with the effect the step's termination message reported.
+    pub fn reporting(self, effect: Option<EffectOutcome>) -> Self {
+        Self {
+            reported_effect: effect,
+            ..self
+        }
+    }
+
+    /// Whether the line is about a step of the plan (not a planner, compactor,
+    /// verify probe or compensation). Lines without a role count as steps.
+    pub fn is_step(&self) -> bool {
+        self.role.as_deref().is_none_or(|r| r == "step")
+    }
+
+    /// Whether the execution said it did not act (a `finished` line whose
+    /// termination message reported `NotApplied`).
+    pub fn said_not_applied(&self) -> bool {
+        self.reported_effect == Some(EffectOutcome::NotApplied)
     }
 }
 
@@ -199,6 +227,26 @@ impl Ledger {
     pub fn for_pod<'a>(&'a self, uid: &'a str) -> impl Iterator<Item = &'a LedgerEntry> {
         self.entries.iter().filter(move |e| e.uid == uid)
     }
+
+    /// The `finished` line of an execution (its `started` line), if it ended.
+    pub fn finish_of(&self, started: &LedgerEntry) -> Option<&LedgerEntry> {
+        self.entries
+            .iter()
+            .find(|e| e.uid == started.uid && e.event == LedgerEvent::Finished)
+    }
+
+    /// The executions (`started` lines) of step `step` of run `run`, under every key and
+    /// plan revision, in file order: what the contract counts a step's effect by. Planner,
+    /// compactor, verify and compensation Pods are not executions of the step.
+    pub fn executions_of<'a>(
+        &'a self,
+        run: &'a str,
+        step: &'a str,
+    ) -> impl Iterator<Item = &'a LedgerEntry> {
+        self.executions().filter(move |e| {
+            e.is_step() && e.run.as_deref() == Some(run) && e.step.as_deref() == Some(step)
+        })
+    }
 }
 
 fn count_by_key<'a>(entries: impl Iterator<Item = &'a LedgerEntry>) -> BTreeMap<String, usize> {
@@ -269,6 +317,7 @@ mod tests {
             exit_code: None,
             outcome: None,
             finished_at: None,
+            reported_effect: None,
         }
     }
 
@@ -299,6 +348,42 @@ mod tests {
     }
 
     #[test]
+    fn executions_of_a_step_span_its_keys_and_leave_out_other_roles() {
+        let mut other_run = started("4", "c");
+        other_run.run = Some("r2".into());
+        let mut compensation = started("5", "d");
+        compensation.role = Some("compensate".into());
+        let mut other_step = started("6", "e");
+        other_step.step = Some("t".into());
+        let mut no_role = started("7", "f");
+        no_role.role = None;
+        let r1 = started("1", "a");
+        let ledger = Ledger {
+            entries: vec![
+                r1.clone(),
+                r1.finished(3, Outcome::Failed, Timestamp::UNIX_EPOCH)
+                    .reporting(Some(EffectOutcome::NotApplied)),
+                started("2", "a"),
+                started("3", "b"),
+                other_run,
+                compensation,
+                other_step,
+                no_role,
+            ],
+        };
+        let uids: Vec<&str> = ledger
+            .executions_of("r", "s")
+            .map(|e| e.uid.as_str())
+            .collect();
+        assert_eq!(uids, ["1", "2", "3", "7"]);
+        let first = ledger.executions_of("r", "s").next().unwrap();
+        let finish = ledger.finish_of(first).expect("finished");
+        assert!(finish.said_not_applied());
+        assert_eq!(finish.exit_code, Some(3));
+        assert!(ledger.finish_of(&ledger.entries[2]).is_none());
+    }
+
+    #[test]
     fn a_line_still_being_written_is_left_out() {
         let line = serde_json::to_string(&started("1", "a")).expect("encodes");
         let text = format!("{line}\n{}", &line[..10]);
@@ -318,5 +403,12 @@ mod tests {
         assert_eq!(v["idempotencyKey"], "a");
         assert_eq!(v["startedAt"], "1970-01-01T00:00:00Z");
         assert!(v.get("outcome").is_none());
+        assert!(v.get("reportedEffect").is_none());
+        let f = started("1", "a")
+            .finished(1, Outcome::Failed, Timestamp::UNIX_EPOCH)
+            .reporting(Some(EffectOutcome::NotApplied));
+        let v = serde_json::to_value(f).expect("encodes");
+        assert_eq!(v["reportedEffect"], "NotApplied");
+        assert_eq!(v["outcome"], "Failed");
     }
 }

@@ -51,6 +51,18 @@ struct Args {
     /// Do not restart kube-apiserver (e.g. on a plane that `e2e/cluster` did not start).
     #[arg(long)]
     no_apiserver_restarts: bool,
+    /// How far off the second operator runs its clock (`AGENTRUN_CLOCK_SKEW`, a
+    /// signed duration such as +20s or -20s; `none`: both agree).
+    #[arg(long, default_value = "+20s", value_parser = parse_skew)]
+    clock_skew: String,
+}
+
+fn parse_skew(s: &str) -> Result<String, String> {
+    if s != "none" {
+        s.parse::<jiff::SignedDuration>()
+            .map_err(|e| format!("{s:?}: {e}"))?;
+    }
+    Ok(s.to_owned())
 }
 
 fn parse_range(s: &str) -> Result<(u64, u64), String> {
@@ -108,6 +120,7 @@ async fn main() -> ExitCode {
             cfg.paused_leaders_min = 0;
         }
     }
+    cfg.clock_skew = Some(args.clock_skew).filter(|s| s != "none");
     if args.no_apiserver_restarts {
         cfg.apiserver_restart_every = None;
         cfg.apiserver_restarts_min = 0;

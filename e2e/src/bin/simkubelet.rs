@@ -319,6 +319,8 @@ struct SimStep {
     tokens: Option<Value>,
     plan: Option<Value>,
     summary: Option<Value>,
+    /// The termination message's `effect` (`NotApplied`: the attempt says it did not act).
+    effect: Option<Value>,
     raw_message: Option<String>,
     #[serde(default)]
     hang: bool,
@@ -403,6 +405,7 @@ impl SimStep {
             ("tokens", &self.tokens),
             ("plan", &self.plan),
             ("summary", &self.summary),
+            ("effect", &self.effect),
         ] {
             if let Some(value) = value {
                 message.insert(name.into(), value.clone());
@@ -532,6 +535,7 @@ impl PodFacts {
             exit_code: None,
             outcome: None,
             finished_at: None,
+            reported_effect: None,
         }
     }
 }
@@ -726,6 +730,8 @@ async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<bool>) {
         Ending::Exited(_) => Some(behaviour.message.clone()),
         Ending::Killed => None,
     };
+    // What the step says it did, as the operator will read it from the message.
+    let reported = message.as_deref().and_then(reported_effect);
     let status = terminated_status(&facts, Some(started_at), finished_at, ending, message);
     let written = pods.write(&mut rx, status).await;
     info!(
@@ -747,12 +753,20 @@ async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<bool>) {
         } else {
             ending.exit_code()
         };
+        let reported = reported.filter(|_| written == Written::Yes);
         ctx.record(
             &facts
                 .ledger_entry(started_at)
-                .finished(exit_code, outcome, finished_at),
+                .finished(exit_code, outcome, finished_at)
+                .reporting(reported),
         );
     }
+}
+
+/// The `effect` a termination message reports, if it is one the step contract knows.
+fn reported_effect(message: &str) -> Option<agentrun_operator::api::EffectOutcome> {
+    let value: Value = serde_json::from_str(message).ok()?;
+    serde_json::from_value(value.get("effect")?.clone()).ok()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1171,6 +1185,25 @@ mod tests {
             .and_then(|s| s.for_attempt(attempt))
             .map(|s| s.behaviour(Duration::from_millis(100)))
             .expect("valid SIM_STEP")
+    }
+
+    #[test]
+    fn a_failed_attempt_that_did_not_act_says_so_and_the_ledger_reads_it() {
+        let b = behaviour(
+            r#"{"attempts":[{"exitCode":1,"effect":"NotApplied"},{"result":{"ok":true}}]}"#,
+            1,
+        );
+        assert_eq!(b.exit_code, 1);
+        let message: Value = serde_json::from_str(&b.message).unwrap();
+        assert_eq!(message, json!({"result": {}, "effect": "NotApplied"}));
+        assert_eq!(
+            reported_effect(&b.message),
+            Some(agentrun_operator::api::EffectOutcome::NotApplied)
+        );
+        let b = behaviour(r#"{"attempts":[{"exitCode":1},{"result":{"ok":true}}]}"#, 2);
+        assert_eq!(reported_effect(&b.message), None);
+        assert_eq!(reported_effect("not json"), None);
+        assert_eq!(reported_effect(r#"{"effect":"Sideways"}"#), None);
     }
 
     #[test]

@@ -9,31 +9,40 @@
 //!        ├─ FaultProxy 127.0.0.1:<port> ──TLS + admin cert──▶ kube-apiserver
 //!        └─ 2 × agentrun-operator run --namespace <ns> --leader-elect   (through the proxy;
 //!             SIGKILLed and restarted, the leader SIGSTOPped past its lease and resumed,
-//!             some starts armed to abort right after a status write)
+//!             some starts armed to abort right after a status write; the second with
+//!             its clock 20 s ahead, AGENTRUN_CLOCK_SKEW=+20s)
 //!
 //!   fault phase ──(enough faults, or every run finished, or --duration-limit)──▶
 //!   settle phase (no faults; the approver still answers) ──▶ verdict
 //! ```
 //!
+//! One module per peer and per fault: `operators` (the processes), `proxy`
+//! (API faults), `disruptions` (Pod evictions and deletes), `edits` (steps
+//! changed during their backoff), `workload` (the runs, and the faults that
+//! live in them), `approver` (the person), `verdict` (the referee), `report`.
+//!
 //! `chaos::run` is used by the `chaos` binary (the long run, `make chaos`) and
 //! by `tests/chaos.rs` (the bounded short run inside `make test`).
 
+mod approver;
+mod disruptions;
+pub mod edits;
 pub mod operators;
 pub mod proxy;
+mod report;
 pub mod rng;
 pub mod verdict;
 pub mod workload;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentrun_operator::api::{AgentRun, Approval, ApprovalKind};
+use agentrun_operator::api::{AgentRun, Approval};
 use agentrun_operator::labels;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -43,10 +52,13 @@ use crate::ledger::Ledger;
 use crate::support::env::TestEnv;
 use crate::support::env::repo_root;
 use crate::support::processes::{OperatorConfig, log_dir, start_simkubelet};
-use operators::{OperatorCounts, Operators};
-use proxy::{FaultCounts, FaultProxy, ProxyConfig};
+use disruptions::{Hound, disrupt};
+use edits::Editor;
+use operators::Operators;
+use proxy::{FaultProxy, ProxyConfig};
+pub use report::Report;
 use rng::Rng;
-use verdict::{Evidence, Observer, Verdict};
+use verdict::{Evidence, Observer};
 
 /// How big and how hostile a chaos run is.
 #[derive(Clone, Debug)]
@@ -89,6 +101,9 @@ pub struct ChaosConfig {
     pub evict_max: usize,
     /// Plain Pod deletes, every so often.
     pub delete_every: (Duration, Duration),
+    /// `AGENTRUN_CLOCK_SKEW` of the second operator (e.g. `+20s`): two
+    /// replicas whose clocks disagree. Ignored with one operator.
+    pub clock_skew: Option<String>,
     /// Name of the namespace prefix (a random suffix is added).
     pub name: String,
 }
@@ -123,6 +138,7 @@ impl ChaosConfig {
             evict_every: (Duration::from_secs(3), Duration::from_secs(8)),
             evict_max: 6,
             delete_every: (Duration::from_secs(3), Duration::from_secs(8)),
+            clock_skew: Some("+20s".into()),
             name: "chaos".into(),
         }
     }
@@ -155,157 +171,6 @@ impl ChaosConfig {
             },
             ..ChaosConfig::long(seed)
         }
-    }
-}
-
-/// What a chaos run did and the verdict on it.
-#[derive(Clone, Debug)]
-pub struct Report {
-    pub namespace: String,
-    pub proxy: FaultCounts,
-    pub operators: OperatorCounts,
-    pub apiserver_restarts: u64,
-    /// Restarts that did not bring kube-apiserver back (each fails the run).
-    pub apiserver_restart_failures: Vec<String>,
-    pub evictions: u64,
-    pub deletions: u64,
-    pub approvals_answered: u64,
-    pub status_versions: u64,
-    /// Step Pods still holding `agentrun.dev/result` 30 s after the last run
-    /// finished, or why they could not be counted.
-    pub finalizers_held: Result<usize, String>,
-    /// Errors of the driver's watch of runs: all, and the expected ones
-    /// (410 Gone, or inside a kube-apiserver restart).
-    pub watch_errors: u64,
-    pub watch_errors_expected: u64,
-    pub fault_phase: Duration,
-    pub wall_time: Duration,
-    pub verdict: Verdict,
-    pub faults_min: u64,
-    pub paused_leaders_min: u64,
-    pub apiserver_restarts_min: u64,
-    pub failpoint_crashes_min: u64,
-}
-
-impl Report {
-    /// Every injected fault: proxy faults, operator kills, paused leaders,
-    /// failpoint aborts, kube-apiserver restarts, evicted and deleted Pods.
-    pub fn faults(&self) -> u64 {
-        self.proxy.total()
-            + self.operators.kills
-            + self.operators.paused_leaders
-            + self.operators.failpoint_crashes
-            + self.apiserver_restarts
-            + self.evictions
-            + self.deletions
-    }
-
-    /// The one summary line.
-    pub fn summary(&self) -> String {
-        format!(
-            "faults={} runs={} duplicates={} lost={} stuck={} reconcile_approvals={} paused_leaders={}",
-            self.faults(),
-            self.verdict.runs,
-            self.verdict.duplicates,
-            self.verdict.lost,
-            self.verdict.stuck,
-            self.verdict.reconcile_approvals,
-            self.operators.paused_leaders
-        )
-    }
-
-    /// The breakdown behind the summary line.
-    pub fn details(&self) -> String {
-        let v = &self.verdict;
-        let o = &self.operators;
-        let finalizers = match &self.finalizers_held {
-            Ok(n) => n.to_string(),
-            Err(e) => format!("unknown ({e})"),
-        };
-        let mut out = format!(
-            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={}\napprovals_answered={} status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nduplicates: after_commit={} second_success={} overlapping={} blind_reruns={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={}",
-            self.namespace,
-            self.wall_time.as_secs_f64(),
-            self.fault_phase.as_secs_f64(),
-            self.proxy,
-            o.kills,
-            o.paused_leaders,
-            o.takeovers,
-            o.failpoint_crashes,
-            o.failpoints_armed,
-            o.self_exits,
-            self.apiserver_restarts,
-            self.evictions,
-            self.deletions,
-            self.approvals_answered,
-            self.status_versions,
-            self.watch_errors,
-            self.watch_errors_expected,
-            finalizers,
-            v.executions,
-            v.successful_executions,
-            v.phases,
-            v.after_commit,
-            v.second_success,
-            v.overlapping,
-            v.blind_reruns,
-            v.unapproved,
-            v.unobserved,
-            v.watch_failures,
-            v.reconcile_unexpected,
-        );
-        match &self.finalizers_held {
-            Ok(0) => {}
-            Ok(n) => out.push_str(&format!(
-                "\nfinalizers: {n} step Pods still hold {} (D5)",
-                labels::RESULT_FINALIZER
-            )),
-            Err(e) => out.push_str(&format!("\nfinalizers: could not be counted: {e}")),
-        }
-        for f in &self.apiserver_restart_failures {
-            out.push_str(&format!("\napiserver restart failed: {f}"));
-        }
-        if self.faults() < self.faults_min {
-            out.push_str(&format!(
-                "\ntoo few faults: {} < --faults-min {}",
-                self.faults(),
-                self.faults_min
-            ));
-        }
-        if !self.enough_of_each_fault() {
-            out.push_str(&format!(
-                "\ntoo few of a kind: paused_leaders={} (min {}), apiserver_restarts={} (min {}), failpoint_crashes={} (min {})",
-                o.paused_leaders,
-                self.paused_leaders_min,
-                self.apiserver_restarts,
-                self.apiserver_restarts_min,
-                o.failpoint_crashes,
-                self.failpoint_crashes_min
-            ));
-        }
-        for f in &v.findings {
-            out.push('\n');
-            out.push_str(f);
-        }
-        out
-    }
-
-    /// The verdict passed, every result finalizer was released, every
-    /// kube-apiserver restart came back, and enough faults were injected to
-    /// mean something.
-    pub fn passed(&self) -> bool {
-        self.verdict.passed()
-            && self.finalizers_held == Ok(0)
-            && self.apiserver_restart_failures.is_empty()
-            && self.faults() >= self.faults_min
-            && self.enough_of_each_fault()
-    }
-
-    /// The faults that need a minimum of their own happened that often.
-    pub fn enough_of_each_fault(&self) -> bool {
-        self.operators.paused_leaders >= self.paused_leaders_min
-            && self.apiserver_restarts >= self.apiserver_restarts_min
-            && self.operators.failpoint_crashes >= self.failpoint_crashes_min
     }
 }
 
@@ -376,6 +241,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         Api::namespaced(client.clone(), &ns),
         cfg.failpoint_rate,
         cfg.failpoint_writes,
+        cfg.clock_skew.as_deref(),
     );
     if fence {
         crate::support::policies::wait_fenced(&ns).await;
@@ -387,7 +253,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
     let approvals_api: Api<Approval> = Api::namespaced(client.clone(), &ns);
 
     let watch_task = tokio::spawn(watch_runs(runs_api.clone(), shared.clone()));
-    let approver_task = tokio::spawn(approve(
+    let approver_task = tokio::spawn(approver::approve(
         approvals_api.clone(),
         ledger_path.clone(),
         shared.clone(),
@@ -401,8 +267,11 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         .map(|i| workload::generate(&mut workload_rng, i))
         .collect();
     let mut created: Vec<String> = Vec::new();
+    let mut hound = Hound::new(&plans);
+    let mut editor = Editor::new(&plans);
 
     let mut evictions = 0u64;
+    let mut repeated_evictions = 0u64;
     let mut deletions = 0u64;
     let mut apiserver_restarts = 0u64;
     let mut apiserver_restart_failures: Vec<String> = Vec::new();
@@ -419,6 +288,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         .apiserver_restart_every
         .map(|e| next(&mut chaos_rng, start, e));
     let lease = Duration::from_secs(cfg.lease_duration_seconds);
+    // `ev`: every eviction and edit of the driver.
     let faults_now = |proxy: &FaultProxy, ops: &Operators, ev: u64, del: u64, restarts: u64| {
         proxy.counts().total()
             + ops.counts.kills
@@ -433,7 +303,13 @@ pub async fn run(cfg: ChaosConfig) -> Report {
     loop {
         let terminal = lock(&shared.observer).terminal();
         let all_created = created.len() == plans.len();
-        let faults = faults_now(&proxy, &operators, evictions, deletions, apiserver_restarts);
+        let faults = faults_now(
+            &proxy,
+            &operators,
+            evictions + repeated_evictions + editor.edits,
+            deletions,
+            apiserver_restarts,
+        );
         let enough = faults >= cfg.faults_min
             && operators.counts.paused_leaders >= cfg.paused_leaders_min
             && operators.counts.failpoint_crashes >= cfg.failpoint_crashes_min
@@ -504,13 +380,21 @@ pub async fn run(cfg: ChaosConfig) -> Report {
             deletions += disrupt(&pods_api, &shared, &mut chaos_rng, 3, false).await;
             next_delete = next(&mut chaos_rng, now, cfg.delete_every);
         }
+        repeated_evictions += hound.tick(&pods_api, &shared).await;
+        editor.tick(&runs_api, &created).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let fault_phase = start.elapsed();
     proxy.set_enabled(false);
     operators.resume_due(true).await;
     info!(
-        faults = faults_now(&proxy, &operators, evictions, deletions, apiserver_restarts),
+        faults = faults_now(
+            &proxy,
+            &operators,
+            evictions + repeated_evictions + editor.edits,
+            deletions,
+            apiserver_restarts,
+        ),
         "faults stopped; settling"
     );
 
@@ -574,6 +458,10 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         apiserver_restart_failures,
         evictions,
         deletions,
+        repeated_evictions,
+        edits: editor.edits,
+        edits_missed: editor.missed,
+        clock_skew: cfg.clock_skew.clone().filter(|_| cfg.operators > 1),
         approvals_answered: *lock(&shared.approvals_answered),
         status_versions: observer.versions,
         finalizers_held,
@@ -664,57 +552,6 @@ async fn submit(
     }
 }
 
-/// Evicts (or deletes) up to `max` random step Pods that still hold their
-/// result finalizer, recording their keys. Returns how many were accepted.
-async fn disrupt(pods: &Api<Pod>, shared: &Shared, rng: &mut Rng, max: usize, evict: bool) -> u64 {
-    let Ok(list) = pods.list(&ListParams::default().labels(labels::RUN)).await else {
-        return 0;
-    };
-    let mut candidates: Vec<Pod> = list
-        .items
-        .into_iter()
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER)
-        })
-        .collect();
-    let mut done = 0;
-    let n = rng.range(1, max as u64) as usize;
-    let running = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-    for _ in 0..n.min(candidates.len()) {
-        // Mostly Pods whose step is running (where a disruption matters most),
-        // sometimes a Pending one or one whose result is not yet committed.
-        let running_ix: Vec<usize> = (0..candidates.len())
-            .filter(|i| running(&candidates[*i]))
-            .collect();
-        let ix = if !running_ix.is_empty() && rng.chance(0.8) {
-            *rng.pick(&running_ix)
-        } else {
-            rng.below(candidates.len() as u64) as usize
-        };
-        let pod = candidates.swap_remove(ix);
-        let name = pod.name_any();
-        let result = if evict {
-            pods.evict(&name, &EvictParams::default()).await.map(|_| ())
-        } else {
-            pods.delete(&name, &DeleteParams::default())
-                .await
-                .map(|_| ())
-        };
-        match result {
-            Ok(()) => {
-                done += 1;
-                if let Some(key) = pod.annotations().get(labels::IDEMPOTENCY_KEY) {
-                    lock(&shared.disrupted_keys).insert(key.clone());
-                }
-                info!(pod = %name, evict, "disrupted step pod");
-            }
-            Err(err) => info!(pod = %name, error = %err, "disrupting a pod failed"),
-        }
-    }
-    done
-}
-
 /// Watches every version of every run (directly, not through the proxy).
 /// Its errors are evidence too: a `410 Gone` (the watcher re-lists) or an
 /// error while kube-apiserver restarts is expected as long as the watch
@@ -744,90 +581,6 @@ async fn watch_runs(runs: Api<AgentRun>, shared: Arc<Shared>) {
         }
     }
     lock(&shared.observer).watch_ended(jiff::Timestamp::now());
-}
-
-fn hash_of(seed: u64, s: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    (seed, s).hash(&mut h);
-    h.finish()
-}
-
-/// The scripted approver: answers every open Approval as a person would.
-/// `Approve`: Approved, or Rejected for about one in ten (by a hash of the name).
-/// `Reconcile`: once no execution of the key is still running in the ledger,
-/// `MarkSucceeded` if one succeeded, else `Retry` — what a person checking the
-/// external system with the idempotency key would answer.
-async fn approve(
-    approvals: Api<Approval>,
-    ledger_path: std::path::PathBuf,
-    shared: Arc<Shared>,
-    seed: u64,
-) {
-    let mut first_seen: BTreeMap<String, Instant> = BTreeMap::new();
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let Ok(list) = approvals.list(&ListParams::default()).await else {
-            continue;
-        };
-        let mut ledger: Option<Ledger> = None;
-        for a in list.items {
-            if a.spec.decision.is_some() {
-                continue;
-            }
-            let name = a.name_any();
-            let seen = *first_seen.entry(name.clone()).or_insert_with(Instant::now);
-            let think = Duration::from_millis(hash_of(seed, &name) % 800);
-            if seen.elapsed() < think {
-                continue;
-            }
-            let (decision, comment) = match a.spec.kind {
-                ApprovalKind::Approve => {
-                    if hash_of(seed ^ 0xA5, &name).is_multiple_of(10) {
-                        ("Rejected", "chaos approver: rejected".to_owned())
-                    } else {
-                        ("Approved", "chaos approver: approved".to_owned())
-                    }
-                }
-                ApprovalKind::Reconcile => {
-                    let key = a
-                        .spec
-                        .context
-                        .as_ref()
-                        .and_then(|c| c.idempotency_key.clone())
-                        .unwrap_or_default();
-                    let l = ledger
-                        .get_or_insert_with(|| Ledger::read(&ledger_path).unwrap_or_default());
-                    let started = l.executions().filter(|e| e.key() == key).count();
-                    let finished = l.finishes().filter(|e| e.key() == key).count();
-                    if started > finished && seen.elapsed() < Duration::from_secs(10) {
-                        continue; // an execution is still running: look again later
-                    }
-                    if l.successes_by_key().get(&key).copied().unwrap_or(0) > 0 {
-                        (
-                            "MarkSucceeded",
-                            format!("chaos approver: the ledger shows key {key} succeeded"),
-                        )
-                    } else {
-                        (
-                            "Retry",
-                            format!("chaos approver: the ledger shows no success for key {key}"),
-                        )
-                    }
-                }
-            };
-            let patch = json!({"spec": {"decision": decision, "comment": comment}});
-            match approvals
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    *lock(&shared.approvals_answered) += 1;
-                    info!(approval = %name, decision, "answered");
-                }
-                Err(err) => warn!(approval = %name, error = %err, "answering failed"),
-            }
-        }
-    }
 }
 
 /// Waits until no step Pod holds the result finalizer (every run is finished,
@@ -869,88 +622,6 @@ async fn release_finalizers(pods: &Api<Pod>) {
                     &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
                 )
                 .await;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn report() -> Report {
-        Report {
-            namespace: "ns".into(),
-            proxy: FaultCounts {
-                error_500: 300,
-                ..FaultCounts::default()
-            },
-            operators: OperatorCounts {
-                paused_leaders: 2,
-                failpoint_crashes: 1,
-                ..OperatorCounts::default()
-            },
-            apiserver_restarts: 1,
-            apiserver_restart_failures: vec![],
-            evictions: 0,
-            deletions: 0,
-            approvals_answered: 0,
-            status_versions: 0,
-            finalizers_held: Ok(0),
-            watch_errors: 0,
-            watch_errors_expected: 0,
-            fault_phase: Duration::from_secs(60),
-            wall_time: Duration::from_secs(90),
-            verdict: Verdict::default(),
-            faults_min: 300,
-            paused_leaders_min: 2,
-            apiserver_restarts_min: 1,
-            failpoint_crashes_min: 1,
-        }
-    }
-
-    #[test]
-    fn a_clean_report_passes_and_its_summary_counts_paused_leaders() {
-        let r = report();
-        assert!(r.passed(), "{}", r.details());
-        assert_eq!(
-            r.summary(),
-            "faults=304 runs=0 duplicates=0 lost=0 stuck=0 reconcile_approvals=0 paused_leaders=2"
-        );
-    }
-
-    #[test]
-    fn a_held_or_uncounted_finalizer_fails_the_run() {
-        let mut r = report();
-        r.finalizers_held = Ok(1);
-        assert!(!r.passed());
-        assert!(r.details().contains("finalizers: 1 step Pods still hold"));
-        r.finalizers_held = Err("listing step Pods: connection refused".into());
-        assert!(!r.passed());
-        assert!(r.details().contains("finalizers_held=unknown"));
-    }
-
-    #[test]
-    fn an_unexpected_reconcile_approval_or_a_failed_restart_fails_the_run() {
-        let mut r = report();
-        r.verdict.reconcile_unexpected = 1;
-        assert!(!r.passed());
-        let mut r = report();
-        r.apiserver_restart_failures
-            .push("kube-apiserver did not come back".into());
-        assert!(!r.passed());
-    }
-
-    #[test]
-    fn too_few_of_a_kind_fails_the_run() {
-        for f in [
-            |r: &mut Report| r.operators.paused_leaders = 1,
-            |r: &mut Report| r.apiserver_restarts = 0,
-            |r: &mut Report| r.operators.failpoint_crashes = 0,
-            |r: &mut Report| r.proxy.error_500 = 200,
-        ] {
-            let mut r = report();
-            f(&mut r);
-            assert!(!r.passed(), "{}", r.details());
         }
     }
 }

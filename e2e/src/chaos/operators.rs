@@ -4,6 +4,7 @@
 //! ```text
 //!   slot 0 ─ agentrun-operator --leader-elect --identity <ns>-op0 ┐
 //!   slot 1 ─ agentrun-operator --leader-elect --identity <ns>-op1 ┴─ Lease agentrun-operator (in <ns>)
+//!            AGENTRUN_CLOCK_SKEW=<skew>: its clock runs that far off (failpoints builds)
 //!
 //!   kill      SIGKILL (mostly the leader), restarted 0–1.5 s later
 //!   pause     SIGSTOP the lease holder past its lease duration; once the standby
@@ -26,6 +27,9 @@ use crate::support::processes::{OperatorConfig, Process, free_port, start_operat
 
 /// The Lease the operator elects its leader with (`--lease-name` default).
 pub const LEASE_NAME: &str = "agentrun-operator";
+
+/// How far off a failpoints build of the operator runs its clock.
+pub const CLOCK_SKEW_ENV: &str = "AGENTRUN_CLOCK_SKEW";
 
 /// What happened to the operators, counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,13 +74,15 @@ pub struct Operators {
 
 impl Operators {
     /// `count` operators (two or more elect a leader) configured from `base`,
-    /// all started.
+    /// all started; with two or more, the second runs its clock `clock_skew`
+    /// off (`AGENTRUN_CLOCK_SKEW`, e.g. `+20s`), every time it is started.
     pub fn start(
         base: &OperatorConfig,
         count: usize,
         leases: Api<Lease>,
         failpoint_rate: f64,
         failpoint_writes: (u64, u64),
+        clock_skew: Option<&str>,
     ) -> Operators {
         let leader_elect = count > 1;
         let slots = (0..count)
@@ -87,6 +93,10 @@ impl Operators {
                     cfg.identity = format!("{}-op{i}", base.namespace);
                     cfg.metrics_port = free_port();
                     cfg.health_port = free_port();
+                }
+                if let Some(skew) = clock_skew.filter(|_| leader_elect && i == 1) {
+                    cfg.extra_env
+                        .push((CLOCK_SKEW_ENV.to_owned(), skew.to_owned()));
                 }
                 Slot {
                     cfg,

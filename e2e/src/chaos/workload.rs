@@ -1,7 +1,21 @@
 //! The chaos workload: seeded random runs of 3–8 steps with mixed effects
-//! (20–300 ms each, one in seven 1–3 s),
-//! approval gates, steps that fail a few times before they succeed, and
-//! compensations on some NonIdempotent steps.
+//! (20–300 ms each, one in seven 1–3 s), approval gates, steps that fail a
+//! few times before they succeed (saying `NotApplied` or not), compensations
+//! on some NonIdempotent steps — and the faults that live in the runs
+//! themselves:
+//!
+//! ```text
+//!   graph        fan-out and fan-in: s0 ─┬─ s1 ─┬─ s3 ─ …   (dependsOn, parallelism 2–4)
+//!                                        └─ s2 ─┘
+//!   stale read   read (freshFor 2s) ─ slow step that acts (3.5 s) ─ next: the read expired
+//!                mid-run, the run re-plans; a read that acted (Idempotent) asks to repeat
+//!   timeout      a NonIdempotent step whose first attempt outlives its timeout, retry
+//!                limit 1: the operator must ask Reconcile, never retry blind
+//!   edit         a gated step that fails once; the driver edits its args during the
+//!                backoff (`edits.rs`): the operator must ask again
+//!   evictions    a step whose Pods stay Pending 1 s; the driver evicts three in a row
+//!                (`disruptions.rs`): backoff and `Stalled`, then it runs
+//! ```
 //!
 //! Every step's result is `{"run": <run>, "step": <step>}` on every attempt, so
 //! a committed result that differs from it is a corrupted checkpoint.
@@ -18,13 +32,29 @@ pub struct StepPlan {
     pub effect: &'static str,
     /// Attempts that exit 1 before one succeeds.
     pub fail_times: u32,
+    /// Those failed attempts say `effect: NotApplied` (they did not act).
+    pub fails_not_applied: bool,
     /// `retry.limit`; below `fail_times` the step (and the run) fails.
     pub retry_limit: u32,
+    /// `retry.backoff.initial` and `.max`, in ms.
+    pub backoff_ms: (u64, u64),
     /// An `Approve` gate before the step.
     pub approval: bool,
     pub run_ms: u64,
     /// A compensation container (NonIdempotent steps only).
     pub compensate: bool,
+    /// `dependsOn` (graph runs only).
+    pub depends_on: Vec<String>,
+    /// `freshFor`, in ms.
+    pub fresh_for_ms: Option<u64>,
+    /// `timeout` and how long the first attempt runs (longer): the timeout stops it.
+    pub timeout_ms: Option<(u64, u64)>,
+    /// The driver edits the step's args once, during its retry backoff.
+    pub edit_in_backoff: bool,
+    /// The driver evicts this many of the step's Pods, one after another.
+    pub evictions: u32,
+    /// How long the step's Pods stay Pending.
+    pub pending_ms: u64,
 }
 
 /// One generated run.
@@ -32,6 +62,15 @@ pub struct StepPlan {
 pub struct RunPlan {
     pub name: String,
     pub steps: Vec<StepPlan>,
+    /// `spec.parallelism` (graph runs).
+    pub parallelism: Option<u32>,
+}
+
+impl RunPlan {
+    /// Whether the steps form a graph (some step names `dependsOn`).
+    pub fn is_graph(&self) -> bool {
+        self.steps.iter().any(|s| !s.depends_on.is_empty())
+    }
 }
 
 const VERBS: [&str; 8] = [
@@ -40,40 +79,136 @@ const VERBS: [&str; 8] = [
 
 /// The `index`th run (names `c000`, `c001`, …).
 pub fn generate(rng: &mut Rng, index: usize) -> RunPlan {
-    let n = rng.range(3, 8) as usize;
-    let steps = (0..n)
-        .map(|i| {
-            let effect = *rng.pick(&["None", "Idempotent", "NonIdempotent"]);
-            let fail_times = match rng.below(100) {
-                0..75 => 0,
-                75..90 => 1,
-                _ => 2,
-            } as u32;
-            let retry_limit = if fail_times > 0 && rng.chance(0.1) {
-                fail_times - 1
-            } else {
-                fail_times + rng.below(2) as u32
+    let graph = rng.chance(0.25);
+    let n = rng.range(if graph { 4 } else { 3 }, 8) as usize;
+    let mut steps: Vec<StepPlan> = (0..n).map(|i| base_step(rng, i)).collect();
+    let mut parallelism = None;
+    if graph {
+        // s0 fans out to s1 and s2, which fan in to s3; later steps hang
+        // from one or two earlier ones.
+        for i in 1..n {
+            let deps: Vec<usize> = match i {
+                1 | 2 => vec![0],
+                3 => vec![1, 2],
+                _ => {
+                    let a = rng.below(i as u64) as usize;
+                    let b = rng.below(i as u64) as usize;
+                    if a == b {
+                        vec![a]
+                    } else {
+                        vec![a.min(b), a.max(b)]
+                    }
+                }
             };
-            StepPlan {
-                name: format!("s{i}-{}", rng.pick(&VERBS)),
-                effect,
-                fail_times,
-                retry_limit,
-                approval: rng.chance(0.12),
-                // Mostly quick steps; some slow enough to be caught mid-run.
-                run_ms: if rng.chance(0.15) {
-                    rng.range(1000, 3000)
-                } else {
-                    rng.range(20, 300)
-                },
-                compensate: effect == "NonIdempotent" && rng.chance(0.3),
-            }
-        })
-        .collect();
+            steps[i].depends_on = deps.iter().map(|&d| steps[d].name.clone()).collect();
+        }
+        parallelism = Some(rng.range(2, 4) as u32);
+    }
+    let mut used = vec![false; n];
+    if rng.chance(0.2) {
+        // The read, a step after it that acts and takes longer than the
+        // read stays true, and a step that consumes both (in a graph: s0,
+        // s1, and s3 which comes after s1 and s2).
+        let (read, slow) = if graph {
+            (0, 1)
+        } else {
+            let i = rng.below(n as u64 - 2) as usize;
+            (i, i + 1)
+        };
+        let reservation = rng.chance(0.25);
+        let s = &mut steps[read];
+        s.effect = if reservation { "Idempotent" } else { "None" };
+        s.fresh_for_ms = Some(2000);
+        plain(s, 50);
+        let s = &mut steps[slow];
+        s.effect = *rng.pick(&["Idempotent", "NonIdempotent"]);
+        plain(s, 3500);
+        used[read] = true;
+        used[slow] = true;
+    }
+    if let Some(i) = pick_free(rng, &mut used, 0.2) {
+        let s = &mut steps[i];
+        s.effect = "NonIdempotent";
+        plain(s, 100);
+        s.timeout_ms = Some((2000, 6000));
+        s.retry_limit = 1;
+    }
+    if let Some(i) = pick_free(rng, &mut used, 0.12) {
+        let s = &mut steps[i];
+        plain(s, 100);
+        s.approval = true;
+        s.fail_times = 1;
+        s.fails_not_applied = true;
+        s.retry_limit = 1;
+        s.backoff_ms = (2500, 2500);
+        s.edit_in_backoff = true;
+    }
+    if let Some(i) = pick_free(rng, &mut used, 0.12) {
+        let s = &mut steps[i];
+        plain(s, 100);
+        s.evictions = 3;
+        s.pending_ms = 1000;
+    }
     RunPlan {
         name: format!("c{index:03}"),
         steps,
+        parallelism,
     }
+}
+
+fn base_step(rng: &mut Rng, i: usize) -> StepPlan {
+    let effect = *rng.pick(&["None", "Idempotent", "NonIdempotent"]);
+    let fail_times = match rng.below(100) {
+        0..75 => 0,
+        75..90 => 1,
+        _ => 2,
+    } as u32;
+    let retry_limit = if fail_times > 0 && rng.chance(0.1) {
+        fail_times - 1
+    } else {
+        fail_times + rng.below(2) as u32
+    };
+    StepPlan {
+        name: format!("s{i}-{}", rng.pick(&VERBS)),
+        effect,
+        fail_times,
+        fails_not_applied: rng.chance(0.5),
+        retry_limit,
+        backoff_ms: (200, 1000),
+        approval: rng.chance(0.12),
+        // Mostly quick steps; some slow enough to be caught mid-run.
+        run_ms: if rng.chance(0.15) {
+            rng.range(1000, 3000)
+        } else {
+            rng.range(20, 300)
+        },
+        compensate: effect == "NonIdempotent" && rng.chance(0.3),
+        depends_on: vec![],
+        fresh_for_ms: None,
+        timeout_ms: None,
+        edit_in_backoff: false,
+        evictions: 0,
+        pending_ms: 0,
+    }
+}
+
+/// A step that succeeds on its first attempt after `run_ms`, without a gate.
+fn plain(s: &mut StepPlan, run_ms: u64) {
+    s.fail_times = 0;
+    s.retry_limit = 0;
+    s.approval = false;
+    s.run_ms = run_ms;
+}
+
+/// With probability `p`, a step no other fault of the run has taken.
+fn pick_free(rng: &mut Rng, used: &mut [bool], p: f64) -> Option<usize> {
+    if !rng.chance(p) {
+        return None;
+    }
+    let free: Vec<usize> = (0..used.len()).filter(|&i| !used[i]).collect();
+    let i = *rng.pick(&free);
+    used[i] = true;
+    Some(i)
 }
 
 /// The result every attempt of a step reports.
@@ -85,32 +220,60 @@ fn sim_env(sim: &Value) -> Value {
     json!([{"name": "SIM_STEP", "value": sim.to_string()}])
 }
 
+fn ms(ms: u64) -> String {
+    format!("{ms}ms")
+}
+
+/// What simkubelet makes the step's container do, attempt by attempt.
+fn sim(run: &str, s: &StepPlan) -> Value {
+    let ok = json!({
+        "pendingMs": s.pending_ms,
+        "runMs": s.run_ms,
+        "result": expected_result(run, &s.name),
+        "tokens": {"input": 10, "output": 5},
+    });
+    let mut attempts: Vec<Value> = (0..s.fail_times)
+        .map(|_| {
+            let mut failed = json!({"pendingMs": s.pending_ms, "runMs": s.run_ms, "exitCode": 1, "tokens": {"input": 3, "output": 0}});
+            if s.fails_not_applied {
+                failed["effect"] = json!("NotApplied");
+            }
+            failed
+        })
+        .collect();
+    if let Some((_, first_ms)) = s.timeout_ms {
+        let mut outlives = ok.clone();
+        outlives["runMs"] = json!(first_ms);
+        attempts.push(outlives);
+    }
+    if attempts.is_empty() {
+        return ok;
+    }
+    attempts.push(ok);
+    json!({"attempts": attempts})
+}
+
 /// The AgentRun spec of a plan.
 pub fn spec(plan: &RunPlan) -> Value {
     let steps: Vec<Value> = plan
         .steps
         .iter()
         .map(|s| {
-            let ok = json!({
-                "runMs": s.run_ms,
-                "result": expected_result(&plan.name, &s.name),
-                "tokens": {"input": 10, "output": 5},
-            });
-            let sim = if s.fail_times == 0 {
-                ok
-            } else {
-                let mut attempts: Vec<Value> = (0..s.fail_times)
-                    .map(|_| json!({"runMs": s.run_ms, "exitCode": 1, "tokens": {"input": 3, "output": 0}}))
-                    .collect();
-                attempts.push(ok);
-                json!({"attempts": attempts})
-            };
             let mut step = json!({
                 "name": s.name,
                 "effect": s.effect,
-                "retry": {"limit": s.retry_limit, "backoff": {"initial": "200ms", "max": "1s"}},
-                "container": {"image": "registry.example/chaos-step:1", "env": sim_env(&sim)},
+                "retry": {"limit": s.retry_limit, "backoff": {"initial": ms(s.backoff_ms.0), "max": ms(s.backoff_ms.1)}},
+                "container": {"image": "registry.example/chaos-step:1", "env": sim_env(&sim(&plan.name, s))},
             });
+            if !s.depends_on.is_empty() {
+                step["dependsOn"] = json!(s.depends_on);
+            }
+            if let Some(f) = s.fresh_for_ms {
+                step["freshFor"] = json!(ms(f));
+            }
+            if let Some((t, _)) = s.timeout_ms {
+                step["timeout"] = json!(ms(t));
+            }
             if s.approval {
                 step["approval"] = json!({"required": true, "question": format!("May {} run?", s.name)});
             }
@@ -123,7 +286,11 @@ pub fn spec(plan: &RunPlan) -> Value {
             step
         })
         .collect();
-    json!({"steps": steps})
+    let mut spec = json!({"steps": steps});
+    if let Some(p) = plan.parallelism {
+        spec["parallelism"] = json!(p);
+    }
+    spec
 }
 
 #[cfg(test)]
@@ -131,18 +298,83 @@ mod tests {
     use super::*;
     use agentrun_operator::api::AgentRunSpec;
 
+    fn plans(n: usize) -> Vec<RunPlan> {
+        let mut rng = Rng::new(42);
+        (0..n).map(|i| generate(&mut rng, i)).collect()
+    }
+
     #[test]
     fn generated_specs_deserialize_and_stay_in_bounds() {
-        let mut rng = Rng::new(42);
-        for i in 0..200 {
-            let plan = generate(&mut rng, i);
+        for plan in plans(200) {
             assert!((3..=8).contains(&plan.steps.len()));
             let spec: AgentRunSpec =
                 serde_json::from_value(spec(&plan)).expect("spec deserializes");
             assert_eq!(spec.steps.len(), plan.steps.len());
             let mut names: Vec<_> = plan.steps.iter().map(|s| &s.name).collect();
+            names.sort();
             names.dedup();
             assert_eq!(names.len(), plan.steps.len(), "step names are unique");
+            for (i, s) in plan.steps.iter().enumerate() {
+                // A graph: every dependency is an earlier step (no cycle).
+                for d in &s.depends_on {
+                    let j = plan.steps.iter().position(|t| &t.name == d).unwrap();
+                    assert!(j < i, "{} depends on a later {d}", s.name);
+                }
+            }
         }
+    }
+
+    #[test]
+    fn the_mix_holds_every_kind_of_run_fault() {
+        let plans = plans(40);
+        let steps = || plans.iter().flat_map(|p| &p.steps);
+        let graphs = plans.iter().filter(|p| p.is_graph()).count();
+        let fan_in = steps().filter(|s| s.depends_on.len() >= 2).count();
+        let stale = steps().filter(|s| s.fresh_for_ms.is_some()).count();
+        let timeouts = steps().filter(|s| s.timeout_ms.is_some()).count();
+        let edits = steps().filter(|s| s.edit_in_backoff).count();
+        let evicted = steps().filter(|s| s.evictions > 0).count();
+        let asks = steps()
+            .filter(|s| s.effect == "NonIdempotent" && s.fail_times > 0 && !s.fails_not_applied)
+            .count();
+        // Forty runs (the short chaos run) meet each of them a few times.
+        for (what, n) in [
+            ("graphs", graphs),
+            ("fan-ins", fan_in),
+            ("stale reads", stale),
+            ("timeouts", timeouts),
+            ("edits", edits),
+            ("repeated evictions", evicted),
+            ("failures that may have acted", asks),
+        ] {
+            assert!(n >= 3, "{what}: {n}");
+        }
+    }
+
+    #[test]
+    fn a_timed_out_step_outlives_its_timeout_once_then_succeeds() {
+        let plan = plans(200)
+            .into_iter()
+            .find(|p| p.steps.iter().any(|s| s.timeout_ms.is_some()))
+            .unwrap();
+        let s = plan.steps.iter().find(|s| s.timeout_ms.is_some()).unwrap();
+        let v = spec(&plan);
+        let step = v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == s.name.as_str())
+            .unwrap();
+        assert_eq!(step["timeout"], "2000ms");
+        assert_eq!(step["effect"], "NonIdempotent");
+        assert_eq!(step["retry"]["limit"], 1);
+        let sim: Value =
+            serde_json::from_str(step["container"]["env"][0]["value"].as_str().unwrap()).unwrap();
+        assert_eq!(sim["attempts"][0]["runMs"], 6000);
+        assert_eq!(sim["attempts"][1]["runMs"], 100);
+        assert_eq!(
+            sim["attempts"][1]["result"],
+            expected_result(&plan.name, &s.name)
+        );
     }
 }
