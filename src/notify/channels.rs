@@ -496,4 +496,70 @@ mod tests {
                 .contains("defined more than once")
         );
     }
+
+    #[test]
+    fn plain_http_is_for_loopback_or_a_channel_that_says_so() {
+        let c = Channels::parse(
+            "ops/chan",
+            &data(
+                "channels:\n- {name: remote, url: 'http://hooks.example/x'}\n- {name: optin, url: 'http://hooks.example/x', allowHttp: true}\n- {name: local, url: 'http://127.0.0.1:9/x'}\n- {name: named, url: 'http://localhost:9/x'}\n- {name: v6, url: 'http://[::1]:9/x'}\n",
+            ),
+        );
+        assert_eq!(
+            c.get("remote").unwrap_err().message(),
+            "channel remote in Secret ops/chan: url: plain http to hooks.example (not loopback) is refused; use https, or set allowHttp: true"
+        );
+        assert!(c.get("optin").unwrap().allow_http);
+        for n in ["local", "named", "v6"] {
+            assert!(c.get(n).is_ok(), "{n}: {:?}", c.get(n));
+        }
+    }
+
+    #[test]
+    fn no_problem_quotes_the_url_and_debug_hides_it() {
+        let c = Channels::parse(
+            "ops/chan",
+            &data(
+                "channels:\n- {name: a, url: 'ftp://h.example/services/T0/s3cret'}\n- {name: b, url: 'https://h.example:99999/services/s3cret'}\n- {name: ok, url: 'https://user:pw-s3cret@h.example/services/s3cret', headers: {Authorization: Bearer s3cret}}\n",
+            ),
+        );
+        for n in ["a", "b"] {
+            let m = c.get(n).unwrap_err().message().to_owned();
+            assert!(!m.contains("s3cret") && !m.contains("h.example/"), "{m}");
+        }
+        let dbg = format!("{:?}", c);
+        assert!(!dbg.contains("s3cret"), "{dbg}");
+        assert!(dbg.contains("h.example"), "{dbg}");
+    }
+
+    #[test]
+    fn a_client_certificate_comes_with_its_key_for_https() {
+        let mut d = data(
+            "channels:\n- {name: half, url: 'https://h.example/', clientCertRef: crt}\n- {name: junk, url: 'https://h.example/', clientCertRef: crt, clientKeyRef: key}\n- {name: nokey, url: 'https://h.example/', clientCertRef: crt, clientKeyRef: nope}\n",
+        );
+        d.insert("crt".into(), b"not a certificate".to_vec());
+        d.insert(
+            "key".into(),
+            b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END PRIVATE KEY-----\n"
+                .to_vec(),
+        );
+        let c = Channels::parse("ops/chan", &d);
+        let err = |n| c.get(n).unwrap_err().message().to_owned();
+        assert!(
+            err("half").ends_with("clientCertRef and clientKeyRef go together"),
+            "{}",
+            err("half")
+        );
+        assert!(
+            err("junk").ends_with("clientCertRef crt and clientKeyRef key: not a PEM certificate and a PEM private key"),
+            "{}",
+            err("junk")
+        );
+        assert!(!err("junk").contains("c2VjcmV0"), "{}", err("junk"));
+        assert!(
+            err("nokey").ends_with("clientKeyRef nope: the Secret has no such key"),
+            "{}",
+            err("nokey")
+        );
+    }
 }
