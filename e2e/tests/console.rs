@@ -768,3 +768,103 @@ async fn the_charts_read_only_console_reads_everything_with_its_own_service_acco
     assert!(!inbox.contains("hx-post"), "{inbox}");
     s.finish().await;
 }
+
+/// A raw HTTP/1.0 GET to the console: the status line and headers.
+async fn get_head(port: u16, path: &str, host: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connecting to the console");
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).to_string();
+    text.split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
+/// Every response — a page, an asset, a refusal — forbids framing (CSP
+/// frame-ancestors 'none' and X-Frame-Options DENY), and a page on another
+/// origin that frames the console shows nothing of it in Chromium.
+#[tokio::test]
+async fn no_page_may_frame_the_console() {
+    let s = Scenario::start("console-frame").await;
+    let ns = s.namespace().to_owned();
+    let c = console(&ns, None).await;
+    let host = format!("127.0.0.1:{}", c.port);
+    for (path, host, status) in [
+        ("/", host.as_str(), "200"),
+        ("/assets/console.css", host.as_str(), "200"),
+        ("/approvals", "evil.example", "421"),
+    ] {
+        let head = get_head(c.port, path, host).await;
+        assert!(
+            head.starts_with(&format!("http/1.0 {status}"))
+                || head.starts_with(&format!("http/1.1 {status}")),
+            "{path}: {head}"
+        );
+        assert!(
+            head.contains("content-security-policy: default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
+            "{path}: {head}"
+        );
+        assert!(head.contains("x-frame-options: deny"), "{path}: {head}");
+    }
+    // A page on another origin (localhost is not 127.0.0.1 to the browser)
+    // that frames the console.
+    let framer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let framer_port = framer.local_addr().unwrap().port();
+    let page = format!(
+        "<!doctype html><title>framer</title><iframe id=f width=800 height=600 src='http://127.0.0.1:{}/approvals'></iframe>",
+        c.port
+    );
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let Ok((mut conn, _)) = framer.accept().await else {
+                continue;
+            };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            let res = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = conn.write_all(res.as_bytes()).await;
+        }
+    });
+    let b = browser(&ns).await;
+    b.goto(&format!("http://localhost:{framer_port}/")).await;
+    b.wait_js(
+        "the framing page",
+        PAGE_TIMEOUT,
+        "return document.getElementById('f') !== null",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.client.enter_frame(0).await.expect("entering the frame");
+    let inside = b
+        .client
+        .execute(
+            "return [document.title, document.querySelector('main') !== null, document.body ? document.body.innerText : '']",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        inside[1],
+        Value::Bool(false),
+        "the console rendered inside the frame: {inside}"
+    );
+    assert!(
+        !inside[0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("agentrun console"),
+        "the console rendered inside the frame: {inside}"
+    );
+    b.close().await;
+    s.finish().await;
+}

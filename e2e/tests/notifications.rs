@@ -11,7 +11,6 @@ use std::time::Duration;
 use agentrun_e2e::support::receiver::{Received, Receiver, Reply};
 use agentrun_e2e::support::scenario::{Scenario, sim_step, status};
 use agentrun_operator::api::{Approval, Delivery, DeliveryState, RunPhase};
-use agentrun_operator::notify::send::signature;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -20,7 +19,7 @@ use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const HMAC_KEY: &str = "receiver-shared-secret";
-const SECRET: &str = "agentrun-notifications";
+const SECRET_NAME: &str = "agentrun-notifications";
 
 /// A scenario whose operator reads its channels from `channels` (YAML, with
 /// `{R}` standing for the receiver's base URL) and may call 127.0.0.1 when
@@ -56,8 +55,10 @@ async fn setup_with(
     let ns = s.namespace().to_owned();
     put_secret(&s, receiver, channels, true, extra).await;
     let cfg = &mut s.operator_config;
-    cfg.extra_env
-        .push(("AGENTRUN_NOTIFY_SECRET".into(), format!("{ns}/{SECRET}")));
+    cfg.extra_env.push((
+        "AGENTRUN_NOTIFY_SECRET".into(),
+        format!("{ns}/{SECRET_NAME}"),
+    ));
     if allow_loopback {
         cfg.extra_env
             .push(("AGENTRUN_NOTIFY_ALLOW_CIDR".into(), "127.0.0.1/32".into()));
@@ -85,7 +86,7 @@ async fn put_secret(s: &Scenario, receiver: &Receiver, channels: &str, create: b
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": SECRET},
+        "metadata": {"name": SECRET_NAME},
         "stringData": data,
     }))
     .unwrap();
@@ -96,7 +97,7 @@ async fn put_secret(s: &Scenario, receiver: &Receiver, channels: &str, create: b
             .expect("creating the channel Secret");
     } else {
         api.patch(
-            SECRET,
+            SECRET_NAME,
             &PatchParams::apply("notifications-test").force(),
             &Patch::Apply(&secret),
         )
@@ -168,6 +169,28 @@ fn id(a: &Approval, event: &str, channel: &str) -> String {
     format!("{}.{event}.{channel}", a.uid().unwrap())
 }
 
+/// HMAC-SHA256 of `<timestamp>.<body>` under the shared key, computed by
+/// openssl: an implementation that is not the operator's.
+fn openssl_signature(ts: i64, body: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("openssl")
+        .args(["dgst", "-sha256", "-hmac", HMAC_KEY])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running openssl (the notification tests need it)");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(format!("{ts}.").as_bytes()).unwrap();
+    stdin.write_all(body).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "openssl dgst failed");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let hex = text.trim().rsplit(' ').next().unwrap().to_owned();
+    assert_eq!(hex.len(), 64, "openssl said {text:?}");
+    format!("sha256={hex}")
+}
+
 /// The signature header matches the body and timestamp under the shared key.
 fn assert_signed(r: &Received) {
     let ts: i64 = r
@@ -179,7 +202,7 @@ fn assert_signed(r: &Received) {
     assert!((now - ts).abs() < 120, "timestamp {ts} is not recent");
     assert_eq!(
         r.header("x-agentrun-signature"),
-        Some(signature(HMAC_KEY.as_bytes(), ts, &r.body).as_str()),
+        Some(openssl_signature(ts, &r.body).as_str()),
         "the signature is HMAC-SHA256 of <timestamp>.<body>"
     );
 }
@@ -572,7 +595,7 @@ async fn a_hanging_receiver_is_cut_and_a_redirect_not_followed() {
     let err = d.last_error.unwrap();
     assert!(
         err.starts_with(
-            "HTTP 302 redirect to \"http://169.254.169.254/latest/meta-data/\" not followed (and the target is refused: address 169.254.169.254 is link-local"
+            "HTTP 302 redirect to http://169.254.169.254 not followed (and the target is refused: address 169.254.169.254 is link-local"
         ),
         "{err}"
     );
@@ -583,8 +606,9 @@ async fn a_hanging_receiver_is_cut_and_a_redirect_not_followed() {
 }
 
 /// Without --notify-allow-cidr the operator calls no internal address:
-/// loopback (by address and by name) and the cloud metadata address are
-/// refused, each with the reason on the Approval, and nothing arrives.
+/// loopback (by address, by name and in every IPv6 form that reaches it)
+/// and the cloud metadata address are refused, each with the reason on the
+/// Approval, and nothing arrives.
 #[tokio::test]
 async fn internal_addresses_are_refused_without_the_allow_flag() {
     let r = Receiver::start().await;
@@ -596,21 +620,31 @@ async fn internal_addresses_are_refused_without_the_allow_flag() {
             "channels:\n\
              - {{name: local, url: '{{R}}/local'}}\n\
              - {{name: named, url: 'http://localhost:{port}/named'}}\n\
-             - {{name: metadata, url: 'http://169.254.169.254/latest/meta-data/'}}\n"
+             - {{name: metadata, url: 'http://169.254.169.254/latest/meta-data/', allowHttp: true}}\n\
+             - {{name: compat, url: 'http://[::127.0.0.1]:{port}/compat'}}\n\
+             - {{name: mapped, url: 'http://[::ffff:127.0.0.1]:{port}/mapped'}}\n\
+             - {{name: nat64, url: 'http://[64:ff9b::127.0.0.1]:{port}/nat64', allowHttp: true}}\n\
+             - {{name: sixtofour, url: 'http://[2002:7f00:1::1]:{port}/6to4', allowHttp: true}}\n\
+             - {{name: teredo, url: 'http://[2001:0:4136:e378:8000:63bf:80ff:fffe]:{port}/teredo', allowHttp: true}}\n"
         ),
         false,
         None,
     )
     .await;
-    let name = gated_run(
-        &s,
-        "refund",
-        json!({"question": "ok?", "notify": ["local", "named", "metadata"]}),
-    )
-    .await;
+    const CHANNELS: [&str; 8] = [
+        "local",
+        "named",
+        "metadata",
+        "compat",
+        "mapped",
+        "nat64",
+        "sixtofour",
+        "teredo",
+    ];
+    let name = gated_run(&s, "refund", json!({"question": "ok?", "notify": CHANNELS})).await;
     let a = s.approvals().get(&name).await.unwrap();
-    let ids = ["local", "named", "metadata"].map(|c| id(&a, "requested", c));
-    let a = wait_approval(&s, &name, "three refusals", |a| {
+    let ids = CHANNELS.map(|c| id(&a, "requested", c));
+    let a = wait_approval(&s, &name, "eight refusals", |a| {
         ids.iter().all(|id| {
             delivery(a, id).is_some_and(|d| d.reason.as_deref() == Some("AddressRefused"))
         })
@@ -631,8 +665,21 @@ async fn internal_addresses_are_refused_without_the_allow_flag() {
         "{}",
         err(2)
     );
+    for (i, want) in [
+        (3, "address ::7f00:1 is IPv4-compatible (::/96, deprecated)"),
+        (4, "address ::ffff:127.0.0.1 is loopback (IPv4 127.0.0.1)"),
+        (5, "address 64:ff9b::7f00:1 is loopback (IPv4 127.0.0.1)"),
+        (6, "address 2002:7f00:1::1 is 6to4 (2002::/16)"),
+        (
+            7,
+            "address 2001:0:4136:e378:8000:63bf:80ff:fffe is Teredo (2001::/32)",
+        ),
+    ] {
+        assert!(err(i).starts_with(want), "{}: {}", CHANNELS[i], err(i));
+    }
     for id in &ids {
-        assert_eq!(delivery(&a, id).unwrap().state, DeliveryState::Failed);
+        let d = delivery(&a, id).unwrap();
+        assert_eq!((d.state, d.attempts), (DeliveryState::Failed, 1), "{d:?}");
     }
     let c = notified(&a).unwrap();
     assert_eq!(
@@ -640,11 +687,159 @@ async fn internal_addresses_are_refused_without_the_allow_flag() {
         ("False", "AddressRefused")
     );
     assert!(
-        c.message.contains("(2 more not delivered)"),
+        c.message.contains("(7 more not delivered)"),
         "{}",
         c.message
     );
     assert!(r.all().is_empty(), "nothing reached the receiver");
+    s.finish().await;
+}
+
+/// A webhook URL is a credential: with a secret path and query, refused
+/// by its receiver, unreachable, and redirected, it appears in no status,
+/// Event or log line of the operator; the messages name the channel.
+#[tokio::test]
+async fn a_channels_url_appears_in_no_status_event_or_log() {
+    const SECRET: &str = "T0AB12/B0CD34/zQx9-webhook-secret";
+    let r = Receiver::start().await;
+    r.script(
+        "/services/refused/T0AB12/B0CD34/zQx9-webhook-secret",
+        [Reply::Status(403)],
+    );
+    r.script(
+        "/services/moved/T0AB12/B0CD34/zQx9-webhook-secret",
+        [Reply::Redirect(format!(
+            "https://hooks.example/services/{SECRET}-2"
+        ))],
+    );
+    let closed = agentrun_e2e::support::processes::free_port();
+    let s = setup(
+        "notify-secret-url",
+        &r,
+        &format!(
+            "channels:\n\
+             - {{name: refused, url: '{{R}}/services/refused/{SECRET}?token=zQx9-query'}}\n\
+             - {{name: moved, url: '{{R}}/services/moved/{SECRET}'}}\n\
+             - {{name: down, url: 'http://127.0.0.1:{closed}/services/{SECRET}', maxAttempts: 1}}\n\
+             - {{name: typo, url: 'htps://hooks.example/services/{SECRET}'}}\n"
+        ),
+        true,
+        None,
+    )
+    .await;
+    let ns = s.namespace().to_owned();
+    const CHANNELS: [&str; 4] = ["refused", "moved", "down", "typo"];
+    let name = gated_run(&s, "refund", json!({"question": "ok?", "notify": CHANNELS})).await;
+    let a = s.approvals().get(&name).await.unwrap();
+    let ids = CHANNELS.map(|c| id(&a, "requested", c));
+    let a = wait_approval(&s, &name, "every channel's problem recorded", |a| {
+        ids.iter()
+            .all(|id| delivery(a, id).is_some_and(|d| d.last_error.is_some()))
+    })
+    .await;
+    let status = serde_json::to_string(&a.status).unwrap();
+    assert!(
+        !status.contains("zQx9"),
+        "the URL is in the status: {status}"
+    );
+    let d = |i: usize| delivery(&a, &ids[i]).unwrap();
+    assert_eq!(
+        d(0).last_error.as_deref(),
+        Some("HTTP 403: receiver says 403")
+    );
+    assert!(
+        d(1).last_error.as_deref().is_some_and(
+            |e| e.starts_with("HTTP 302 redirect to https://hooks.example not followed")
+        ),
+        "{:?}",
+        d(1)
+    );
+    assert!(
+        d(2).last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("127.0.0.1: error sending request")),
+        "{:?}",
+        d(2)
+    );
+    assert_eq!(
+        d(3).last_error.as_deref(),
+        Some(format!("channel typo in Secret {ns}/{SECRET_NAME}: url: the scheme must be https (or http), not htps").as_str())
+    );
+    // Events on the approval and the run, and the operator's log.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = s.env().api();
+    let list = events.list(&Default::default()).await.unwrap();
+    let notes: Vec<String> = list.items.iter().filter_map(|e| e.note.clone()).collect();
+    assert!(
+        notes.iter().any(|n| n.contains("to channel refused")),
+        "the Events name the channel: {notes:#?}"
+    );
+    for n in &notes {
+        assert!(!n.contains("zQx9"), "the URL is in an Event: {n}");
+    }
+    let log = std::fs::read_to_string(s.operator_log()).expect("reading the operator's log");
+    assert!(log.contains("channel refused"), "the log names the channel");
+    assert!(!log.contains("zQx9"), "the URL is in the operator's log");
+    s.finish().await;
+}
+
+/// A run deleted as soon as it finishes (`ttlSecondsAfterFinished: 0`)
+/// still has its decision told, even when the first attempt fails: the
+/// notifier's finalizer keeps the Approval until the retry delivers, then
+/// lets it go.
+#[tokio::test]
+async fn a_run_deleted_at_once_still_has_its_decision_told() {
+    let r = Receiver::start().await;
+    // The request, then the decision's first attempt fails.
+    r.script("/team", [Reply::Status(200), Reply::Status(503)]);
+    let s = setup(
+        "notify-ttl-zero",
+        &r,
+        "channels:\n- {name: team, url: '{R}/team', default: true}\n",
+        true,
+        None,
+    )
+    .await;
+    let mut step = sim_step("refund", "NonIdempotent", json!({}));
+    step["approval"] = json!({"question": "ok?"});
+    s.create_run(
+        "refund",
+        json!({"ttlSecondsAfterFinished": 0, "steps": [step]}),
+    )
+    .await;
+    let name = s.approval_of("refund", None, TIMEOUT).await;
+    r.wait_for("/team", 1, TIMEOUT).await;
+    let a = wait_approval(&s, &name, "the notifier's finalizer", |a| {
+        a.finalizers()
+            .iter()
+            .any(|f| f == "agentrun.dev/notifications")
+    })
+    .await;
+    s.decide(&name, "Approved", "ok").await;
+    // The run finishes and is deleted; the decision arrives on the retry.
+    let got = r.wait_for("/team", 3, TIMEOUT).await;
+    assert_eq!(got[1].header("x-agentrun-event"), Some("decided"));
+    assert_eq!(got[2].header("x-agentrun-event"), Some("decided"));
+    assert_eq!(
+        got[2].header("x-agentrun-delivery"),
+        Some(id(&a, "decided", "team").as_str())
+    );
+    assert_eq!(got[2].json()["approval"]["decision"], "Approved");
+    // Then nothing holds the Approval or the run any more.
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let run_gone = s.runs().get_opt("refund").await.unwrap().is_none();
+        let apv_gone = s.approvals().get_opt(&name).await.unwrap().is_none();
+        if run_gone && apv_gone {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "run gone: {run_gone}, approval gone: {apv_gone}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_no_more(&r, "/team", 3).await;
     s.finish().await;
 }
 
@@ -687,7 +882,7 @@ async fn wrong_channels_are_reported_and_the_others_deliver() {
             Some("ChannelInvalid"),
             Some(
                 format!(
-                    "channel nokey in Secret {ns}/{SECRET}: hmacKeyRef missing: the Secret has no such key"
+                    "channel nokey in Secret {ns}/{SECRET_NAME}: hmacKeyRef missing: the Secret has no such key"
                 )
                 .as_str()
             )
@@ -699,7 +894,7 @@ async fn wrong_channels_are_reported_and_the_others_deliver() {
         d.last_error.as_deref(),
         Some(
             format!(
-                "channel nope is not configured in Secret {ns}/{SECRET} (channels: good, nokey)"
+                "channel nope is not configured in Secret {ns}/{SECRET_NAME} (channels: good, nokey)"
             )
             .as_str()
         )
@@ -740,7 +935,7 @@ async fn wrong_channels_are_reported_and_the_others_deliver() {
     let c = notified(&a).unwrap();
     assert!(
         c.message
-            .contains(&format!("channels.yaml in Secret {ns}/{SECRET}:")),
+            .contains(&format!("channels.yaml in Secret {ns}/{SECRET_NAME}:")),
         "{}",
         c.message
     );

@@ -146,8 +146,8 @@ pub enum Command {
     /// A web console on 127.0.0.1, with your own credentials: runs, a
     /// timeline per run, an approvals inbox (docs/console.md).
     Console {
-        /// The port on 127.0.0.1 (0: any free one).
-        #[arg(long, default_value_t = 8099)]
+        /// The port on 127.0.0.1; by default any free one (the URL is printed).
+        #[arg(long, default_value_t = 0)]
         port: u16,
         /// Open it in the default browser.
         #[arg(long)]

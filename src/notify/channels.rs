@@ -8,6 +8,9 @@
 //!     format: json                   # json (default) | slack | msteams
 //!     hmacKeyRef: payments-hmac      # a key of the same Secret: signs each body
 //!     caRef: payments-ca.pem         # a key of the same Secret: the only CAs trusted
+//!     clientCertRef: payments.crt    # keys of the same Secret: a client certificate
+//!     clientKeyRef: payments.key     #   and its key (PEM), presented to the receiver
+//!     allowHttp: false               # plain http to a host that is not loopback
 //!     headers: {X-Team: payments}    # extra request headers
 //!     default: true                  # told about every approval
 //!     timeout: 10s                   # per request (default 10s)
@@ -56,8 +59,9 @@ pub enum Format {
     Msteams,
 }
 
-/// One channel, ready to send to.
-#[derive(Clone, Debug, PartialEq)]
+/// One channel, ready to send to. Its URL, headers and keys are secrets:
+/// `Debug` shows none of them.
+#[derive(Clone, PartialEq)]
 pub struct Channel {
     pub name: String,
     pub url: reqwest::Url,
@@ -67,10 +71,36 @@ pub struct Channel {
     /// PEM certificates: the only roots trusted for this channel's HTTPS
     /// (a receiver with a private CA). `None`: the system's roots.
     pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate chain and private key, presented to the
+    /// receiver (mutual TLS).
+    pub client_identity_pem: Option<Vec<u8>>,
+    /// Plain http to a host that is not loopback is allowed.
+    pub allow_http: bool,
     pub headers: Vec<(String, String)>,
     pub default: bool,
     pub timeout: StdDuration,
     pub max_attempts: u32,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("name", &self.name)
+            .field("host", &self.url.host_str())
+            .field("format", &self.format)
+            .field("signed", &self.hmac_key.is_some())
+            .field("custom_ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.client_identity_pem.is_some())
+            .field("allow_http", &self.allow_http)
+            .field(
+                "headers",
+                &self.headers.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .field("default", &self.default)
+            .field("timeout", &self.timeout)
+            .field("max_attempts", &self.max_attempts)
+            .finish()
+    }
 }
 
 /// The channels as the Secret last said.
@@ -102,6 +132,12 @@ struct Spec {
     hmac_key_ref: Option<String>,
     #[serde(default)]
     ca_ref: Option<String>,
+    #[serde(default)]
+    client_cert_ref: Option<String>,
+    #[serde(default)]
+    client_key_ref: Option<String>,
+    #[serde(default)]
+    allow_http: bool,
     #[serde(default)]
     headers: BTreeMap<String, String>,
     #[serde(default)]
@@ -224,24 +260,50 @@ impl Problem {
     }
 }
 
+/// Whether `url`'s host is loopback by its very name or address.
+fn loopback_host(url: &reqwest::Url) -> bool {
+    let host = url.host_str().unwrap_or_default();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A key of the channel Secret, not empty.
+fn key<'a>(
+    data: &'a BTreeMap<String, Vec<u8>>,
+    field: &str,
+    key: &str,
+) -> Result<&'a Vec<u8>, String> {
+    match data.get(key) {
+        Some(k) if !k.is_empty() => Ok(k),
+        Some(_) => Err(format!("{field} {key}: the key is empty")),
+        None => Err(format!("{field} {key}: the Secret has no such key")),
+    }
+}
+
+/// One channel. The URL is a credential: no message quotes it.
 fn channel(spec: Spec, data: &BTreeMap<String, Vec<u8>>) -> Result<Channel, String> {
-    let url = reqwest::Url::parse(&spec.url).map_err(|e| format!("url {:?}: {e}", spec.url))?;
+    let url = reqwest::Url::parse(&spec.url).map_err(|e| format!("url: {e}"))?;
     if !matches!(url.scheme(), "https" | "http") {
         return Err(format!(
-            "url {:?}: the scheme must be https (or http)",
-            spec.url
+            "url: the scheme must be https (or http), not {}",
+            url.scheme()
         ));
     }
     if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("url {:?} has no host", spec.url));
+        return Err("url: it has no host".to_owned());
+    }
+    if url.scheme() == "http" && !spec.allow_http && !loopback_host(&url) {
+        return Err(format!(
+            "url: plain http to {} (not loopback) is refused; use https, or set allowHttp: true",
+            url.host_str().unwrap_or_default()
+        ));
     }
     let hmac_key = match &spec.hmac_key_ref {
         None => None,
-        Some(key) => match data.get(key) {
-            Some(k) if !k.is_empty() => Some(k.clone()),
-            Some(_) => return Err(format!("hmacKeyRef {key}: the key is empty")),
-            None => return Err(format!("hmacKeyRef {key}: the Secret has no such key")),
-        },
+        Some(k) => Some(key(data, "hmacKeyRef", k)?.clone()),
     };
     let ca_pem = match &spec.ca_ref {
         None => None,
@@ -258,6 +320,25 @@ fn channel(spec: Spec, data: &BTreeMap<String, Vec<u8>>) -> Result<Channel, Stri
     };
     if ca_pem.is_some() && url.scheme() != "https" {
         return Err("caRef is for an https url".to_owned());
+    }
+    let client_identity_pem = match (&spec.client_cert_ref, &spec.client_key_ref) {
+        (None, None) => None,
+        (Some(cert), Some(private)) => {
+            let mut pem = key(data, "clientCertRef", cert)?.clone();
+            pem.push(b'\n');
+            pem.extend_from_slice(key(data, "clientKeyRef", private)?);
+            // Never quote the parser's error: it may carry the key's bytes.
+            if reqwest::Identity::from_pem(&pem).is_err() {
+                return Err(format!(
+                    "clientCertRef {cert} and clientKeyRef {private}: not a PEM certificate and a PEM private key"
+                ));
+            }
+            Some(pem)
+        }
+        _ => return Err("clientCertRef and clientKeyRef go together".to_owned()),
+    };
+    if client_identity_pem.is_some() && url.scheme() != "https" {
+        return Err("clientCertRef is for an https url".to_owned());
     }
     let mut headers = Vec::new();
     for (name, value) in spec.headers {
@@ -287,6 +368,8 @@ fn channel(spec: Spec, data: &BTreeMap<String, Vec<u8>>) -> Result<Channel, Stri
         format: spec.format,
         hmac_key,
         ca_pem,
+        client_identity_pem,
+        allow_http: spec.allow_http,
         headers,
         default: spec.default,
         timeout,
@@ -411,6 +494,72 @@ mod tests {
                 .unwrap_err()
                 .message()
                 .contains("defined more than once")
+        );
+    }
+
+    #[test]
+    fn plain_http_is_for_loopback_or_a_channel_that_says_so() {
+        let c = Channels::parse(
+            "ops/chan",
+            &data(
+                "channels:\n- {name: remote, url: 'http://hooks.example/x'}\n- {name: optin, url: 'http://hooks.example/x', allowHttp: true}\n- {name: local, url: 'http://127.0.0.1:9/x'}\n- {name: named, url: 'http://localhost:9/x'}\n- {name: v6, url: 'http://[::1]:9/x'}\n",
+            ),
+        );
+        assert_eq!(
+            c.get("remote").unwrap_err().message(),
+            "channel remote in Secret ops/chan: url: plain http to hooks.example (not loopback) is refused; use https, or set allowHttp: true"
+        );
+        assert!(c.get("optin").unwrap().allow_http);
+        for n in ["local", "named", "v6"] {
+            assert!(c.get(n).is_ok(), "{n}: {:?}", c.get(n));
+        }
+    }
+
+    #[test]
+    fn no_problem_quotes_the_url_and_debug_hides_it() {
+        let c = Channels::parse(
+            "ops/chan",
+            &data(
+                "channels:\n- {name: a, url: 'ftp://h.example/services/T0/s3cret'}\n- {name: b, url: 'https://h.example:99999/services/s3cret'}\n- {name: ok, url: 'https://user:pw-s3cret@h.example/services/s3cret', headers: {Authorization: Bearer s3cret}}\n",
+            ),
+        );
+        for n in ["a", "b"] {
+            let m = c.get(n).unwrap_err().message().to_owned();
+            assert!(!m.contains("s3cret") && !m.contains("h.example/"), "{m}");
+        }
+        let dbg = format!("{:?}", c);
+        assert!(!dbg.contains("s3cret"), "{dbg}");
+        assert!(dbg.contains("h.example"), "{dbg}");
+    }
+
+    #[test]
+    fn a_client_certificate_comes_with_its_key_for_https() {
+        let mut d = data(
+            "channels:\n- {name: half, url: 'https://h.example/', clientCertRef: crt}\n- {name: junk, url: 'https://h.example/', clientCertRef: crt, clientKeyRef: key}\n- {name: nokey, url: 'https://h.example/', clientCertRef: crt, clientKeyRef: nope}\n",
+        );
+        d.insert("crt".into(), b"not a certificate".to_vec());
+        d.insert(
+            "key".into(),
+            b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END PRIVATE KEY-----\n"
+                .to_vec(),
+        );
+        let c = Channels::parse("ops/chan", &d);
+        let err = |n| c.get(n).unwrap_err().message().to_owned();
+        assert!(
+            err("half").ends_with("clientCertRef and clientKeyRef go together"),
+            "{}",
+            err("half")
+        );
+        assert!(
+            err("junk").ends_with("clientCertRef crt and clientKeyRef key: not a PEM certificate and a PEM private key"),
+            "{}",
+            err("junk")
+        );
+        assert!(!err("junk").contains("c2VjcmV0"), "{}", err("junk"));
+        assert!(
+            err("nokey").ends_with("clientKeyRef nope: the Secret has no such key"),
+            "{}",
+            err("nokey")
         );
     }
 }

@@ -185,57 +185,92 @@ fn pending(f: &Facts) -> bool {
     )
 }
 
+/// Text for Slack's mrkdwn: `&`, `<` and `>` as the entities Slack asks
+/// for, so no `<url|label>` link, `<@U…>`/`<!here>`/`<#C…>`/`<!subteam^…>`
+/// mention or date token can be written by whoever wrote the text; and on
+/// one line, so no value can start a line that looks like another field.
+pub fn slack_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '\r' | '\n' | '\u{2028}' | '\u{2029}' => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A mrkdwn text object that Slack does not scan for bare links, channel
+/// names or mentions (`verbatim`).
+fn mrkdwn(text: String) -> Value {
+    json!({"type": "mrkdwn", "text": text, "verbatim": true})
+}
+
 fn slack(f: &Facts, doc: &Value) -> Value {
     let title = headline(f);
     let mut text = fields(doc)
         .into_iter()
-        .map(|(k, v)| format!("*{k}:* {v}"))
+        .map(|(k, v)| format!("*{k}:* {}", slack_text(&v)))
         .collect::<Vec<_>>()
         .join("\n");
     if let Some(done) = doc["context"]["completedSteps"].as_array() {
         let done: Vec<String> = done
             .iter()
             .filter_map(|s| s.as_str())
-            .map(|s| format!("• {s}"))
+            .map(|s| format!("• {}", slack_text(s)))
             .collect();
         if !done.is_empty() {
             text.push_str(&format!("\n*Done so far:*\n{}", done.join("\n")));
         }
     }
     let mut blocks = vec![
-        json!({"type": "header", "text": {"type": "plain_text", "text": truncate(&title, 150)}}),
-        json!({"type": "section", "text": {"type": "mrkdwn", "text": truncate(&text, 3000)}}),
+        // plain_text: shown as written, no markup at all.
+        json!({"type": "header", "text": {"type": "plain_text", "text": truncate(&title, 150), "emoji": false}}),
+        json!({"type": "section", "text": mrkdwn(truncate(&text, 3000))}),
     ];
     if pending(f) {
         let cmds = command_lines(doc)
             .into_iter()
-            .map(|c| format!("`{c}`"))
+            .map(|c| format!("`{}`", slack_text(&c).replace('`', "'")))
             .collect::<Vec<_>>()
             .join("\n");
-        blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": cmds}}));
+        blocks.push(json!({"type": "section", "text": mrkdwn(cmds)}));
     }
     if let Some(link) = doc["consoleUrl"].as_str() {
         blocks.push(json!({"type": "actions", "elements": [
             {"type": "button", "text": {"type": "plain_text", "text": "Open in the console"}, "url": link}
         ]}));
     }
-    json!({"text": title, "blocks": blocks})
+    // The top-level text is the notification's fallback, read as mrkdwn.
+    json!({"text": slack_text(&title), "blocks": blocks})
+}
+
+/// A run of text in an Adaptive Card: a `TextRun` takes no markdown, so
+/// `[label](url)`, emphasis, lists and headings in it are shown as typed.
+fn run(text: &str) -> Value {
+    json!({"type": "TextRun", "text": text})
 }
 
 fn teams(f: &Facts, doc: &Value) -> Value {
-    let facts: Vec<Value> = fields(doc)
-        .into_iter()
-        .map(|(k, v)| json!({"title": k, "value": v}))
-        .collect();
-    let mut body = vec![
-        json!({"type": "TextBlock", "text": headline(f), "weight": "Bolder", "size": "Medium", "wrap": true}),
-        json!({"type": "FactSet", "facts": facts}),
-    ];
+    // Every text that carries what someone else wrote is a RichTextBlock of
+    // TextRuns, never a TextBlock or FactSet (both render markdown).
+    let mut heading = run(&headline(f));
+    heading["weight"] = json!("Bolder");
+    heading["size"] = json!("Medium");
+    let mut body = vec![json!({"type": "RichTextBlock", "inlines": [heading]})];
+    for (k, v) in fields(doc) {
+        let mut label = run(&format!("{k}: "));
+        label["weight"] = json!("Bolder");
+        body.push(json!({"type": "RichTextBlock", "inlines": [label, run(&v)]}));
+    }
     if pending(f) {
         for c in command_lines(doc) {
-            body.push(
-                json!({"type": "TextBlock", "text": c, "fontType": "Monospace", "wrap": true}),
-            );
+            let mut cmd = run(&c);
+            cmd["fontType"] = json!("Monospace");
+            body.push(json!({"type": "RichTextBlock", "inlines": [cmd]}));
         }
     }
     let mut card = json!({
@@ -443,9 +478,80 @@ mod tests {
         let teams: Value = serde_json::from_slice(&body).unwrap();
         let card = &teams["attachments"][0]["content"];
         assert_eq!(card["type"], "AdaptiveCard");
-        assert_eq!(card["body"][1]["facts"][0]["title"], "Question");
+        assert_eq!(card["body"][1]["inlines"][0]["text"], "Question: ");
+        assert_eq!(card["body"][1]["inlines"][1]["text"], "Refund order 4711?");
         assert_eq!(card["actions"][0]["type"], "Action.OpenUrl");
         // The same facts give the same bytes: a retry sends what the first attempt sent.
         assert_eq!(render(Format::Json, &f).0, render(Format::Json, &f).0);
+    }
+
+    /// What a run's author wrote, made to look like markup.
+    const HOSTILE: &str = "Refund <https://evil.example|the order> & ping <!channel> <@U0BOSS> <#C0OPS> <!subteam^S0|leads> <!date^1^{date}|x>\n*Decision:* Approved [click](https://evil.example) **now**";
+
+    #[test]
+    fn slack_text_escapes_links_mentions_and_lines() {
+        // Known answers: the entities Slack documents, one line.
+        assert_eq!(slack_text("a & b"), "a &amp; b");
+        assert_eq!(slack_text("<@U123>"), "&lt;@U123&gt;");
+        assert_eq!(
+            slack_text("<http://x.example|y>"),
+            "&lt;http://x.example|y&gt;"
+        );
+        assert_eq!(slack_text("&lt;"), "&amp;lt;");
+        assert_eq!(slack_text("one\r\ntwo\u{2028}three"), "one  two three");
+        assert_eq!(
+            slack_text(HOSTILE),
+            "Refund &lt;https://evil.example|the order&gt; &amp; ping &lt;!channel&gt; &lt;@U0BOSS&gt; &lt;#C0OPS&gt; &lt;!subteam^S0|leads&gt; &lt;!date^1^{date}|x&gt; *Decision:* Approved [click](https://evil.example) **now**"
+        );
+    }
+
+    #[test]
+    fn a_hostile_question_is_text_in_slack_and_in_teams() {
+        let mut a = approval(ApprovalKind::Approve);
+        a.spec.question = HOSTILE.into();
+        a.spec.context.as_mut().unwrap().completed_steps =
+            vec!["lookup: <!here>\n*Decision:* Approved".into()];
+        let f = facts(&a, NotificationEvent::Requested);
+        let slack: Value = serde_json::from_slice(&render(Format::Slack, &f).0).unwrap();
+        let text = slack["blocks"][1]["text"].clone();
+        assert_eq!(text["verbatim"], true);
+        let text = text["text"].as_str().unwrap();
+        // No raw `<` anywhere in mrkdwn: no link or mention can form.
+        assert!(!text.contains('<') && !text.contains('>'), "{text}");
+        assert!(
+            text.contains(&format!("*Question:* {}", slack_text(HOSTILE))),
+            "{text}"
+        );
+        // One line per field: the forged Decision is inside the Question's line.
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.starts_with("*Decision:*"))
+                .count(),
+            0,
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"• lookup: &lt;!here&gt; *Decision:* Approved"),
+            "{text}"
+        );
+        let teams: Value = serde_json::from_slice(&render(Format::Msteams, &f).0).unwrap();
+        let card = &teams["attachments"][0]["content"];
+        // Nothing in the card renders markdown: every text is a TextRun.
+        let kinds: Vec<&str> = card["body"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["type"].as_str().unwrap())
+            .collect();
+        assert!(kinds.iter().all(|k| *k == "RichTextBlock"), "{kinds:?}");
+        assert_eq!(
+            card["body"][1]["inlines"],
+            json!([
+                {"type": "TextRun", "text": "Question: ", "weight": "Bolder"},
+                {"type": "TextRun", "text": HOSTILE},
+            ])
+        );
     }
 }

@@ -16,6 +16,9 @@
 //! sends a delivered one again; only a crash between a send and its record
 //! repeats it, with the same id, so the receiver can drop the repeat.
 //! Channels are the platform team's (a Secret); a run only names them.
+//! While an approval owes a notification the notifier holds a finalizer
+//! ([`FINALIZER`]) on it, so a run deleted as soon as it finishes still has
+//! its decision told; the finalizer goes once nothing is owed.
 
 pub mod channels;
 pub mod guard;
@@ -46,6 +49,10 @@ use guard::Guard;
 
 /// The field manager of the notifier's status writes.
 pub const FIELD_MANAGER: &str = "agentrun-operator-notifier";
+/// Held on an Approval while it owes a notification (its outcome, a
+/// delivery under way), so a run deleted at once (`ttlSecondsAfterFinished:
+/// 0`) does not take its final notification with it.
+pub const FINALIZER: &str = "agentrun.dev/notifications";
 /// Approvals notified at once (a slow receiver holds up only its own).
 const CONCURRENT: u16 = 8;
 
@@ -90,6 +97,13 @@ struct Ctx {
 pub enum Error {
     #[error("recording notifications on approval {approval}: {source}")]
     Write {
+        approval: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{what} the notification finalizer on approval {approval}: {source}")]
+    Finalizer {
+        what: &'static str,
         approval: String,
         #[source]
         source: kube::Error,
@@ -267,6 +281,13 @@ async fn reconcile(a: Arc<Approval>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         .find(|c| c.type_ == plan::CONDITION)
         .cloned();
     let now = Timestamp::now();
+    let mut finalizers = approval.finalizers().to_vec();
+    if approval.metadata.deletion_timestamp.is_none()
+        && !finalizers.iter().any(|f| f == FINALIZER)
+        && plan::owes(&approval, &channels, now)
+    {
+        finalizers = hold(&ctx, &approval).await?;
+    }
     let p = plan::plan(&approval, &channels, now);
     let mut wake = p.wake;
     let mut wrote = false;
@@ -349,6 +370,16 @@ async fn reconcile(a: Arc<Approval>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     {
         write(&ctx, &approval, &deliveries, previous.as_ref()).await?;
     }
+    if finalizers.iter().any(|f| f == FINALIZER) {
+        let mut after = approval.clone();
+        after
+            .status
+            .get_or_insert_with(Default::default)
+            .notifications = deliveries.clone();
+        if !plan::owes(&after, &channels, Timestamp::now()) {
+            release(&ctx, &approval, &finalizers).await?;
+        }
+    }
     Ok(match wake {
         Some(at) => {
             let secs = at.duration_since(Timestamp::now()).as_secs_f64().max(0.05);
@@ -356,6 +387,59 @@ async fn reconcile(a: Arc<Approval>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         }
         None => Action::await_change(),
     })
+}
+
+/// Adds [`FINALIZER`], guarded by what the list held when read; returns
+/// the list as the API server now holds it.
+async fn hold(ctx: &Ctx, a: &Approval) -> Result<Vec<String>, Error> {
+    let name = a.name_any();
+    let ns = a.namespace().ok_or(Error::Metadata("namespace"))?;
+    let ops = match a.metadata.finalizers.as_deref() {
+        None | Some([]) => json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": a.resource_version()},
+            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]},
+        ]),
+        Some(current) => json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": current},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER},
+        ]),
+    };
+    let patch: json_patch::Patch = serde_json::from_value(ops).expect("a JSON patch");
+    let api: Api<Approval> = Api::namespaced(ctx.client.clone(), &ns);
+    let held = api
+        .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map_err(|source| Error::Finalizer {
+            what: "adding",
+            approval: format!("{ns}/{name}"),
+            source,
+        })?;
+    Ok(held.finalizers().to_vec())
+}
+
+/// Removes [`FINALIZER`] from `current` (what the API server last said).
+async fn release(ctx: &Ctx, a: &Approval, current: &[String]) -> Result<(), Error> {
+    let name = a.name_any();
+    let ns = a.namespace().ok_or(Error::Metadata("namespace"))?;
+    let rest: Vec<&String> = current.iter().filter(|f| *f != FINALIZER).collect();
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": current},
+        {"op": "replace", "path": "/metadata/finalizers", "value": rest},
+    ]))
+    .expect("a JSON patch");
+    let api: Api<Approval> = Api::namespaced(ctx.client.clone(), &ns);
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(source) => Err(Error::Finalizer {
+            what: "removing",
+            approval: format!("{ns}/{name}"),
+            source,
+        }),
+    }
 }
 
 /// What a record says was done, without its times.

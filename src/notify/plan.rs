@@ -15,6 +15,13 @@
 //! abandoned (nobody needs to be asked any more); one never sent is not
 //! started. Each delivery is retried with backoff until delivered, refused
 //! for good, or out of attempts.
+//!
+//! The decision (or expiry) goes to the channels the approval names and to
+//! the default channels that were asked: a default channel added later is
+//! not told about decisions it never heard the question of, so adding one
+//! does not replay history. An approval being deleted is withdrawn: its
+//! questions are abandoned, and what it still owes (its decision) is
+//! delivered or given up before the notifier's finalizer lets it go.
 
 use std::collections::BTreeSet;
 use std::time::Duration as StdDuration;
@@ -70,6 +77,61 @@ fn phase(a: &Approval) -> ApprovalPhase {
     a.status.as_ref().map(|s| s.phase).unwrap_or_default()
 }
 
+/// Still waiting for a person, and not being deleted.
+fn open(a: &Approval) -> bool {
+    phase(a) == ApprovalPhase::Pending && a.metadata.deletion_timestamp.is_none()
+}
+
+fn recorded(a: &Approval) -> &[Delivery] {
+    a.status
+        .as_ref()
+        .map(|s| s.notifications.as_slice())
+        .unwrap_or_default()
+}
+
+/// Who is asked: the channels the approval names, then the default ones.
+fn asked(a: &Approval, channels: &Channels) -> Vec<String> {
+    let mut asked: Vec<String> = Vec::new();
+    for ch in a
+        .spec
+        .notify
+        .iter()
+        .map(String::as_str)
+        .chain(channels.defaults())
+    {
+        if !asked.iter().any(|c| c == ch) {
+            asked.push(ch.to_owned());
+        }
+    }
+    asked
+}
+
+/// Who is told the outcome: the channels the approval names, then those
+/// that have a record of its request (the default channels of the day it
+/// asked, whatever the defaults are now).
+fn told(a: &Approval) -> Vec<String> {
+    let mut told: Vec<String> = a.spec.notify.clone();
+    for d in recorded(a) {
+        if d.event == NotificationEvent::Requested && !told.contains(&d.channel) {
+            told.push(d.channel.clone());
+        }
+    }
+    told
+}
+
+/// Whether the approval still owes a notification, so the notifier's
+/// finalizer keeps it until then: while it is open, the outcome it will
+/// tell; after, any delivery due or under way.
+pub fn owes(a: &Approval, channels: &Channels, now: Timestamp) -> bool {
+    if open(a) {
+        return !asked(a, channels).is_empty();
+    }
+    !plan(a, channels, now).due.is_empty()
+        || recorded(a)
+            .iter()
+            .any(|d| d.state == DeliveryState::Pending)
+}
+
 fn created(a: &Approval) -> Timestamp {
     a.metadata
         .creation_timestamp
@@ -86,18 +148,7 @@ pub fn escalation_due(a: &Approval) -> Option<Timestamp> {
 
 /// Every notification the approval calls for at `now`.
 pub fn wanted(a: &Approval, channels: &Channels, now: Timestamp) -> Vec<Wanted> {
-    let mut asked: Vec<String> = Vec::new();
-    for ch in a
-        .spec
-        .notify
-        .iter()
-        .map(String::as_str)
-        .chain(channels.defaults())
-    {
-        if !asked.iter().any(|c| c == ch) {
-            asked.push(ch.to_owned());
-        }
-    }
+    let asked = asked(a, channels);
     let mut out = Vec::new();
     let mut push = |event, channels: &[String], at| {
         for ch in channels {
@@ -122,9 +173,9 @@ pub fn wanted(a: &Approval, channels: &Channels, now: Timestamp) -> Vec<Wanted> 
         .map_or(now, |t| t.0);
     match phase(a) {
         ApprovalPhase::Approved | ApprovalPhase::Rejected | ApprovalPhase::Resolved => {
-            push(NotificationEvent::Decided, &asked, decided_at)
+            push(NotificationEvent::Decided, &told(a), decided_at)
         }
-        ApprovalPhase::Expired => push(NotificationEvent::Expired, &asked, decided_at),
+        ApprovalPhase::Expired => push(NotificationEvent::Expired, &told(a), decided_at),
         ApprovalPhase::Pending | ApprovalPhase::Superseded => {}
     }
     out
@@ -147,12 +198,9 @@ fn problem_reason(p: &Problem) -> &'static str {
 
 /// What to send, settle and when to look again.
 pub fn plan(a: &Approval, channels: &Channels, now: Timestamp) -> Plan {
-    let recorded = a
-        .status
-        .as_ref()
-        .map(|s| s.notifications.as_slice())
-        .unwrap_or_default();
-    let open = phase(a) == ApprovalPhase::Pending;
+    let recorded = recorded(a);
+    let deleting = a.metadata.deletion_timestamp.is_some();
+    let open = open(a);
     let mut p = Plan::default();
     let wake = |at: Timestamp, p: &mut Plan| {
         p.wake = Some(p.wake.map_or(at, |w| w.min(at)));
@@ -194,8 +242,14 @@ pub fn plan(a: &Approval, channels: &Channels, now: Timestamp) -> Plan {
         }
         match channels.get(&w.channel) {
             Err(problem) => {
-                // Waits for the channel Secret to change (which looks again).
+                // Waits for the channel Secret to change (which looks
+                // again); an approval being deleted cannot wait.
                 let settled = Delivery {
+                    state: if deleting {
+                        DeliveryState::Failed
+                    } else {
+                        DeliveryState::Pending
+                    },
                     reason: Some(problem_reason(&problem).into()),
                     last_error: Some(problem.message().to_owned()),
                     next_attempt_at: None,
@@ -513,20 +567,146 @@ mod tests {
             next_attempt_at: Some(Time(t(100))),
             ..Delivery::default()
         };
-        // oncall's request was never sent: it is not started now.
-        let a = with(approval(&["pay"]), ApprovalPhase::Approved, vec![waiting]);
+        let asked_oncall = Delivery {
+            id: "u1.requested.oncall".into(),
+            channel: "oncall".into(),
+            state: DeliveryState::Delivered,
+            attempts: 1,
+            ..Delivery::default()
+        };
+        let a = with(
+            approval(&["pay"]),
+            ApprovalPhase::Approved,
+            vec![waiting, asked_oncall.clone()],
+        );
         let p = plan(&a, &two(), t(60));
         assert_eq!(ids(&p), vec!["u1.decided.pay", "u1.decided.oncall"]);
         assert!(p.due.iter().all(|(w, _)| w.occurred_at == t(50)));
         assert_eq!(p.settle.len(), 1);
         assert_eq!(p.settle[0].state, DeliveryState::Abandoned);
-        let expired = with(approval(&[]), ApprovalPhase::Expired, vec![]);
+        let expired = with(approval(&[]), ApprovalPhase::Expired, vec![asked_oncall]);
         assert_eq!(
             ids(&plan(&expired, &two(), t(60))),
             vec!["u1.expired.oncall"]
         );
         let superseded = with(approval(&["pay"]), ApprovalPhase::Superseded, vec![]);
         assert!(plan(&superseded, &two(), t(60)).due.is_empty());
+    }
+
+    #[test]
+    fn a_new_default_channel_is_not_told_decisions_it_was_never_asked() {
+        // Decided long ago; told to the channels of the day (pay, named).
+        let history = |event: &str, ch: &str| Delivery {
+            id: format!("u1.{event}.{ch}"),
+            channel: ch.into(),
+            event: match event {
+                "requested" => NotificationEvent::Requested,
+                _ => NotificationEvent::Decided,
+            },
+            state: DeliveryState::Delivered,
+            attempts: 1,
+            ..Delivery::default()
+        };
+        let old = with(
+            approval(&["pay"]),
+            ApprovalPhase::Approved,
+            vec![history("requested", "pay"), history("decided", "pay")],
+        );
+        // Now oncall is a default channel (two()): nothing is due.
+        let p = plan(&old, &two(), t(9_000));
+        assert!(p.due.is_empty() && p.settle.is_empty(), "{p:?}");
+        // An old approval that named no channel and was asked nobody: silence too.
+        let unnamed = with(approval(&[]), ApprovalPhase::Rejected, vec![]);
+        assert!(plan(&unnamed, &two(), t(9_000)).due.is_empty());
+        // A pending approval asks the new default channel, and tells it the outcome.
+        let pending = with(
+            approval(&["pay"]),
+            ApprovalPhase::Pending,
+            vec![history("requested", "pay")],
+        );
+        assert_eq!(
+            ids(&plan(&pending, &two(), t(9_000))),
+            vec!["u1.requested.oncall"]
+        );
+    }
+
+    #[test]
+    fn an_approval_being_deleted_owes_its_outcome_and_nothing_else() {
+        let asked = |ch: &str, state| Delivery {
+            id: format!("u1.requested.{ch}"),
+            channel: ch.into(),
+            state,
+            attempts: 1,
+            next_attempt_at: (state == DeliveryState::Pending).then(|| Time(t(5))),
+            ..Delivery::default()
+        };
+        let deleting = |mut a: Approval| {
+            a.metadata.deletion_timestamp = Some(Time(t(55)));
+            a
+        };
+        // Open: owes its outcome to the channels asked.
+        let open = with(approval(&["pay"]), ApprovalPhase::Pending, vec![]);
+        assert!(owes(&open, &two(), t(1)));
+        assert!(!owes(
+            &with(approval(&[]), ApprovalPhase::Pending, vec![]),
+            &channels("channels: []\n"),
+            t(1)
+        ));
+        // Decided, then deleted (a run with ttlSecondsAfterFinished: 0): the
+        // decision is still due and owed; the request under way is abandoned.
+        let gone = deleting(with(
+            approval(&["pay"]),
+            ApprovalPhase::Approved,
+            vec![
+                asked("pay", DeliveryState::Pending),
+                asked("oncall", DeliveryState::Delivered),
+            ],
+        ));
+        let p = plan(&gone, &two(), t(60));
+        assert_eq!(ids(&p), vec!["u1.decided.pay", "u1.decided.oncall"]);
+        assert_eq!(p.settle.len(), 1);
+        assert_eq!(p.settle[0].state, DeliveryState::Abandoned);
+        // Withdrawn while pending: no question goes out, nothing is owed.
+        let withdrawn = deleting(with(
+            approval(&["pay"]),
+            ApprovalPhase::Pending,
+            vec![asked("pay", DeliveryState::Delivered)],
+        ));
+        let p = plan(&withdrawn, &two(), t(60));
+        assert!(p.due.is_empty(), "{p:?}");
+        assert!(!owes(&withdrawn, &two(), t(60)));
+        // A channel that cannot be used is given up rather than waited for.
+        let broken = deleting(with(
+            approval(&["nope"]),
+            ApprovalPhase::Approved,
+            vec![asked("nope", DeliveryState::Failed)],
+        ));
+        let p = plan(&broken, &two(), t(60));
+        assert_eq!(
+            p.settle
+                .iter()
+                .map(|d| (d.id.as_str(), d.state))
+                .collect::<Vec<_>>(),
+            vec![("u1.decided.nope", DeliveryState::Failed)]
+        );
+        assert!(owes(&gone, &two(), t(60)));
+        // Delivered: owes nothing more.
+        let done = deleting(with(
+            approval(&["pay"]),
+            ApprovalPhase::Approved,
+            vec![asked("pay", DeliveryState::Delivered)],
+        ));
+        assert!(owes(&done, &two(), t(60)), "its decision is not told yet");
+        let mut told = done.clone();
+        told.status.as_mut().unwrap().notifications.push(Delivery {
+            id: "u1.decided.pay".into(),
+            channel: "pay".into(),
+            event: NotificationEvent::Decided,
+            state: DeliveryState::Delivered,
+            attempts: 1,
+            ..Delivery::default()
+        });
+        assert!(!owes(&told, &two(), t(60)));
     }
 
     #[test]

@@ -34,11 +34,11 @@ pub const OPERATOR_RULES: &[(&str, &str, &[&str])] = &[
     ("agentrun.dev", "agentruns/status", &["patch"]),
     // blockOwnerDeletion on step Pods under OwnerReferencesPermissionEnforcement
     ("agentrun.dev", "agentruns/finalizers", &["update"]),
-    // watch; read back on AlreadyExists; open approvals
+    // watch; read back on AlreadyExists; open approvals; the notifier's finalizer
     (
         "agentrun.dev",
         "approvals",
-        &["get", "list", "watch", "create"],
+        &["get", "list", "watch", "create", "patch"],
     ),
     // Approved / Rejected / Expired phase by server-side apply
     ("agentrun.dev", "approvals/status", &["patch"]),

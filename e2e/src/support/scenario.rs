@@ -107,6 +107,15 @@ impl Scenario {
         }
     }
 
+    /// The running operator's log file.
+    pub fn operator_log(&self) -> std::path::PathBuf {
+        self.operator
+            .as_ref()
+            .expect("an operator is running")
+            .log_path()
+            .to_owned()
+    }
+
     /// (Re)starts the operator with `failpoint` (or none).
     pub fn start_operator(&mut self, failpoint: Option<&str>) {
         let mut cfg = self.operator_config.clone();
@@ -285,6 +294,19 @@ impl Scenario {
                     .pods()
                     .patch(
                         &pod.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }
+        // Approvals may hold the notifier's finalizer; release them too.
+        if let Ok(approvals) = self.approvals().list(&Default::default()).await {
+            for a in approvals {
+                let _ = self
+                    .approvals()
+                    .patch(
+                        &a.name_any(),
                         &PatchParams::default(),
                         &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
                     )

@@ -297,7 +297,37 @@ fn router(console: Shared) -> Router {
         .route("/events/ns/{ns}/runs/{run}", get(sse::run))
         .route("/assets/{file}", get(asset))
         .layer(middleware::from_fn_with_state(console.clone(), guard))
+        .layer(middleware::from_fn(hardened))
         .with_state(console)
+}
+
+/// The Content-Security-Policy of every response: the console's own
+/// scripts, styles and streams only, no plugins, no forms to elsewhere, and
+/// no page may frame it (clickjacking a decision).
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
+
+/// Every response, refusals included, says it may not be framed, sniffed
+/// or sent on as a referrer.
+async fn hardened(req: Request, next: Next) -> Response {
+    let mut res = next.run(req).await;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        header::HeaderValue::from_static("no-referrer"),
+    );
+    res
 }
 
 /// Requests must name this console as their host (no DNS rebinding), and a

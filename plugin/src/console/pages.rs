@@ -39,6 +39,8 @@ pub fn layout(title: &str, frame: &Frame<'_>, current: &str, body: Markup) -> Ma
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 meta name="color-scheme" content="light dark";
+                // The CSP allows no inline style: htmx's injected one is off.
+                meta name="htmx-config" content=r#"{"includeIndicatorStyles":false,"allowEval":false}"#;
                 title { (title) " · agentrun console" }
                 link rel="stylesheet" href="/assets/console.css";
                 script src="/assets/htmx.min.js" {}
