@@ -439,3 +439,139 @@ async fn an_update_is_checked_against_the_user_who_makes_it() {
     drop(p);
     s.finish().await;
 }
+
+/// Without the mutating policies (`admissionPolicies.mutating=false`) the
+/// chart still enforces separation of duties, for the steps a planner
+/// proposes too: `helm template` renders no MutatingAdmissionPolicy, a run
+/// without its creator annotation is refused, and the creator of a run
+/// whose planner proposed a step with `separateFromRequester` may not
+/// approve it; another approver may.
+#[tokio::test]
+async fn without_the_mutating_policies_separation_holds_for_a_planners_steps() {
+    use agentrun_e2e::support::chart::{of_kind, render};
+    let off = ["--set", "admissionPolicies.mutating=false"];
+    let docs = render("agentrun-operator", "agentrun-system", &off);
+    assert!(of_kind(&docs, "MutatingAdmissionPolicy").is_empty());
+    assert_eq!(
+        of_kind(&docs, "ValidatingAdmissionPolicy").len(),
+        3,
+        "approvals, runs and the fence"
+    );
+
+    let s = Scenario::start("authz-no-mutating").await;
+    let ns = s.namespace().to_owned();
+    let p = Policies::install(&ns, &off).await;
+    let approver = format!("--clusterrole={}-approver", p.release);
+    for args in [
+        vec![
+            "create",
+            "role",
+            "authors",
+            "--verb=create,get",
+            "--resource=agentruns.agentrun.dev",
+        ],
+        vec![
+            "create",
+            "rolebinding",
+            "authors",
+            "--role=authors",
+            "--user=dave",
+        ],
+        vec![
+            "create",
+            "rolebinding",
+            "approvers",
+            &approver,
+            "--user=dave",
+            "--user=alice",
+        ],
+    ] {
+        let mut all = vec!["-n", ns.as_str()];
+        all.extend(args);
+        kubectl_ok(all).await;
+    }
+    wait_enforced(&ns, false).await;
+
+    let mut pay = sim_step("pay", "NonIdempotent", json!({}));
+    pay["approval"] =
+        json!({"approvers": {"users": ["dave", "alice"]}, "separateFromRequester": true});
+    let planner = sim_step("plan", "None", json!({"plan": [pay]}));
+    let mut run = run_doc("planned", vec![], json!({"planner": planner}));
+    let unsigned = manifest(&format!("planned-unsigned-{ns}"), &run);
+    assert_refused(
+        &kubectl_as("dave", &[], &ns, &["create", "-f", &unsigned]).await,
+        "metadata.annotations[agentrun.dev/requested-by] must be set to the user who creates the run (dave): separation of duties rests on it",
+    );
+    run["metadata"]["annotations"] = json!({agentrun_operator::labels::REQUESTED_BY: "dave"});
+    let signed = manifest(&format!("planned-{ns}"), &run);
+    assert_admitted(
+        &kubectl_as("dave", &[], &ns, &["create", "-f", &signed]).await,
+        "dave's signed run",
+    );
+
+    let apv = s.approval_of("planned", Some("pay"), RUN_TIMEOUT).await;
+    let a = s.approvals().get(&apv).await.unwrap();
+    assert_eq!(
+        (
+            a.spec.requested_by.as_deref(),
+            a.spec.separate_from_requester
+        ),
+        (Some("dave"), true)
+    );
+    let decide =
+        |user: &str| json!({"spec": {"decision": "Approved", "decidedBy": user}}).to_string();
+    assert_refused(
+        &kubectl_as(
+            "dave",
+            &[],
+            &ns,
+            &[
+                "patch",
+                "apv",
+                &apv,
+                "--type",
+                "merge",
+                "-p",
+                &decide("dave"),
+            ],
+        )
+        .await,
+        "dave created run planned and may not approve it (separateFromRequester)",
+    );
+    let pay_pods = s
+        .list_pods()
+        .await
+        .into_iter()
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(agentrun_operator::labels::STEP))
+                .map(String::as_str)
+                == Some("pay")
+        })
+        .count();
+    assert_eq!(pay_pods, 0, "nothing refused started the step");
+    assert_admitted(
+        &kubectl_as(
+            "alice",
+            &[],
+            &ns,
+            &[
+                "patch",
+                "apv",
+                &apv,
+                "--type",
+                "merge",
+                "-p",
+                &decide("alice"),
+            ],
+        )
+        .await,
+        "alice's approval",
+    );
+    let done = s.wait_finished("planned", RUN_TIMEOUT).await;
+    assert_eq!(phase(&done), Some(RunPhase::Succeeded), "{:?}", done.status);
+    drop(p);
+    s.finish().await;
+}
