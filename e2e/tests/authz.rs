@@ -13,11 +13,14 @@
 //!   erin   may create pods in the namespace               ──▶ admitted
 //! ```
 //!
-//! The Approval half lives in `authz/approvals.rs`. Needs the plane and
+//! The Approval half lives in `authz/approvals.rs`, the plugin's quorum
+//! vote path in `authz/votes.rs`. Needs the plane and
 //! `e2e/cluster tools`; fails, never skips, without them.
 
 #[path = "authz/approvals.rs"]
 mod approvals;
+#[path = "authz/votes.rs"]
+mod votes;
 
 use std::time::Duration;
 
