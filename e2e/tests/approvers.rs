@@ -16,39 +16,17 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::support::policies::{Policies, manifest, run_doc, wait_enforced};
+use agentrun_e2e::support::policies::{
+    Policies, assert_refused, kubectl_as, manifest, run_doc, wait_enforced,
+};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_e2e::{KubectlOutput, kubectl, kubectl_ok, wait_for};
+use agentrun_e2e::{kubectl, kubectl_ok, wait_for};
 use agentrun_operator::api::{AgentRun, Approval, ApprovalPhase, RunPhase, StepPhase};
 use agentrun_operator::labels;
 use kube::api::ListParams;
 use serde_json::{Value, json};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// kubectl as `user` in `groups`, in namespace `ns`.
-async fn kubectl_as(user: &str, groups: &[&str], ns: &str, args: &[&str]) -> KubectlOutput {
-    let mut all = vec!["--as".to_owned(), user.to_owned()];
-    for g in groups {
-        all.push("--as-group".into());
-        all.push((*g).to_owned());
-    }
-    all.extend(["-n".to_owned(), ns.to_owned()]);
-    all.extend(args.iter().map(|a| (*a).to_owned()));
-    kubectl(all).await
-}
-
-fn assert_refused(out: &KubectlOutput, want: &str) {
-    assert!(
-        !out.success(),
-        "expected a refusal saying {want:?}; got {out:?}"
-    );
-    assert!(
-        out.stderr.contains(want),
-        "the refusal does not say {want:?}:\n{}",
-        out.stderr
-    );
-}
 
 /// RBAC in the namespace: authors create runs; approvers (two groups, three
 /// users, and the operator's ServiceAccount, to show that the policy and not
@@ -408,7 +386,7 @@ async fn naming_a_service_account_needs_the_right_to_use_it() {
     assert_refused(
         &out,
         &format!(
-            "spec.podTemplate.serviceAccountName: frank may not run steps as ServiceAccount payments-bot: that needs permission to create pods in namespace {ns}, or to impersonate serviceaccounts/payments-bot"
+            "spec.podTemplate.serviceAccountName: frank may not run steps as ServiceAccount payments-bot in run bot-frank: that needs permission to create pods in namespace {ns}, or to impersonate serviceaccounts/payments-bot"
         ),
     );
     let out = kubectl_as(
@@ -500,8 +478,9 @@ async fn malformed_approver_policies_are_refused_with_clear_messages() {
 }
 
 /// On a cluster without MutatingAdmissionPolicy the chart installs only the
-/// validating half: nothing stamps the decider, so a decision must name its
-/// decider, and the server takes it only when that is the requester.
+/// validating half: nothing stamps the decider or the run's creator, so a
+/// decision must name its decider and a run its creator, and the server
+/// takes each only when it names the requester.
 #[tokio::test]
 async fn without_the_mutating_policy_the_client_names_the_decider_and_the_server_checks_it() {
     let s = Scenario::start("approvers-no-mutating").await;
@@ -511,7 +490,16 @@ async fn without_the_mutating_policy_the_client_names_the_decider_and_the_server
     wait_enforced(&ns, false).await;
     let mut pay = sim_step("pay", "NonIdempotent", json!({}));
     pay["approval"] = json!({"approvers": {"users": ["alice"]}});
-    s.create_run("pay", json!({"steps": [pay]})).await;
+    let mut run = run_doc("pay", vec![pay], json!({}));
+    let unsigned = manifest(&format!("pay-unsigned-{ns}"), &run);
+    assert_refused(
+        &kubectl_as("dave", &[], &ns, &["create", "-f", &unsigned]).await,
+        "metadata.annotations[agentrun.dev/requested-by] must be set to the user who creates the run (dave)",
+    );
+    run["metadata"]["annotations"] = json!({labels::REQUESTED_BY: "dave"});
+    let signed = manifest(&format!("pay-{ns}"), &run);
+    let out = kubectl_as("dave", &[], &ns, &["create", "-f", &signed]).await;
+    assert!(out.success(), "{out:?}");
     let apv = s.approval_of("pay", Some("pay"), RUN_TIMEOUT).await;
     let patch = |body: Value| {
         let (ns, apv) = (ns.clone(), apv.clone());

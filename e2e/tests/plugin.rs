@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use agentrun_e2e::kubeconfig;
-use agentrun_e2e::support::policies::Policies;
+use agentrun_e2e::support::policies::{Policies, assert_refused, kubectl_as};
 use agentrun_e2e::support::processes::plugin_binary;
 use agentrun_e2e::support::scenario::{Scenario, field_managers, phase, sim_step, status};
 use agentrun_operator::api::{Approval, EffectOutcome, RunPhase, StepPhase};
@@ -132,6 +132,23 @@ async fn approve_releases_reject_compensates_and_pending_knows_who_may_decide() 
         "{}",
         refused.stderr
     );
+    // The plugin refused before asking; the API server refuses the same
+    // decision sent as mallory, word for word, and nothing is recorded.
+    let decision = json!({"spec": {"decision": "Approved", "decidedBy": "mallory",
+                                   "decidedByGroups": ["system:authenticated"]}})
+    .to_string();
+    let sent = kubectl_as(
+        "mallory",
+        &[],
+        &ns,
+        &["patch", "apv", &apv, "--type", "merge", "-p", &decision],
+    )
+    .await;
+    assert_refused(
+        &sent,
+        &format!("approval {apv}: mallory is not an approver; approvers: user alice"),
+    );
+    assert_eq!(s.approvals().get(&apv).await.unwrap().spec.decision, None);
     let no_tty = plugin(&ns, Some("alice"), &[], &["approve", "refund"]).await;
     assert_eq!(
         no_tty.code, 2,

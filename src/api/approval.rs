@@ -49,6 +49,9 @@ use super::{Approvers, Delivery, Effect, Escalation, OnTimeout};
     validation = Rule::new("has(self.stepDigest) == has(oldSelf.stepDigest) && (!has(self.stepDigest) || self.stepDigest == oldSelf.stepDigest)").message("spec.stepDigest is immutable: the approval is bound to the step as it was when asked").field_path(".stepDigest").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.approvers) == has(oldSelf.approvers) && (!has(self.approvers) || self.approvers == oldSelf.approvers)").message("spec.approvers is immutable: who may decide was set when the approval was requested").field_path(".approvers").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.requestedBy) == has(oldSelf.requestedBy) && (!has(self.requestedBy) || self.requestedBy == oldSelf.requestedBy)").message("spec.requestedBy is immutable").field_path(".requestedBy").reason(Reason::FieldValueForbidden),
+    // On the parent, not the field: a rule on an optional field does not run
+    // when a patch removes it, and removing it would turn separation off.
+    validation = Rule::new("has(self.separateFromRequester) == has(oldSelf.separateFromRequester) && (!has(self.separateFromRequester) || self.separateFromRequester == oldSelf.separateFromRequester)").message("spec.separateFromRequester is immutable: separation of duties was set when the approval was requested and cannot be changed or removed").field_path(".separateFromRequester").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.notify) == has(oldSelf.notify) && (!has(self.notify) || self.notify == oldSelf.notify)").message("spec.notify is immutable: the channels were set when the approval was requested").field_path(".notify").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.escalate) == has(oldSelf.escalate) && (!has(self.escalate) || self.escalate == oldSelf.escalate)").message("spec.escalate is immutable").field_path(".escalate").reason(Reason::FieldValueForbidden),
     validation = Rule::new("!has(oldSelf.decidedBy) || (has(self.decidedBy) && self.decidedBy == oldSelf.decidedBy && self.decidedByGroups == oldSelf.decidedByGroups)").message("spec.decidedBy: who decided is final once recorded").field_path(".decidedBy").reason(Reason::FieldValueForbidden),
@@ -130,7 +133,6 @@ pub struct ApprovalSpec {
     pub quorum: i32,
     /// Whether the run's creator (`requestedBy`) is refused as an approver. Immutable.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.separateFromRequester is immutable"))]
     pub separate_from_requester: bool,
     /// Who created the run, as the API server recorded it at creation
     /// (annotation `agentrun.dev/requested-by`). Immutable.

@@ -149,6 +149,35 @@ fn approval_identity_is_immutable() {
     assert!(got.contains("spec.onTimeout is immutable"), "{got}");
 }
 
+/// Separation of duties survives a patch that removes the field: a rule on
+/// the optional field alone would not run, and removal would turn it off.
+#[test]
+fn separation_from_the_requester_cannot_be_removed_or_added() {
+    let mut separated = approval("Approve", None);
+    separated.spec.separate_from_requester = true;
+    separated.spec.requested_by = Some("dave".into());
+    let mut removed = separated.clone();
+    removed.spec.separate_from_requester = false;
+    assert_eq!(
+        serde_json::to_value(&removed.spec)
+            .unwrap()
+            .get("separateFromRequester"),
+        None,
+        "false is written as an absent field"
+    );
+    let got = messages(validate_cel_update(&removed, &separated));
+    assert!(
+        got.contains("spec.separateFromRequester is immutable"),
+        "{got}"
+    );
+    let got = messages(validate_cel_update(&separated, &removed));
+    assert!(
+        got.contains("spec.separateFromRequester is immutable"),
+        "{got}"
+    );
+    assert_eq!(messages(validate_cel_update(&separated, &separated)), "");
+}
+
 #[test]
 fn zero_durations_are_refused_where_they_make_no_sense() {
     for field in ["freshFor", "timeout"] {

@@ -321,9 +321,10 @@ pub(super) async fn apply(
                         let existing = approvals.get(&approval_name).await.map_err(|e| {
                             fail(format!("reading existing approval {approval_name}"), e)
                         })?;
-                        if existing.spec.run_uid != run_uid {
+                        if let Some(why) = not_this_runs_approval(&existing, &approval, &run_uid) {
+                            warn!(approval = %approval_name, %why, "an approval the run did not open holds its name");
                             refused.push(Refusal {
-                                message: held_by(existing.owner_references()),
+                                message: why,
                                 name: approval_name,
                                 cause: RefusalCause::NameTaken,
                             });
@@ -430,6 +431,48 @@ fn refusal_cause(status: &kube::core::Status) -> RefusalCause {
         400 | 403 | 422 => RefusalCause::Rejected,
         _ => RefusalCause::Transient,
     }
+}
+
+/// Why `existing`, found under the name of the Approval `wanted` that the run
+/// asks for, is not that Approval; `None` when it is (the operator opened it
+/// before and did not see it yet). It is the run's only when its controller
+/// is this run and everything that decides what a decision releases, and who
+/// may make it, is what the run asks now. Anything else stays in the way
+/// visibly (D16) and is never adopted: its decision would release the step.
+fn not_this_runs_approval(existing: &Approval, wanted: &Approval, run_uid: &str) -> Option<String> {
+    let owners = existing.owner_references();
+    let controller = owners.iter().find(|o| o.controller == Some(true));
+    if controller.is_none_or(|o| o.uid != run_uid) {
+        return Some(held_by(owners));
+    }
+    let (e, w) = (&existing.spec, &wanted.spec);
+    let differs: Vec<&str> = [
+        ("runUid", e.run_uid != w.run_uid),
+        ("runName", e.run_name != w.run_name),
+        ("step", e.step != w.step),
+        ("planRevision", e.plan_revision != w.plan_revision),
+        ("kind", e.kind != w.kind),
+        ("stepDigest", e.step_digest != w.step_digest),
+        ("question", e.question != w.question),
+        ("approvers", e.approvers != w.approvers),
+        ("quorum", e.quorum != w.quorum),
+        (
+            "separateFromRequester",
+            e.separate_from_requester != w.separate_from_requester,
+        ),
+        ("requestedBy", e.requested_by != w.requested_by),
+        ("onTimeout", e.on_timeout != w.on_timeout),
+        ("expiresAt", e.expires_at != w.expires_at),
+    ]
+    .into_iter()
+    .filter_map(|(field, differs)| differs.then_some(field))
+    .collect();
+    (!differs.is_empty()).then(|| {
+        format!(
+            "it names this run as its controller, but its spec differs from what the run asks in {}",
+            differs.join(", ")
+        )
+    })
 }
 
 /// Who holds a name the run needs, for the message on the run.
@@ -756,6 +799,96 @@ mod tests {
         let mut doc = stored("5", Some(&old));
         json_patch::patch(&mut doc, &status_patch(Some(&old), &new, Some("5"))).unwrap();
         assert_eq!(doc, stored("5", Some(&new)));
+    }
+
+    const RUN_UID: &str = "0b7c6a1e-0000-4000-8000-000000000001";
+
+    /// The Approval run `refund` (uid RUN_UID) asks for at step `pay`.
+    fn asked() -> crate::api::Approval {
+        serde_json::from_value(json!({
+            "apiVersion": "agentrun.dev/v1alpha1", "kind": "Approval",
+            "metadata": {
+                "name": "refund-pay-r1-a1",
+                "ownerReferences": [{"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+                    "name": "refund", "uid": RUN_UID, "controller": true, "blockOwnerDeletion": true}],
+            },
+            "spec": {
+                "runName": "refund", "runUid": RUN_UID, "step": "pay", "planRevision": 1,
+                "kind": "Approve", "question": "Pay out?", "stepDigest": "ab12",
+                "approvers": {"groups": ["payments-leads"]}, "quorum": 2,
+                "separateFromRequester": true, "requestedBy": "dave",
+                "expiresAt": "2030-01-01T00:00:00Z", "onTimeout": "Reject",
+                "context": {"reason": "gate", "completedSteps": ["lookup: {}"]},
+            },
+        }))
+        .unwrap()
+    }
+
+    /// The existing Approval is adopted only when it is the run's own: its
+    /// controller is the run and it asks what the run asks. Every planted
+    /// variant — another owner, no controller, a field that decides who may
+    /// approve or what is released changed — is refused with a reason.
+    #[test]
+    fn only_the_runs_own_approval_is_adopted() {
+        use super::not_this_runs_approval as foreign;
+        let wanted = asked();
+        assert_eq!(foreign(&asked(), &wanted, RUN_UID), None, "the same one");
+        let mut decided = asked();
+        decided.spec.decision = Some(crate::api::Decision::Approved);
+        decided.spec.decided_by = Some("alice".into());
+        decided.spec.context = None;
+        assert_eq!(
+            foreign(&decided, &wanted, RUN_UID),
+            None,
+            "decided meanwhile, with the context of its time: still the run's"
+        );
+
+        let mut other_owner = asked();
+        other_owner.metadata.owner_references.as_mut().unwrap()[0].uid = "another".into();
+        let why = foreign(&other_owner, &wanted, RUN_UID).expect("refused");
+        assert!(
+            why.contains("owned by AgentRun refund (uid another)"),
+            "{why}"
+        );
+        let mut not_controller = asked();
+        not_controller.metadata.owner_references.as_mut().unwrap()[0].controller = None;
+        assert!(foreign(&not_controller, &wanted, RUN_UID).is_some());
+        let mut orphan = asked();
+        orphan.metadata.owner_references = None;
+        assert_eq!(
+            foreign(&orphan, &wanted, RUN_UID).as_deref(),
+            Some("it has no owner")
+        );
+
+        type Plant = fn(&mut crate::api::ApprovalSpec);
+        let planted: [(&str, Plant); 10] = [
+            ("runUid", |s| s.run_uid = "another".into()),
+            ("step", |s| s.step = "other".into()),
+            ("planRevision", |s| s.plan_revision = 2),
+            ("stepDigest", |s| s.step_digest = Some("cd34".into())),
+            ("question", |s| s.question = "Pay 1 EUR?".into()),
+            ("approvers", |s| s.approvers = None),
+            ("quorum", |s| s.quorum = 1),
+            ("separateFromRequester", |s| {
+                s.separate_from_requester = false
+            }),
+            ("requestedBy", |s| s.requested_by = Some("mallory".into())),
+            ("onTimeout", |s| {
+                s.on_timeout = crate::api::OnTimeout::Approve
+            }),
+        ];
+        for (field, plant) in planted {
+            let mut existing = asked();
+            plant(&mut existing.spec);
+            let why = foreign(&existing, &wanted, RUN_UID)
+                .unwrap_or_else(|| panic!("an Approval with another {field} was adopted"));
+            assert_eq!(
+                why,
+                format!(
+                    "it names this run as its controller, but its spec differs from what the run asks in {field}"
+                )
+            );
+        }
     }
 
     /// A Pod seen ended leaves the Pod watch with its release; one that may

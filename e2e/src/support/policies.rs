@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::support::chart::{CHART, helm_cmd, ok};
 use crate::support::scenario::sim_step;
-use crate::{kubectl, kubectl_ok, repo_root};
+use crate::{KubectlOutput, kubectl, kubectl_ok, repo_root};
 
 /// The chart's policies and people's roles, installed for one namespace:
 /// deleted again when dropped, also when the test panics.
@@ -78,6 +78,37 @@ impl Drop for Policies {
             .arg(&self.file)
             .output();
     }
+}
+
+/// kubectl as `user` in `groups` (impersonation, `--as`, `--as-group`), in
+/// namespace `ns`: RBAC and the admission policies see exactly that user.
+pub async fn kubectl_as(user: &str, groups: &[&str], ns: &str, args: &[&str]) -> KubectlOutput {
+    let mut all = vec!["--as".to_owned(), user.to_owned()];
+    for g in groups {
+        all.push("--as-group".into());
+        all.push((*g).to_owned());
+    }
+    all.extend(["-n".to_owned(), ns.to_owned()]);
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    kubectl(all).await
+}
+
+/// Panics unless `out` is a refusal whose message says `want`.
+pub fn assert_refused(out: &KubectlOutput, want: &str) {
+    assert!(
+        !out.success(),
+        "expected a refusal saying {want:?}; got {out:?}"
+    );
+    assert!(
+        out.stderr.contains(want),
+        "the refusal does not say {want:?}:\n{}",
+        out.stderr
+    );
+}
+
+/// Panics unless `out` succeeded; `what` says what should have been admitted.
+pub fn assert_admitted(out: &KubectlOutput, what: &str) {
+    assert!(out.success(), "{what} was refused:\n{}", out.stderr);
 }
 
 /// Writes `doc` to a file under target/ and returns its path, for `kubectl -f`.
