@@ -165,8 +165,7 @@ async fn a_retry_that_would_charge_again_needs_the_flag_and_a_person() {
     let charge = status(&run)
         .steps
         .into_iter()
-        .filter(|c| c.name == "charge" && c.plan_revision > 0)
-        .next_back()
+        .rfind(|c| c.name == "charge" && c.plan_revision > 0)
         .unwrap();
     assert_eq!(charge.phase, StepPhase::WaitingForApproval);
     tokio::time::sleep(Duration::from_secs(2)).await;
