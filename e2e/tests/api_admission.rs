@@ -263,6 +263,19 @@ fn cases() -> Vec<Case> {
             &["spec.notify", "immutable"],
         ),
         refused_update(
+            "a fork's source changed",
+            run(json!({ "steps": [step("fetch")],
+                "forkOf": { "runName": "order", "runUid": "u-1", "fromStep": "fetch" } })),
+            json!({ "spec": { "forkOf": { "runName": "other", "runUid": "u-2", "fromStep": "fetch" } } }),
+            &["spec.forkOf", "immutable"],
+        ),
+        refused_update(
+            "a run made a fork after its creation",
+            run(json!({ "steps": [step("fetch")] })),
+            json!({ "spec": { "forkOf": { "runName": "order", "runUid": "u-1", "fromStep": "fetch" } } }),
+            &["spec.forkOf", "immutable"],
+        ),
+        refused_update(
             "escalation removed from an approval",
             approval(
                 "Approve",

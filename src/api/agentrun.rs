@@ -55,7 +55,10 @@ pub const DEFAULT_REPLANS: i32 = 10;
     validation = Rule::new("size(self.metadata.name) <= 63").message("metadata.name: an AgentRun name must be at most 63 characters, because it is a label value on every step Pod"),
 )]
 #[x_kube(
-    validation = Rule::new("(has(self.steps) && size(self.steps) > 0) || has(self.planner)").message("spec.steps: at least one step is required unless spec.planner is set").reason(Reason::FieldValueRequired)
+    validation = Rule::new("(has(self.steps) && size(self.steps) > 0) || has(self.planner)").message("spec.steps: at least one step is required unless spec.planner is set").reason(Reason::FieldValueRequired),
+    // On the spec, not the field: a rule on an optional field does not run
+    // when an update adds or removes it.
+    validation = Rule::new("has(self.forkOf) == has(oldSelf.forkOf) && (!has(self.forkOf) || self.forkOf == oldSelf.forkOf)").message("spec.forkOf is immutable: a fork starts from one source, and a run is a fork from its creation or never").field_path(".forkOf").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentRunSpec {
@@ -357,7 +360,6 @@ pub enum OnTimeout {
 /// The run a fork starts from, and where.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self == oldSelf").message("spec.forkOf is immutable: a fork starts from one source"))]
 pub struct ForkSource {
     /// The source run, in this namespace.
     #[schemars(length(min = 1, max = 63))]
