@@ -90,10 +90,16 @@ async fn a_retry_from_the_failed_step_runs_only_it_and_what_follows() {
 
     let (code, plan) = plugin(&s, &["retry", "order", "--dry-run"]).await;
     assert_eq!(code, 0, "{plan}");
-    assert!(plan.contains("Kept (carried over): fetch, charge, reserve"), "{plan}");
+    assert!(
+        plan.contains("Kept (carried over): fetch, charge, reserve"),
+        "{plan}"
+    );
     assert!(plan.contains("Runs again:          ship, notify"), "{plan}");
     assert!(plan.contains("Asks a person:       ship (gate)"), "{plan}");
-    assert!(s.runs().get_opt("order-retry").await.unwrap().is_none(), "a dry run creates nothing");
+    assert!(
+        s.runs().get_opt("order-retry").await.unwrap().is_none(),
+        "a dry run creates nothing"
+    );
 
     let (code, out) = plugin(&s, &["retry", "order", "--name", "order-retry"]).await;
     assert_eq!(code, 0, "{out}");
@@ -101,7 +107,11 @@ async fn a_retry_from_the_failed_step_runs_only_it_and_what_follows() {
     let gate = s
         .approval_of("order-retry", Some("ship"), Duration::from_secs(60))
         .await;
-    assert_eq!(executions(&s, "order-retry", "ship"), 0, "nothing acts before the answer");
+    assert_eq!(
+        executions(&s, "order-retry", "ship"),
+        0,
+        "nothing acts before the answer"
+    );
     s.decide(&gate, "Approved", "ship it now").await;
     let run = s.wait_finished("order-retry", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
@@ -109,7 +119,11 @@ async fn a_retry_from_the_failed_step_runs_only_it_and_what_follows() {
     // The ledger: steps 1–3 ran once, in `order`; 4–5 ran in the retry.
     for step in ["fetch", "charge", "reserve"] {
         assert_eq!(executions(&s, "order", step), 1, "{step} in order");
-        assert_eq!(executions(&s, "order-retry", step), 0, "{step} was carried over");
+        assert_eq!(
+            executions(&s, "order-retry", step),
+            0,
+            "{step} was carried over"
+        );
     }
     assert_eq!(executions(&s, "order-retry", "ship"), 1);
     assert_eq!(executions(&s, "order-retry", "notify"), 1);
@@ -121,7 +135,10 @@ async fn a_retry_from_the_failed_step_runs_only_it_and_what_follows() {
         (Some(EffectOutcome::Applied), Some(Provenance::Inherited), 0)
     );
     let from = st.forked_from.expect("the lineage");
-    assert_eq!((from.run_name.as_str(), from.from_step.as_str()), ("order", "ship"));
+    assert_eq!(
+        (from.run_name.as_str(), from.from_step.as_str()),
+        ("order", "ship")
+    );
     assert_eq!(from.inherited, ["fetch", "charge", "reserve"]);
     let (_, described) = plugin(&s, &["describe", "order-retry"]).await;
     assert!(
@@ -144,14 +161,33 @@ async fn a_retry_that_would_charge_again_needs_the_flag_and_a_person() {
         out.contains("charge, reserve acted in run order") && out.contains("--rerun-applied"),
         "{out}"
     );
-    let (code, out) = plugin(&s, &["retry", "order", "--from", "charge", "--name", "order-retry"]).await;
+    let (code, out) = plugin(
+        &s,
+        &[
+            "retry",
+            "order",
+            "--from",
+            "charge",
+            "--name",
+            "order-retry",
+        ],
+    )
+    .await;
     assert_eq!(code, 1, "{out}");
     assert!(s.runs().get_opt("order-retry").await.unwrap().is_none());
 
     // With it, charge waits for a person who is told it charged before.
     let (code, out) = plugin(
         &s,
-        &["retry", "order", "--from", "charge", "--rerun-applied", "--name", "order-retry"],
+        &[
+            "retry",
+            "order",
+            "--from",
+            "charge",
+            "--rerun-applied",
+            "--name",
+            "order-retry",
+        ],
     )
     .await;
     assert_eq!(code, 0, "{out}");
@@ -159,7 +195,11 @@ async fn a_retry_that_would_charge_again_needs_the_flag_and_a_person() {
         .approval_of("order-retry", Some("charge"), Duration::from_secs(60))
         .await;
     let a = s.approvals().get(&ask).await.unwrap();
-    let repeats = a.spec.context.and_then(|c| c.repeats).expect("it says the step acted before");
+    let repeats = a
+        .spec
+        .context
+        .and_then(|c| c.repeats)
+        .expect("it says the step acted before");
     assert_eq!(repeats.effect, EffectOutcome::Applied);
     let run = s.runs().get("order-retry").await.unwrap();
     let charge = status(&run)
@@ -169,10 +209,18 @@ async fn a_retry_that_would_charge_again_needs_the_flag_and_a_person() {
         .unwrap();
     assert_eq!(charge.phase, StepPhase::WaitingForApproval);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(executions(&s, "order-retry", "charge"), 0, "nothing charges before the answer");
+    assert_eq!(
+        executions(&s, "order-retry", "charge"),
+        0,
+        "nothing charges before the answer"
+    );
 
-    s.decide(&ask, "Approved", "charge again: the first charge was refunded")
-        .await;
+    s.decide(
+        &ask,
+        "Approved",
+        "charge again: the first charge was refunded",
+    )
+    .await;
     let again = s
         .approval_of("order-retry", Some("reserve"), Duration::from_secs(60))
         .await;
@@ -183,8 +231,15 @@ async fn a_retry_that_would_charge_again_needs_the_flag_and_a_person() {
     s.decide(&gate, "Approved", "ship").await;
     let run = s.wait_finished("order-retry", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    assert_eq!(executions(&s, "order", "charge") + executions(&s, "order-retry", "charge"), 2);
-    assert_eq!(executions(&s, "order-retry", "fetch"), 0, "the read before it was kept");
+    assert_eq!(
+        executions(&s, "order", "charge") + executions(&s, "order-retry", "charge"),
+        2
+    );
+    assert_eq!(
+        executions(&s, "order-retry", "fetch"),
+        0,
+        "the read before it was kept"
+    );
     s.finish().await;
 }
 

@@ -765,7 +765,11 @@ fn run_spec(steps: usize, result_bytes: usize, fan_out: bool) -> Value {
                 "container": container,
             });
             if fan_out {
-                step["dependsOn"] = if i == 0 { json!([]) } else { json!([step_name(0)]) };
+                step["dependsOn"] = if i == 0 {
+                    json!([])
+                } else {
+                    json!([step_name(0)])
+                };
             }
             step
         })
@@ -2105,7 +2109,15 @@ async fn status_size(setup: &Setup, steps: usize, repeat: usize) -> Res<StatusSi
         }
     }
     let t0 = Instant::now();
-    create_runs(setup, &nsname, 1, steps, setup.args.status_result_bytes, false).await?;
+    create_runs(
+        setup,
+        &nsname,
+        1,
+        steps,
+        setup.args.status_result_bytes,
+        false,
+    )
+    .await?;
     let succeeded = |s: &Seen| {
         s.pods
             .values()
