@@ -29,9 +29,10 @@ pub(super) struct Editor {
     due: BTreeMap<String, Vec<String>>,
     next: Instant,
     pub edits: u64,
-    /// Steps found past their backoff (succeeded, failed for good, the run
-    /// ended) before the driver could edit them.
-    pub missed: u64,
+    /// Steps found past their backoff (rejected, failed for good, retried
+    /// already, the run ended) before the driver could edit them, and where
+    /// each stood.
+    pub missed: Vec<String>,
 }
 
 impl Editor {
@@ -46,7 +47,7 @@ impl Editor {
             due,
             next: Instant::now(),
             edits: 0,
-            missed: 0,
+            missed: Vec::new(),
         }
     }
 
@@ -71,7 +72,9 @@ impl Editor {
             for step in steps {
                 match backoff_state(&run, &step) {
                     State::NotYet => left.push(step),
-                    State::Past => self.missed += 1,
+                    State::Past => self
+                        .missed
+                        .push(format!("{name}/{step}: {}", where_it_stands(&run, &step))),
                     State::InBackoff => match edit(runs, &run, &step).await {
                         Ok(()) => {
                             self.edits += 1;
@@ -121,6 +124,24 @@ fn backoff_state(run: &AgentRun, step: &str) -> State {
         _ if c.failures >= 1 => State::Past,
         _ => State::NotYet,
     }
+}
+
+/// The run's phase and the step's latest checkpoint, in a few words.
+fn where_it_stands(run: &AgentRun, step: &str) -> String {
+    let status = run.status.as_ref();
+    let c = status.and_then(|s| {
+        s.steps
+            .iter()
+            .filter(|c| c.role.is_step() && c.name == step)
+            .max_by_key(|c| c.plan_revision)
+    });
+    format!(
+        "run {:?}, step {:?} after {} failure(s): {}",
+        status.and_then(|s| s.phase),
+        c.map(|c| c.phase),
+        c.map_or(0, |c| c.failures),
+        c.and_then(|c| c.message.as_deref()).unwrap_or("")
+    )
 }
 
 /// Adds [`EDITED_ARG`] to the step's container args (the whole steps list,

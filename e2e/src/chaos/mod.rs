@@ -13,7 +13,8 @@
 //!             its clock 20 s ahead, AGENTRUN_CLOCK_SKEW=+20s)
 //!
 //!   fault phase ──(enough faults, or every run finished, or --duration-limit)──▶
-//!   settle phase (no faults; the approver still answers) ──▶ verdict
+//!   settle phase (no faults; the approver still answers, marked steps are still
+//!   edited during their backoff) ──▶ verdict
 //! ```
 //!
 //! One module per peer and per fault: `operators` (the processes), `proxy`
@@ -398,13 +399,16 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         "faults stopped; settling"
     );
 
-    // Settle phase: no faults; the approver keeps answering. Operators that
+    // Settle phase: no faults; the approver keeps answering and the editor
+    // editing (a person's acts, not faults of the system). Operators that
     // exit (a deposed leader steps down; an armed failpoint fires) come back.
     let settle_start = Instant::now();
     loop {
         operators.tick(&mut chaos_rng, false);
         let terminal = lock(&shared.observer).terminal();
         submit(&runs_api, &plans, &mut created, terminal, cfg.max_active).await;
+        // A person may still change a step that waits out its backoff.
+        editor.tick(&runs_api, &created).await;
         if created.len() == plans.len() && terminal >= created.len() {
             break;
         }
@@ -460,7 +464,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         deletions,
         repeated_evictions,
         edits: editor.edits,
-        edits_missed: editor.missed,
+        edits_missed: std::mem::take(&mut editor.missed),
         clock_skew: cfg.clock_skew.clone().filter(|_| cfg.operators > 1),
         approvals_answered: *lock(&shared.approvals_answered),
         status_versions: observer.versions,

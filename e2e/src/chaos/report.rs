@@ -25,7 +25,7 @@ pub struct Report {
     /// Gated steps whose args the driver edited during their retry backoff,
     /// and those it meant to edit but found past their backoff.
     pub edits: u64,
-    pub edits_missed: u64,
+    pub edits_missed: Vec<String>,
     /// `AGENTRUN_CLOCK_SKEW` of the second operator, if any.
     pub clock_skew: Option<String>,
     pub approvals_answered: u64,
@@ -102,7 +102,7 @@ impl Report {
             self.deletions,
             self.repeated_evictions,
             self.edits,
-            self.edits_missed,
+            self.edits_missed.len(),
             self.clock_skew.as_deref().unwrap_or("none"),
             self.approvals_answered,
             self.status_versions,
@@ -129,6 +129,9 @@ impl Report {
                 labels::RESULT_FINALIZER
             )),
             Err(e) => out.push_str(&format!("\nfinalizers: could not be counted: {e}")),
+        }
+        for m in &self.edits_missed {
+            out.push_str(&format!("\nnot edited (past its backoff): {m}"));
         }
         for f in &self.apiserver_restart_failures {
             out.push_str(&format!("\napiserver restart failed: {f}"));
@@ -199,7 +202,7 @@ mod tests {
             deletions: 0,
             repeated_evictions: 0,
             edits: 0,
-            edits_missed: 0,
+            edits_missed: vec![],
             clock_skew: Some("+20s".into()),
             approvals_answered: 0,
             status_versions: 0,
@@ -253,7 +256,7 @@ mod tests {
         let mut r = report();
         r.repeated_evictions = 6;
         r.edits = 2;
-        r.edits_missed = 1;
+        r.edits_missed = vec!["c001/s2-index: run Some(Failed)".into()];
         r.verdict.repeated_effects = 1;
         assert_eq!(r.faults(), 312);
         let d = r.details();
@@ -262,6 +265,10 @@ mod tests {
             "{d}"
         );
         assert!(d.contains("blind_reruns=0 repeated_effects=1;"), "{d}");
+        assert!(
+            d.contains("\nnot edited (past its backoff): c001/s2-index: run Some(Failed)"),
+            "{d}"
+        );
     }
 
     #[test]
