@@ -613,6 +613,8 @@ async fn a_hanging_receiver_is_cut_and_a_redirect_not_followed() {
 async fn internal_addresses_are_refused_without_the_allow_flag() {
     let r = Receiver::start().await;
     let port = r.addr.port();
+    // Plain http is exempt only for loopback hosts (::ffff:127.0.0.1 is one, ::127.0.0.1
+    // is not), so the others opt in: each must then be refused by the address guard.
     let s = setup(
         "notify-guard",
         &r,
@@ -621,7 +623,7 @@ async fn internal_addresses_are_refused_without_the_allow_flag() {
              - {{name: local, url: '{{R}}/local'}}\n\
              - {{name: named, url: 'http://localhost:{port}/named'}}\n\
              - {{name: metadata, url: 'http://169.254.169.254/latest/meta-data/', allowHttp: true}}\n\
-             - {{name: compat, url: 'http://[::127.0.0.1]:{port}/compat'}}\n\
+             - {{name: compat, url: 'http://[::127.0.0.1]:{port}/compat', allowHttp: true}}\n\
              - {{name: mapped, url: 'http://[::ffff:127.0.0.1]:{port}/mapped'}}\n\
              - {{name: nat64, url: 'http://[64:ff9b::127.0.0.1]:{port}/nat64', allowHttp: true}}\n\
              - {{name: sixtofour, url: 'http://[2002:7f00:1::1]:{port}/6to4', allowHttp: true}}\n\

@@ -260,14 +260,16 @@ impl Problem {
     }
 }
 
-/// Whether `url`'s host is loopback by its very name or address.
+/// Whether `url`'s host is loopback by its very name or address. An
+/// IPv4-mapped loopback (`::ffff:127.0.0.1`) is one: a dual-stack socket
+/// delivers it to 127.0.0.1. An IPv4-compatible one (`::127.0.0.1`) is not.
 fn loopback_host(url: &reqwest::Url) -> bool {
     let host = url.host_str().unwrap_or_default();
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     bare.eq_ignore_ascii_case("localhost")
         || bare
             .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
 /// A key of the channel Secret, not empty.
@@ -502,7 +504,7 @@ mod tests {
         let c = Channels::parse(
             "ops/chan",
             &data(
-                "channels:\n- {name: remote, url: 'http://hooks.example/x'}\n- {name: optin, url: 'http://hooks.example/x', allowHttp: true}\n- {name: local, url: 'http://127.0.0.1:9/x'}\n- {name: named, url: 'http://localhost:9/x'}\n- {name: v6, url: 'http://[::1]:9/x'}\n",
+                "channels:\n- {name: remote, url: 'http://hooks.example/x'}\n- {name: optin, url: 'http://hooks.example/x', allowHttp: true}\n- {name: local, url: 'http://127.0.0.1:9/x'}\n- {name: named, url: 'http://localhost:9/x'}\n- {name: v6, url: 'http://[::1]:9/x'}\n- {name: mapped, url: 'http://[::ffff:127.0.0.1]:9/x'}\n- {name: compat, url: 'http://[::127.0.0.1]:9/x'}\n",
             ),
         );
         assert_eq!(
@@ -510,9 +512,15 @@ mod tests {
             "channel remote in Secret ops/chan: url: plain http to hooks.example (not loopback) is refused; use https, or set allowHttp: true"
         );
         assert!(c.get("optin").unwrap().allow_http);
-        for n in ["local", "named", "v6"] {
+        for n in ["local", "named", "v6", "mapped"] {
             assert!(c.get(n).is_ok(), "{n}: {:?}", c.get(n));
         }
+        // ::/96 (IPv4-compatible, deprecated) is not routed to loopback: not exempt.
+        assert!(
+            c.get("compat").unwrap_err().message().contains("(not loopback) is refused"),
+            "{:?}",
+            c.get("compat")
+        );
     }
 
     #[test]
