@@ -12,8 +12,9 @@ RUN rustup target add "$TARGET" \
  && apt-get update \
  && apt-get install -y --no-install-recommends musl-tools \
  && rm -rf /var/lib/apt/lists/*
-ENV CC_x86_64_unknown_linux_musl=musl-gcc \
-    CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_LINKER=musl-gcc
+# musl-gcc compiles ring's C; Rust links on its own (self-contained musl), which gives
+# a static-pie binary: musl-gcc as the linker gives a PIE that needs /lib/ld-musl.
+ENV CC_x86_64_unknown_linux_musl=musl-gcc
 WORKDIR /src
 COPY . .
 # The cache mounts keep the registry and target/ between builds; the binary is

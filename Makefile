@@ -12,6 +12,11 @@
 #   make crds          regenerate crds/ from the Rust types
 #   make policies      regenerate config/policies from the chart
 #   make plugin        install kubectl-agentrun into $(PREFIX)/bin (default ~/.local/bin)
+#   make image         the operator image as an OCI tarball in dist/ (static musl binaries,
+#                      no container engine); `e2e/cluster node images` imports it on the node
+#   make release       dist/: binaries, image, chart, CRDs, krew manifest, SBOM, changelog,
+#                      SHA256SUMS (docs/install.md, "Verifying a release")
+#   make release-check make release twice in two target directories; the SHA256SUMS must match
 #   make observability the alert, dashboard and GitOps health checks (promtool, lua;
 #                      no control plane)
 #   make chaos         the long chaos suite on its own control plane (target/e2e-chaos)
@@ -55,6 +60,22 @@ PREFIX ?= $(HOME)/.local
 plugin:
 	$(CARGO) install --locked --path plugin --root $(PREFIX)
 	@echo "installed $(PREFIX)/bin/kubectl-agentrun; try: kubectl agentrun list"
+
+# The operator image and the release (release/build says what each file is).
+.PHONY: image release release-check
+image:
+	release/build image
+
+release:
+	release/build
+
+# Two builds of the same commit, each from its own target directory and into its own
+# folder, must give the same bytes.
+release-check:
+	CARGO_TARGET_DIR=$(CURDIR)/target/release-a release/build --out target/release-check/a
+	CARGO_TARGET_DIR=$(CURDIR)/target/release-b release/build --out target/release-check/b
+	diff -u target/release-check/a/SHA256SUMS target/release-check/b/SHA256SUMS
+	@echo "release-check: the two builds are identical"; cat target/release-check/a/SHA256SUMS
 
 # config/policies is the chart's admission policies and roles, rendered.
 .PHONY: policies

@@ -3,6 +3,11 @@
 
     ociimage.py pause   OUT.tar --name N --binary PAUSE
     ociimage.py python  OUT.tar --name N --rootfs DIR [--add SRC=DEST ...] [--workdir W] -- ENTRYPOINT...
+    ociimage.py static  OUT.tar --name N --add SRC=DEST ... [--expose PORT ...] [--cmd ARG ...] -- ENTRYPOINT...
+
+`static` is for static binaries (the operator image, release/build): no base but the files
+every image has (/tmp, who 65532 is) and what --add names, as the Dockerfile's distroless
+static base gives; user 65532.
 
 Each tarball is an OCI image layout (oci-layout, index.json, blobs/) whose index names the
 image in the annotation containerd reads (`io.containerd.image.name`), so
@@ -161,7 +166,7 @@ def base_files(layer):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("kind", choices=["pause", "python"])
+    p.add_argument("kind", choices=["pause", "python", "static"])
     p.add_argument("out")
     p.add_argument("--name", required=True)
     p.add_argument("--binary")
@@ -169,6 +174,8 @@ def main():
     p.add_argument("--add", action="append", default=[], help="SRC=DEST (file or directory)")
     p.add_argument("--workdir", default="/")
     p.add_argument("--env", action="append", default=[])
+    p.add_argument("--expose", action="append", default=[], help="a TCP port the image listens on")
+    p.add_argument("--cmd", action="append", default=[], help="an argument of CMD")
     argv = sys.argv[1:]
     entrypoint = []
     if "--" in argv:
@@ -185,9 +192,6 @@ def main():
                     {"Entrypoint": ["/pause"], "User": "65535:65535"})
         return
 
-    base = Layer()
-    base.tree(a.rootfs, "/")
-    base_files(base)
     app = Layer()
     for spec in a.add:
         src, dest = spec.split("=", 1)
@@ -196,6 +200,22 @@ def main():
         else:
             with open(src, "rb") as f:
                 app.file(dest, f.read(), stat.S_IMODE(os.stat(src).st_mode))
+
+    if a.kind == "static":
+        base = Layer()
+        base_files(base)
+        config = {"Entrypoint": a.entrypoint, "User": "65532:65532",
+                  "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"] + a.env, "WorkingDir": a.workdir}
+        if a.cmd:
+            config["Cmd"] = a.cmd
+        if a.expose:
+            config["ExposedPorts"] = {f"{port}/tcp": {} for port in a.expose}
+        write_image(a.out, a.name, [base.bytes(), app.bytes()], config)
+        return
+
+    base = Layer()
+    base.tree(a.rootfs, "/")
+    base_files(base)
     env = ["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1",
            "PYTHONUNBUFFERED=1"] + a.env
     write_image(a.out, a.name, [base.bytes(), app.bytes()],
