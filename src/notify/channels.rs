@@ -517,7 +517,10 @@ mod tests {
         }
         // ::/96 (IPv4-compatible, deprecated) is not routed to loopback: not exempt.
         assert!(
-            c.get("compat").unwrap_err().message().contains("(not loopback) is refused"),
+            c.get("compat")
+                .unwrap_err()
+                .message()
+                .contains("(not loopback) is refused"),
             "{:?}",
             c.get("compat")
         );
