@@ -34,9 +34,21 @@ fn now(run: &AgentRun) -> Timestamp {
 
 fn golden(name: &str, got: &str) {
     let path = dir("golden").join(format!("{name}.txt"));
+    // Rewriting never passes: a golden that changed is written and the test fails, so
+    // the change is reviewed and committed; under CI it is refused outright.
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::create_dir_all(dir("golden")).unwrap();
-        std::fs::write(&path, got).unwrap();
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "UPDATE_GOLDEN is set under CI: goldens are compared there, never rewritten"
+        );
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(got) {
+            std::fs::create_dir_all(dir("golden")).unwrap();
+            std::fs::write(&path, got).unwrap();
+            panic!(
+                "golden {} rewritten: review the diff, commit it, run again without UPDATE_GOLDEN",
+                path.display()
+            );
+        }
         return;
     }
     let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {

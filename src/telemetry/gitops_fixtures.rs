@@ -122,21 +122,33 @@ fn fixtures() -> BTreeMap<&'static str, Value> {
 #[test]
 fn gitops_testdata_is_what_the_engine_writes() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/gitops/testdata");
+    // Rewriting never passes: stale files are written and the test still fails, so the
+    // change is reviewed and committed; under CI it is refused outright.
     let update = std::env::var_os("AGENTRUN_UPDATE_FIXTURES").is_some();
+    assert!(
+        !(update && std::env::var_os("CI").is_some()),
+        "AGENTRUN_UPDATE_FIXTURES is set under CI: fixtures are compared there, never rewritten"
+    );
     let mut stale = Vec::new();
     for (file, value) in fixtures() {
         let text = serde_json::to_string_pretty(&value).unwrap() + "\n";
         let path = dir.join(file);
-        if update {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&path, &text).unwrap();
-        } else if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
             stale.push(file);
+            if update {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &text).unwrap();
+            }
         }
     }
     assert!(
         stale.is_empty(),
-        "docs/gitops/testdata is stale ({stale:?}): run AGENTRUN_UPDATE_FIXTURES=1 cargo test --lib gitops and commit the result"
+        "docs/gitops/testdata is stale ({stale:?}): {}",
+        if update {
+            "rewritten: review the diff, commit it, run again without AGENTRUN_UPDATE_FIXTURES"
+        } else {
+            "run AGENTRUN_UPDATE_FIXTURES=1 cargo test --lib gitops and commit the result"
+        }
     );
 }
 
