@@ -121,7 +121,7 @@ observability:
 
 # Integration tests need the plane; `test` brings it up and always takes it down.
 integration:
-	eval "$$($(CLUSTER) env)"; $(CARGO) test --workspace --locked --test '*'
+	eval "$$($(CLUSTER) env)"; $(CARGO) test --workspace --locked --no-fail-fast --test '*'
 
 test: lint check-crds unit sdk-test
 	$(CARGO) build --workspace --bins --locked

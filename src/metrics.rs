@@ -538,6 +538,83 @@ mod tests {
             .unwrap_or_else(|| panic!("no sample {series}:\n{body}"))
     }
 
+    /// Every `agentrun_*` name the chart's PrometheusRule and the Grafana
+    /// dashboard read is one this registry encodes once its family has a series
+    /// (prometheus-client leaves a family without one out of a scrape). The
+    /// live scrape in e2e/tests/metrics.rs checks the same names on a real
+    /// operator for every family its scenario gives a series.
+    #[test]
+    fn every_metric_the_alerts_and_dashboard_read_is_registered() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let ns = || NamespaceLabel {
+            namespace: "team-a".into(),
+        };
+        m.reconcile_errors
+            .get_or_create(&CategoryLabel {
+                category: "conflict".into(),
+            })
+            .inc();
+        m.tokens.get_or_create(&ns()).inc();
+        m.status_writes
+            .get_or_create(&ResultLabel {
+                result: "ok".into(),
+            })
+            .inc();
+        m.step_duration
+            .get_or_create(&AttemptLabels {
+                role: "step".into(),
+                outcome: "Succeeded".into(),
+            })
+            .observe(1.0);
+        m.run_duration
+            .get_or_create(&OutcomeLabel {
+                outcome: "Succeeded".into(),
+            })
+            .observe(1.0);
+        m.runs_by_phase
+            .get_or_create(&PhaseLabel {
+                phase: "Running".into(),
+            })
+            .set(1);
+        m.approval_expiry.get_or_create(&ns()).set(1.0);
+        m.runs_stalled.get_or_create(&ns()).set(1);
+        m.progress_age.get_or_create(&ns()).set(1.0);
+        let body = scrape(&registry);
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut missing = Vec::new();
+        for file in [
+            "charts/agentrun-operator/templates/prometheusrule.yaml",
+            "charts/agentrun-operator/dashboards/agentrun-operator.json",
+        ] {
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            let names = metric_names(&text);
+            assert!(names.len() >= 5, "{file}: {names:?}");
+            for name in names {
+                let sampled = body.lines().any(|l| {
+                    l.strip_prefix(name.as_str())
+                        .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+                });
+                if !sampled {
+                    missing.push(format!("{file}: {name}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "not exported: {missing:#?}\n{body}");
+    }
+
+    /// The `agentrun_…` identifiers in a text.
+    fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        text.match_indices("agentrun_")
+            .filter(|(i, _)| !text[..*i].chars().next_back().is_some_and(ident))
+            .map(|(i, _)| {
+                let rest = &text[i..];
+                rest[..rest.find(|c| !ident(c)).unwrap_or(rest.len())].to_owned()
+            })
+            .collect()
+    }
+
     /// A step that times out once, whose stopped Pod then reports, and whose
     /// retry succeeds: one failure, three successes, four launches. The
     /// failure used to be counted twice (once per Event it caused).

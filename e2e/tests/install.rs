@@ -217,7 +217,8 @@ const NEVER: &[(&str, &str, &str)] = &[
     ("patch", "agentrun.dev", "agentruns"),
     ("update", "agentrun.dev", "agentruns/status"),
     ("delete", "agentrun.dev", "approvals"),
-    ("patch", "agentrun.dev", "approvals"),
+    // It patches an Approval's finalizer (the notifier), never replaces one.
+    ("update", "agentrun.dev", "approvals"),
     ("update", "agentrun.dev", "approvals/status"),
     ("delete", "events.k8s.io", "events"),
 ];

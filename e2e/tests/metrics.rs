@@ -30,6 +30,59 @@ fn sample(body: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {series} in:\n{body}"))
 }
 
+/// Every `agentrun_*` name the chart's PrometheusRule and the Grafana dashboard
+/// read has a sample in this live scrape, except the families this scenario
+/// gives no series (prometheus-client leaves those out of a scrape): nothing
+/// waits for a person, nothing failed, stalled or is still running when it is
+/// scraped. That list is exact, so it shrinks when the scenario grows; the unit
+/// test `every_metric_the_alerts_and_dashboard_read_is_registered` checks all of
+/// them with a series in every family.
+fn every_metric_the_alerts_and_dashboard_read_is_exported(body: &str) {
+    const NO_SERIES_HERE: [&str; 4] = [
+        "agentrun_approval_expiry_soonest_seconds",
+        "agentrun_reconcile_errors_total",
+        "agentrun_run_progress_age_seconds_max",
+        "agentrun_runs_stalled",
+    ];
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut read = std::collections::BTreeSet::new();
+    for file in [
+        "charts/agentrun-operator/templates/prometheusrule.yaml",
+        "charts/agentrun-operator/dashboards/agentrun-operator.json",
+    ] {
+        let text = std::fs::read_to_string(root.join(file))
+            .unwrap_or_else(|e| panic!("reading {file}: {e}"));
+        read.extend(
+            text.match_indices("agentrun_")
+                .filter(|(i, _)| !text[..*i].chars().next_back().is_some_and(ident))
+                .map(|(i, _)| {
+                    let rest = &text[i..];
+                    rest[..rest.find(|c| !ident(c)).unwrap_or(rest.len())].to_owned()
+                }),
+        );
+    }
+    assert!(
+        read.len() >= 20,
+        "only {} metric names read: {read:?}",
+        read.len()
+    );
+    let unsampled: Vec<&str> = read
+        .iter()
+        .map(String::as_str)
+        .filter(|name| {
+            !body.lines().any(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+            })
+        })
+        .collect();
+    assert_eq!(
+        unsampled, NO_SERIES_HERE,
+        "names an alert or a panel reads without a sample in the scrape:\n{body}"
+    );
+}
+
 #[tokio::test]
 async fn a_timed_out_attempt_is_counted_once_on_a_real_operator() {
     let s = Scenario::start("metrics-timeout").await;
@@ -116,6 +169,7 @@ async fn a_timed_out_attempt_is_counted_once_on_a_real_operator() {
     assert_eq!(sample(&body, "agentrun_workqueue_depth"), 0.0);
     assert_eq!(sample(&body, "agentrun_runs{phase=\"Succeeded\"}"), 1.0);
     assert_eq!(sample(&body, "agentrun_runs{phase=\"Running\"}"), 0.0);
+    every_metric_the_alerts_and_dashboard_read_is_exported(&body);
     // Bounded labels: no run, step or Pod name anywhere.
     for name in ["measured", "slow", "first"] {
         assert!(
