@@ -13,7 +13,7 @@
 #   make policies      regenerate config/policies from the chart
 #   make plugin        install kubectl-agentrun into $(PREFIX)/bin (default ~/.local/bin)
 #   make image         the operator image as an OCI tarball in dist/ (static musl binaries,
-#                      no container engine); `e2e/cluster node images` imports it on the node
+#                      no container engine; `ctr images import` or `kind load image-archive`)
 #   make release       dist/: binaries, image, chart, CRDs, krew manifest, SBOM, changelog,
 #                      SHA256SUMS (docs/install.md, "Verifying a release")
 #   make release-check make release twice in two target directories; the SHA256SUMS must match
