@@ -615,6 +615,8 @@ async fn internal_addresses_are_refused_without_the_allow_flag() {
     let port = r.addr.port();
     // Plain http is exempt only for loopback hosts (::ffff:127.0.0.1 is one, ::127.0.0.1
     // is not), so the others opt in: each must then be refused by the address guard.
+    // Paths look like webhook secrets: a channel's path is redacted from every message,
+    // so a path that is an ordinary word ("compat") would blank that word out.
     let s = setup(
         "notify-guard",
         &r,
@@ -623,11 +625,11 @@ async fn internal_addresses_are_refused_without_the_allow_flag() {
              - {{name: local, url: '{{R}}/local'}}\n\
              - {{name: named, url: 'http://localhost:{port}/named'}}\n\
              - {{name: metadata, url: 'http://169.254.169.254/latest/meta-data/', allowHttp: true}}\n\
-             - {{name: compat, url: 'http://[::127.0.0.1]:{port}/compat', allowHttp: true}}\n\
-             - {{name: mapped, url: 'http://[::ffff:127.0.0.1]:{port}/mapped'}}\n\
-             - {{name: nat64, url: 'http://[64:ff9b::127.0.0.1]:{port}/nat64', allowHttp: true}}\n\
-             - {{name: sixtofour, url: 'http://[2002:7f00:1::1]:{port}/6to4', allowHttp: true}}\n\
-             - {{name: teredo, url: 'http://[2001:0:4136:e378:8000:63bf:80ff:fffe]:{port}/teredo', allowHttp: true}}\n"
+             - {{name: compat, url: 'http://[::127.0.0.1]:{port}/hook/v4c-7f3a9c', allowHttp: true}}\n\
+             - {{name: mapped, url: 'http://[::ffff:127.0.0.1]:{port}/hook/map-7f3a9c'}}\n\
+             - {{name: nat64, url: 'http://[64:ff9b::127.0.0.1]:{port}/hook/n64-7f3a9c', allowHttp: true}}\n\
+             - {{name: sixtofour, url: 'http://[2002:7f00:1::1]:{port}/hook/s2f-7f3a9c', allowHttp: true}}\n\
+             - {{name: teredo, url: 'http://[2001:0:4136:e378:8000:63bf:80ff:fffe]:{port}/hook/trd-7f3a9c', allowHttp: true}}\n"
         ),
         false,
         None,

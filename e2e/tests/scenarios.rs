@@ -580,6 +580,30 @@ async fn stale_input_after_resume_replans_and_reruns_under_a_new_key() {
     s.wait_operator_crash(RUN_TIMEOUT).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     s.start_operator(None);
+    // buy's launch at revision 1 was recorded just before the crash and its Pod is
+    // not there: it may have been created and acted, so running buy again under the
+    // new revision's key (a second effect) waits for a person (D1, D6).
+    let waiting = s
+        .wait_run("fresh", "buy asks before acting again", RUN_TIMEOUT, |r| {
+            step_opt(r, "buy").is_some_and(|c| c.plan_revision == 2 && c.approval.is_some())
+        })
+        .await;
+    let approval = step(&waiting, "buy").approval.clone().unwrap();
+    let asked = agentrun_e2e::wait_for(
+        &s.approvals(),
+        &approval,
+        |a: Option<&agentrun_operator::api::Approval>| a.is_some(),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let question = serde_json::to_string(&asked.spec).unwrap();
+    assert!(
+        question.contains("already acted at plan revision 1"),
+        "the question says why: {question}"
+    );
+    s.decide(&approval, "Approved", "the provider has no such order")
+        .await;
     let run = s.wait_finished("fresh", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
     let st = status(&run);
@@ -604,7 +628,8 @@ async fn stale_input_after_resume_replans_and_reruns_under_a_new_key() {
     let buy = step(&run, "buy");
     assert_eq!(buy.plan_revision, 2);
     // Its launch at revision 1 was recorded with the quote's checkpoint, just
-    // before the crash; on restart it was superseded, never started.
+    // before the crash; on restart it was superseded (effect Unknown: its Pod was
+    // never seen), and the ledger below shows it never ran.
     let buys = checkpoints_of(&run, "buy");
     assert_eq!(
         buys.iter()
