@@ -16,7 +16,8 @@
 #                      no container engine; `ctr images import` or `kind load image-archive`)
 #   make release       dist/: binaries, image, chart, CRDs, krew manifest, SBOM, changelog,
 #                      SHA256SUMS (docs/install.md, "Verifying a release")
-#   make release-check make release twice in two target directories; the SHA256SUMS must match
+#   make release-check make release twice from two clean checkouts of HEAD, each with an
+#                      empty target directory; the SHA256SUMS must match
 #   make observability the alert, dashboard and GitOps health checks (promtool, lua;
 #                      no control plane)
 #   make chaos         the long chaos suite on its own control plane (target/e2e-chaos)
@@ -69,13 +70,18 @@ image:
 release:
 	release/build
 
-# Two builds of the same commit, each from its own target directory and into its own
-# folder, must give the same bytes.
+# Two builds of HEAD, each from a clean checkout at a path of its own and an empty
+# target directory of its own, must give the same bytes.
+RC := $(CURDIR)/target/release-check
 release-check:
-	CARGO_TARGET_DIR=$(CURDIR)/target/release-a release/build --out target/release-check/a
-	CARGO_TARGET_DIR=$(CURDIR)/target/release-b release/build --out target/release-check/b
-	diff -u target/release-check/a/SHA256SUMS target/release-check/b/SHA256SUMS
-	@echo "release-check: the two builds are identical"; cat target/release-check/a/SHA256SUMS
+	rm -rf $(RC); git worktree prune; mkdir -p $(RC)
+	for x in a b; do \
+	  git worktree add --quiet --detach $(RC)/src-$$x HEAD; \
+	  (cd $(RC)/src-$$x && CARGO_TARGET_DIR=$(RC)/target-$$x release/build --out $(RC)/$$x); \
+	  git worktree remove --force $(RC)/src-$$x; \
+	done
+	diff -u $(RC)/a/SHA256SUMS $(RC)/b/SHA256SUMS
+	@echo "release-check: the two builds are identical"; cat $(RC)/a/SHA256SUMS
 
 # config/policies is the chart's admission policies and roles, rendered.
 .PHONY: policies
