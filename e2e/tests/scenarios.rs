@@ -403,14 +403,7 @@ async fn deleted_non_idempotent_step_asks_a_person_and_each_decision_does_what_i
             .await;
         assert_eq!(phase(&waiting), Some(RunPhase::WaitingForApproval));
         let approval_name = step(&waiting, "pay").approval.clone().unwrap();
-        let approval = agentrun_e2e::wait_for(
-            &s.approvals(),
-            &approval_name,
-            |a: Option<&agentrun_operator::api::Approval>| a.is_some(),
-            Duration::from_secs(30),
-        )
-        .await
-        .expect("the Reconcile approval exists");
+        let approval = asked(&s, &approval_name).await;
         assert_eq!(format!("{:?}", approval.spec.kind), "Reconcile");
         let live_pods = s
             .pods()
@@ -493,15 +486,21 @@ async fn wait_for_gate(s: &Scenario, run: &str) -> String {
         })
         .await;
     let name = step(&waiting, "issue").approval.clone().unwrap();
-    // The run names its Approval in status just before creating it.
+    asked(s, &name).await;
+    name
+}
+
+/// The Approval a run named in its status, once it exists: the run names it
+/// just before creating it.
+async fn asked(s: &Scenario, name: &str) -> agentrun_operator::api::Approval {
     agentrun_e2e::wait_for(
         &s.approvals(),
-        &name,
+        name,
         |a: Option<&agentrun_operator::api::Approval>| a.is_some(),
         Duration::from_secs(30),
     )
-    .await;
-    name
+    .await
+    .unwrap_or_else(|| panic!("Approval {name} was named but never created"))
 }
 
 #[tokio::test]
@@ -589,15 +588,7 @@ async fn stale_input_after_resume_replans_and_reruns_under_a_new_key() {
         })
         .await;
     let approval = step(&waiting, "buy").approval.clone().unwrap();
-    let asked = agentrun_e2e::wait_for(
-        &s.approvals(),
-        &approval,
-        |a: Option<&agentrun_operator::api::Approval>| a.is_some(),
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap();
-    let question = serde_json::to_string(&asked.spec).unwrap();
+    let question = serde_json::to_string(&asked(&s, &approval).await.spec).unwrap();
     assert!(
         question.contains("already acted at plan revision 1"),
         "the question says why: {question}"
