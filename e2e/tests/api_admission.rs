@@ -130,6 +130,11 @@ fn cases() -> Vec<Case> {
             &["spec.steps[0].name", "-fetch"],
         ),
         refused(
+            "a result schema that is not an object",
+            run_with_step(json!({ "resultSchema": "string" })),
+            &["spec.steps[0].resultSchema", "must be of type object"],
+        ),
+        refused(
             "duplicate step names",
             run(json!({ "steps": [step("fetch"), step("fetch")] })),
             &["spec.steps[1]", "Duplicate value", "fetch"],

@@ -200,3 +200,45 @@ fn describe_says_whether_the_approvers_were_told() {
     let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
     assert!(out.contains("      notified: 1 delivered\n"), "{out}");
 }
+
+/// A step whose result its `resultSchema` refused: the mismatch, past the
+/// first line of the message, is what a person needs, within 80 columns.
+#[test]
+fn describe_shows_why_a_result_was_refused() {
+    let (mut run, approvals) = fixture("charge-rejected");
+    let status = run.status.as_mut().unwrap();
+    let step = status
+        .steps
+        .iter_mut()
+        .find(|c| c.message.is_none())
+        .expect("a step without a message");
+    let name = step.name.clone();
+    step.message = Some(
+        "attempt 1 returned a result that does not match its resultSchema: at /: \"orderId\" is a required property; at /total: value is less than the minimum of 0; retry 1 of 2 after 1s"
+            .into(),
+    );
+    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    fits_80_columns(&out);
+    let at = out.find(&format!(" {name} ")).expect("the step's line");
+    let block: String = out[at..].lines().take(8).collect::<Vec<_>>().join("\n");
+    // Wrapped between words: read it back as one text.
+    let block = block.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        block.contains("\"orderId\" is a required property;"),
+        "{block}"
+    );
+    assert!(
+        block.contains("value is less than the minimum of 0"),
+        "{block}"
+    );
+    let full = render::describe(&run, &approvals, &[], now(&run), true, Style::default());
+    assert!(full.contains("retry 1 of 2 after 1s"), "{full}");
+}
+
+#[test]
+fn wrap_breaks_between_words_and_says_when_it_cut() {
+    assert_eq!(render::wrap("a bb ccc", 4, 3), ["a bb", "ccc"]);
+    assert_eq!(render::wrap("a bb ccc dddd", 4, 2), ["a bb", "ccc…"]);
+    assert_eq!(render::wrap("abcdefgh", 4, 3), ["abc…"]);
+    assert!(render::wrap("", 4, 3).is_empty());
+}

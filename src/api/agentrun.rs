@@ -27,6 +27,8 @@ pub const MAX_CONTEXT_BYTES: i32 = 128 * 1024;
 pub const DEFAULT_PARALLELISM: i32 = 10;
 /// Most names one step may depend on.
 pub const MAX_DEPENDS_ON: usize = 32;
+/// The largest `resultSchema` a step may declare, as compact JSON.
+pub const MAX_RESULT_SCHEMA_BYTES: usize = 8 * 1024;
 /// Default of `budget.replans`: re-plans for stale input before the run stops.
 pub const DEFAULT_REPLANS: i32 = 10;
 
@@ -175,6 +177,15 @@ pub struct StepSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(concat!("!self.matches(r'", crate::duration_pattern!(), "') || duration(self) > duration('0s')")).message("freshFor must be longer than 0s"))]
     pub fresh_for: Option<Duration>,
+
+    /// A JSON Schema (draft 2020-12 unless `$schema` names another) the
+    /// step's result must match. A result that does not is not committed:
+    /// the attempt fails with the first mismatches in its message and follows
+    /// the retry policy, and the effect it reported is recorded all the same.
+    /// At most 8 KiB as JSON; references resolve only within the schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::json_schema_object")]
+    pub result_schema: Option<Box<serde_json::Value>>,
 
     /// Longest time one attempt may run before it is stopped and counted as failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -47,6 +47,11 @@ fn any_json(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
 }
 
+/// A JSON object kept as written (a step's `resultSchema`).
+fn json_schema_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true })
+}
+
 /// Conditions as a map keyed by `type`, the standard `metav1.Condition` list.
 fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item =

@@ -35,6 +35,7 @@ mod plan;
 mod pods;
 pub mod reasons;
 mod result;
+mod schema;
 mod when;
 
 #[cfg(test)]

@@ -99,6 +99,9 @@ pub fn validate_step(step: &StepSpec, at: &str) -> Result<(), String> {
     {
         return Err(format!("{at}.compensate.image: an image is required"));
     }
+    if let Some(schema) = &step.result_schema {
+        super::schema::check(schema).map_err(|e| format!("{at}.resultSchema: {e}"))?;
+    }
     Ok(())
 }
 

@@ -157,6 +157,8 @@ vocabulary! {
         PodNotStopping,
         /// A step's result was too large to keep inline in status (D11).
         ResultNotKept,
+        /// A step's result did not match its `resultSchema`: not committed.
+        ResultInvalid,
         ApprovalRequested,
         ApprovalGranted,
         ReconcileDecided,

@@ -378,7 +378,7 @@ mod tests {
         let validator = jsonschema::validator_for(&schema).expect("the schema compiles");
         let errors: Vec<String> = validator
             .iter_errors(doc)
-            .map(|e| format!("{} at {}", e, e.instance_path))
+            .map(|e| format!("{} at {}", e, e.instance_path()))
             .collect();
         assert!(errors.is_empty(), "{errors:#?}\n{doc:#}");
     }

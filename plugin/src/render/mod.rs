@@ -278,10 +278,52 @@ fn step_line(cp: &StepCheckpoint, now: Timestamp, full: bool, style: Style) -> S
         let _ = writeln!(s, "      released by {by}");
     }
     if let Some(m) = &cp.message {
-        let m = if full { m.clone() } else { truncate(m, 70) };
-        let _ = writeln!(s, "      {m}");
+        // What went wrong is often past the first line (a result's
+        // mismatches, a Reconcile question): three lines before it is cut.
+        let lines = if full {
+            vec![m.clone()]
+        } else {
+            wrap(m, 72, 3)
+        };
+        for line in lines {
+            let _ = writeln!(s, "      {line}");
+        }
     }
     s
+}
+
+/// `text` in lines of at most `width` characters, broken between words (a
+/// word longer than a line is cut), at most `max` of them: the last ends
+/// with `…` when there was more.
+pub fn wrap(text: &str, width: usize, max: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let fits = line.is_empty() || line.chars().count() + 1 + word.chars().count() <= width;
+        if !fits {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    let more = lines.len() > max;
+    lines.truncate(max);
+    for l in &mut lines {
+        *l = truncate(l, width);
+    }
+    if more && let Some(last) = lines.last_mut() {
+        let mut t = truncate(last, width - 1);
+        if !t.ends_with('…') {
+            t.push('…');
+        }
+        *last = t;
+    }
+    lines
 }
 
 /// `kubectl agentrun describe RUN`: a readable tree of the run.

@@ -37,6 +37,26 @@ pub(super) enum Slot {
     Compensation(usize),
 }
 
+/// What a failed attempt did to the outside world, as far as anyone knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Acted {
+    /// Nothing: it said `"effect": "NotApplied"`, never started, or is not
+    /// a step with an effect.
+    No,
+    /// It may have: it ended without saying it did not act (D6).
+    Maybe,
+    /// It did: it reported its effect and then failed in another way (a
+    /// result its `resultSchema` refuses).
+    Yes,
+}
+
+impl Acted {
+    /// `Maybe` unless `not` says otherwise.
+    pub fn unless(not: bool) -> Acted {
+        if not { Acted::No } else { Acted::Maybe }
+    }
+}
+
 /// What identifies an attempt and its Pod, copied out of its record.
 #[derive(Clone, Debug)]
 pub(super) struct Record {
@@ -391,7 +411,7 @@ impl<'a> Machine<'a> {
                     "attempt {} exited with code {exit_code} ({reason}){said}{reported}",
                     r.attempt
                 );
-                self.attempt_failed(plan, slot, why, tokens, !not_applied);
+                self.attempt_failed(plan, slot, why, tokens, Acted::unless(not_applied));
             }
             Observation::Disrupted {
                 reason,
@@ -483,27 +503,31 @@ impl<'a> Machine<'a> {
     /// A failed attempt (exit code, timeout, bad result, a Pod the API
     /// server refuses) spends the retry budget: retried after its backoff,
     /// never early (see `backoff_until`), or past `retry.limit` failed for
-    /// good. `may_have_acted`: the attempt ended without saying it did not act
+    /// good. `Acted::Maybe`: the attempt ended without saying it did not act
     /// (a timeout, a non-zero exit without `"effect": "NotApplied"`, an
     /// unreadable result), so a step's effect is `Unknown` (D7), a
     /// compensation covers it, and a NonIdempotent step is retried only once
-    /// a person answered the Reconcile question (D6).
+    /// a person answered the Reconcile question (D6). `Acted::Yes`: the
+    /// effect is `Applied`, and a NonIdempotent step is not retried at all.
     pub(super) fn attempt_failed(
         &mut self,
         plan: &Plan<'_>,
         slot: Slot,
         why: String,
         tokens: TokenUsage,
-        may_have_acted: bool,
+        acted: Acted,
     ) {
         self.tally.failed += 1;
         self.add_tokens(slot, tokens);
-        if may_have_acted && let Slot::Step(i) = slot {
-            self.effect_unknown(plan, i);
+        if let Slot::Step(i) = slot {
+            match acted {
+                Acted::No => {}
+                Acted::Maybe => self.effect_unknown(plan, i),
+                Acted::Yes => self.effect_applied(plan, i),
+            }
         }
         let r = self.record(slot);
         let (limit, backoff) = self.retry_rule(plan, &r);
-        let now = Time(self.now);
         let f = self.facts(slot);
         let failures = *f.failures + 1;
         *f.failures = failures;
@@ -519,27 +543,20 @@ impl<'a> Machine<'a> {
             } else {
                 format!("{why}; not retried: the run is failing")
             };
-            let f = self.facts(slot);
-            *f.phase = StepPhase::Failed;
-            *f.finished_at = Some(now);
-            *f.next_attempt_at = None;
-            *f.message = Some(message.clone());
-            match slot {
-                Slot::Step(i) if r.role == PodRole::Verify => self.probe_gave_up(plan, i, message),
-                Slot::Step(i) => self.step_exhausted(i, message),
-                Slot::Compensation(_) => self.event(
-                    EventType::Warning,
-                    Reason::CompensationFailed,
-                    format!("{}: {why}", r.what()),
-                ),
-            }
-            return;
+            return self.failed_for_good(plan, slot, &why, message);
         }
-        if may_have_acted
-            && let Slot::Step(i) = slot
+        if let Slot::Step(i) = slot
             && self.non_idempotent(plan, i)
         {
-            return self.ask_reconcile(plan, i, why);
+            match acted {
+                Acted::No => {}
+                Acted::Maybe => return self.ask_reconcile(plan, i, why),
+                Acted::Yes => {
+                    let message =
+                        format!("{why}; not retried: its NonIdempotent effect was applied");
+                    return self.failed_for_good(plan, slot, &why, message);
+                }
+            }
         }
         let delay = plan::backoff(backoff.as_ref(), failures);
         let at = Time(self.backoff_until(delay));
@@ -557,6 +574,27 @@ impl<'a> Machine<'a> {
                 Reason::StepRetrying,
                 format!("step {}: {message}", r.name),
             );
+        }
+    }
+
+    /// The last attempt of a record failed: its record is final, and a
+    /// step's run fails (see `step_exhausted`).
+    fn failed_for_good(&mut self, plan: &Plan<'_>, slot: Slot, why: &str, message: String) {
+        let r = self.record(slot);
+        let now = Time(self.now);
+        let f = self.facts(slot);
+        *f.phase = StepPhase::Failed;
+        *f.finished_at = Some(now);
+        *f.next_attempt_at = None;
+        *f.message = Some(message.clone());
+        match slot {
+            Slot::Step(i) if r.role == PodRole::Verify => self.probe_gave_up(plan, i, message),
+            Slot::Step(i) => self.step_exhausted(i, message),
+            Slot::Compensation(_) => self.event(
+                EventType::Warning,
+                Reason::CompensationFailed,
+                format!("{}: {why}", r.what()),
+            ),
         }
     }
 

@@ -17,7 +17,7 @@ use crate::engine::reasons::Reason;
 use crate::engine::{Action, EventType, RefusalCause};
 
 use super::Machine;
-use super::attempt::Slot;
+use super::attempt::{Acted, Slot};
 
 /// Why a Pod may not start now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,7 +206,7 @@ impl<'a> Machine<'a> {
                     r.name,
                     r.message
                 );
-                self.attempt_failed(plan, slot, why, TokenUsage::default(), false);
+                self.attempt_failed(plan, slot, why, TokenUsage::default(), Acted::No);
             }
         }
     }

@@ -19,7 +19,7 @@ use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::result;
 use crate::engine::{Action, EventType};
 
-use super::attempt::{Record, Slot};
+use super::attempt::{Acted, Record, Slot};
 use super::{MAX_INLINE_RESULT, MAX_INLINE_RESULTS, Machine, timeout_text};
 
 impl<'a> Machine<'a> {
@@ -116,7 +116,13 @@ impl<'a> Machine<'a> {
             Reason::StepTimedOut,
             format!("step {}: {why}", cp.name),
         );
-        self.attempt_failed(plan, Slot::Step(i), why, TokenUsage::default(), started);
+        self.attempt_failed(
+            plan,
+            Slot::Step(i),
+            why,
+            TokenUsage::default(),
+            Acted::unless(!started),
+        );
         // What the Pod reports while it stops is still recorded (D9).
         self.status.steps[i].stopping = true;
     }
@@ -138,10 +144,18 @@ impl<'a> Machine<'a> {
                 let why = format!("attempt {attempt} returned an unusable result: {e}");
                 // Whatever tokens it reported were spent all the same (D9).
                 let tokens = result::tokens_best_effort(message);
-                return self.attempt_failed(plan, Slot::Step(i), why, tokens, true);
+                return self.attempt_failed(plan, Slot::Step(i), why, tokens, Acted::Maybe);
             }
         };
         let role = self.status.steps[i].role;
+        if let Some(why) = self.result_refused(plan, i, &report) {
+            let acted = match (role, report.effect) {
+                (StepRole::Step, None | Some(EffectOutcome::Applied)) => Acted::Yes,
+                (StepRole::Step, Some(EffectOutcome::Unknown)) => Acted::Maybe,
+                _ => Acted::No,
+            };
+            return self.attempt_failed(plan, Slot::Step(i), why, report.tokens, acted);
+        }
         let planned = match role {
             StepRole::Planner => match plan::parse_planner_plan(report.plan.as_ref()) {
                 Ok(steps) => Some(steps),
@@ -150,7 +164,7 @@ impl<'a> Machine<'a> {
                     // `retry.limit`, then the run fails for that reason.
                     let name = self.status.steps[i].name.clone();
                     let why = format!("attempt {attempt} returned an invalid plan: {e}");
-                    self.attempt_failed(plan, Slot::Step(i), why, report.tokens, false);
+                    self.attempt_failed(plan, Slot::Step(i), why, report.tokens, Acted::No);
                     if self.status.steps[i].phase == StepPhase::Failed {
                         self.set_condition(
                             ConditionType::FailureTarget,
@@ -304,6 +318,20 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// A step with an effect said it applied it, and then failed (D7: the
+    /// failure never hides the effect).
+    pub(super) fn effect_applied(&mut self, plan: &Plan<'_>, i: usize) {
+        if self.status.steps[i].role != StepRole::Step {
+            return;
+        }
+        let effect = self
+            .step_spec(plan, &self.status.steps[i].name)
+            .map_or(Effect::NonIdempotent, |s| s.effect);
+        if effect != Effect::None {
+            self.status.steps[i].effect = Some(EffectOutcome::Applied);
+        }
+    }
+
     /// A step, planner or compactor failed with no retries left: its
     /// checkpoint is final, and the run fails unless it was the compactor.
     pub(super) fn step_exhausted(&mut self, i: usize, message: String) {
@@ -323,6 +351,36 @@ impl<'a> Machine<'a> {
         } else if !self.failing() {
             self.fail_run(Reason::StepFailed, format!("step {name}: {message}"));
         }
+    }
+
+    /// Why a successful attempt's result may not be committed: it does not
+    /// match the step's `resultSchema` (a Warning Event says so at once, the
+    /// attempt's message keeps it).
+    fn result_refused(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        report: &result::StepReport,
+    ) -> Option<String> {
+        let cp = &self.status.steps[i];
+        let spec = match cp.role {
+            StepRole::Step => self.step_spec(plan, &cp.name),
+            StepRole::Planner => self.run.spec.planner.clone(),
+            StepRole::Compactor | StepRole::Verify => None,
+        };
+        let schema = spec?.result_schema?;
+        let e = crate::engine::schema::mismatches(&schema, &report.result).err()?;
+        let why = format!(
+            "attempt {} returned a result that does not match its resultSchema: {e}",
+            cp.attempt
+        );
+        let what = self.record(Slot::Step(i)).what();
+        self.event(
+            EventType::Warning,
+            Reason::ResultInvalid,
+            format!("{what}: {why}"),
+        );
+        Some(why)
     }
 
     /// Whether plan step checkpoint `i` is a NonIdempotent step's.

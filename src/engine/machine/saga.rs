@@ -15,7 +15,7 @@ use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::result;
 
 use super::Machine;
-use super::attempt::Slot;
+use super::attempt::{Acted, Slot};
 
 impl<'a> Machine<'a> {
     pub(super) fn wind_down(&mut self, plan: &Plan<'_>) {
@@ -112,7 +112,7 @@ impl<'a> Machine<'a> {
                     self.status.compensations[k].attempt
                 );
                 let tokens = result::tokens_best_effort(message);
-                return self.attempt_failed(plan, slot, why, tokens, false);
+                return self.attempt_failed(plan, slot, why, tokens, Acted::No);
             }
         };
         self.add_tokens(slot, report.tokens);

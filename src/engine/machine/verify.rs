@@ -23,7 +23,7 @@ use crate::engine::reasons::Reason;
 use crate::engine::result;
 
 use super::Machine;
-use super::attempt::Slot;
+use super::attempt::{Acted, Slot};
 
 impl<'a> Machine<'a> {
     /// Whether step checkpoint `c` may still be settled by its probe: the
@@ -102,7 +102,7 @@ impl<'a> Machine<'a> {
             Err(e) => {
                 let why = format!("verify attempt {attempt} returned an unusable answer: {e}");
                 let tokens = result::tokens_best_effort(message);
-                return self.attempt_failed(plan, Slot::Step(v), why, tokens, false);
+                return self.attempt_failed(plan, Slot::Step(v), why, tokens, Acted::No);
             }
         };
         self.add_tokens(Slot::Step(v), report.tokens);

@@ -20,6 +20,7 @@ mod d04_graphs;
 mod d06_d07_failure_and_disruption;
 mod d06_unknown_outcomes;
 mod d06_verify;
+mod d07_result_schema;
 mod d07_saga;
 mod d08_freshness;
 mod d09_budgets_and_limits;
