@@ -18,10 +18,10 @@ fn run() -> AgentRun {
     let steps = (0..STEPS)
         .map(|i| StepSpec {
             name: format!("step-{i:03}"),
-            container: StepContainer {
+            container: Some(StepContainer {
                 image: "tool:1".into(),
                 ..Default::default()
-            },
+            }),
             effect: Effect::Idempotent,
             fresh_for: Some("24h".into()),
             timeout: Some("10m".into()),

@@ -130,6 +130,47 @@ fn cases() -> Vec<Case> {
             &["spec.steps[0].name", "-fetch"],
         ),
         refused(
+            "a step with a container and a wait",
+            run_with_step(json!({ "wait": { "for": "1m" } })),
+            &["a step has a container or a wait, exactly one of them"],
+        ),
+        refused(
+            "a step with neither a container nor a wait",
+            run(json!({ "steps": [{ "name": "nothing" }] })),
+            &["a step has a container or a wait, exactly one of them"],
+        ),
+        refused(
+            "a wait step that retries",
+            run(
+                json!({ "steps": [{ "name": "w", "wait": { "for": "1m" }, "retry": { "limit": 1 } }] }),
+            ),
+            &[
+                "a wait step runs no container: retry, timeout, approval, compensate, verify, resultSchema and freshFor do not apply to it",
+            ],
+        ),
+        refused(
+            "a wait with both for and until",
+            run(
+                json!({ "steps": [{ "name": "w", "wait": { "for": "1m", "until": "2030-01-01T00:00:00Z" } }] }),
+            ),
+            &["wait: set exactly one of for and until"],
+        ),
+        refused(
+            "a wait of 0s",
+            run(json!({ "steps": [{ "name": "w", "wait": { "for": "0s" } }] })),
+            &["wait.for must be longer than 0s"],
+        ),
+        refused(
+            "a wait until a time that is not one",
+            run(json!({ "steps": [{ "name": "w", "wait": { "until": "tomorrow" } }] })),
+            &["spec.steps[0].wait.until", "tomorrow"],
+        ),
+        refused(
+            "a planner that waits",
+            run(json!({ "planner": { "name": "plan", "wait": { "for": "1m" } } })),
+            &["spec.planner.wait: a planner runs a container; it cannot wait"],
+        ),
+        refused(
             "a result schema that is not an object",
             run_with_step(json!({ "resultSchema": "string" })),
             &["spec.steps[0].resultSchema", "must be of type object"],

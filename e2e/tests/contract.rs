@@ -186,7 +186,7 @@ async fn a_step_edited_during_its_backoff_is_approved_again_before_it_runs() {
     .await;
     // During the 8 s backoff the step's arguments change.
     let mut run = s.runs().get("deploy").await.unwrap();
-    run.spec.steps[0].container.args = vec!["--force".into()];
+    run.spec.steps[0].container.as_mut().unwrap().args = vec!["--force".into()];
     s.runs()
         .patch(
             "deploy",

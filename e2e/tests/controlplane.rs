@@ -37,10 +37,10 @@ fn one_step_run(name: &str) -> AgentRun {
         AgentRunSpec {
             steps: vec![StepSpec {
                 name: "fetch".into(),
-                container: StepContainer {
+                container: Some(StepContainer {
                     image: "busybox:1.36".into(),
                     ..StepContainer::default()
-                },
+                }),
                 ..StepSpec::default()
             }],
             ..AgentRunSpec::default()

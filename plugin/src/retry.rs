@@ -183,10 +183,10 @@ mod tests {
     fn source(phase: RunPhase, done: &[&str]) -> AgentRun {
         let step = |n: &str| StepSpec {
             name: n.into(),
-            container: StepContainer {
+            container: Some(StepContainer {
                 image: "x".into(),
                 ..Default::default()
-            },
+            }),
             ..Default::default()
         };
         let mut run = AgentRun::new(

@@ -242,3 +242,31 @@ fn wrap_breaks_between_words_and_says_when_it_cut() {
     assert_eq!(render::wrap("abcdefgh", 4, 3), ["abc…"]);
     assert!(render::wrap("", 4, 3).is_empty());
 }
+
+/// A wait step shows when it wakes, and how long until then.
+#[test]
+fn describe_shows_when_a_wait_wakes() {
+    use agentrun_operator::api::{RunPhase, StepCheckpoint, StepPhase};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let (mut run, approvals) = fixture("refund-waiting");
+    let now = now(&run);
+    let status = run.status.as_mut().unwrap();
+    status.phase = Some(RunPhase::Waiting);
+    status.steps.push(StepCheckpoint {
+        name: "cool-off".into(),
+        plan_revision: 1,
+        phase: StepPhase::Waiting,
+        started_at: Some(Time(now)),
+        wake_at: Some(Time(now + SignedDuration::from_mins(90))),
+        message: Some(format!(
+            "waits until {}",
+            now + SignedDuration::from_mins(90)
+        )),
+        ..StepCheckpoint::default()
+    });
+    let out = render::describe(&run, &approvals, &[], now, false, Style::default());
+    fits_80_columns(&out);
+    let wake = now + SignedDuration::from_mins(90);
+    assert!(out.contains("◷ cool-off"), "{out}");
+    assert!(out.contains(&format!("wakes at {wake} (in 90m)")), "{out}");
+}

@@ -48,7 +48,7 @@ pub const DEFAULT_REPLANS: i32 = 10;
     derive = "PartialEq",
     derive = "Default",
     doc = "A durable AI-agent run: a plan of steps, each run as one Pod, whose results are checkpointed in status before the next step starts, so a run survives operator crashes, evictions and long waits for a person without repeating a committed step.",
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Pending, Planning, Running, WaitingForApproval, Compensating, Succeeded, Failed or Cancelled"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Pending, Planning, Running, WaitingForApproval, Waiting, Compensating, Succeeded, Failed or Cancelled"),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Succeeded\")].reason", description = "Why the run is in its phase: the reason of its Succeeded condition"),
     printcolumn(name = "Step", type_ = "string", json_path = ".status.currentStep", description = "The step running or waiting now"),
     printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress", description = "Steps succeeded out of the plan's steps"),
@@ -58,6 +58,7 @@ pub const DEFAULT_REPLANS: i32 = 10;
 )]
 #[x_kube(
     validation = Rule::new("(has(self.steps) && size(self.steps) > 0) || has(self.planner)").message("spec.steps: at least one step is required unless spec.planner is set").reason(Reason::FieldValueRequired),
+    validation = Rule::new("!has(self.planner) || !has(self.planner.wait)").message("spec.planner.wait: a planner runs a container; it cannot wait").field_path(".planner").reason(Reason::FieldValueForbidden),
     // On the spec, not the field: a rule on an optional field does not run
     // when an update adds or removes it.
     validation = Rule::new("has(self.forkOf) == has(oldSelf.forkOf) && (!has(self.forkOf) || self.forkOf == oldSelf.forkOf)").message("spec.forkOf is immutable: a fork starts from one source, and a run is a fork from its creation or never").field_path(".forkOf").reason(Reason::FieldValueForbidden)
@@ -127,12 +128,17 @@ pub struct AgentRunSpec {
 }
 
 // Every cached run keeps its plan, so the parts most steps leave out (retry,
-// approval, compensation, a container's resources) are boxed: an absent one
-// costs a pointer, not its room (a `StepSpec` is 280 bytes inline, 856
-// unboxed). The JSON and the schema are the same either way.
-/// One step of a plan: a container run once per attempt.
+// approval, compensation, verify, resultSchema, wait, a container's
+// resources) are boxed: an absent one costs a pointer, not its room (a
+// `StepSpec` is 336 bytes inline). The JSON and the schema are the same
+// either way.
+/// One step of a plan: a container run once per attempt, or a wait.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.container) != has(self.wait)").message("a step has a container or a wait, exactly one of them").reason(Reason::FieldValueRequired),
+    validation = Rule::new("!has(self.wait) || !(has(self.retry) || has(self.timeout) || has(self.approval) || has(self.compensate) || has(self.verify) || has(self.resultSchema) || has(self.freshFor))").message("a wait step runs no container: retry, timeout, approval, compensate, verify, resultSchema and freshFor do not apply to it").reason(Reason::FieldValueForbidden)
+)]
 pub struct StepSpec {
     /// Unique within the plan; a DNS label of at most 48 characters.
     #[schemars(
@@ -163,8 +169,16 @@ pub struct StepSpec {
     #[schemars(length(min = 1, max = 1024))]
     pub when: Option<Box<str>>,
 
-    /// The container that performs the step.
-    pub container: StepContainer,
+    /// The container that performs the step (every step but a wait).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<StepContainer>,
+
+    /// A step that waits, with no Pod: for a duration from when it starts,
+    /// or until a time. The time it wakes is recorded in status when it
+    /// starts, so a restart or an edit never moves it; it counts against no
+    /// budget, and cancelling the run ends it at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Box<WaitSpec>>,
 
     /// What the step does to the outside world. `None`: nothing; `Idempotent`:
     /// safe to repeat with the same idempotency key; `NonIdempotent` (default):
@@ -214,6 +228,24 @@ pub struct StepSpec {
     /// fails, asks a person (a Reconcile Approval that shows what it saw).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<Box<StepContainer>>,
+}
+
+/// How long a wait step waits: exactly one of `for` and `until`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.for) != has(self.until)").message("wait: set exactly one of for and until").reason(Reason::FieldValueRequired)
+)]
+pub struct WaitSpec {
+    /// How long, counted from when the step starts (its `startedAt`), e.g.
+    /// `10m`, `72h`.
+    #[serde(rename = "for", default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(concat!("!self.matches(r'", crate::duration_pattern!(), "') || duration(self) > duration('0s')")).message("wait.for must be longer than 0s"))]
+    pub for_: Option<Duration>,
+    /// Until when (RFC 3339, e.g. `2026-12-24T09:00:00Z`). A time already
+    /// past ends the wait as soon as it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
 }
 
 /// The container of a step. The step Pod gets exactly one container built from it.
@@ -525,6 +557,8 @@ pub enum RunPhase {
     Planning,
     Running,
     WaitingForApproval,
+    /// Every step under way is a wait step: nothing runs until the first wakes.
+    Waiting,
     Compensating,
     Succeeded,
     Failed,
@@ -657,6 +691,10 @@ pub struct StepCheckpoint {
     /// Earliest time of the next attempt (backoff timer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<Time>,
+    /// When a wait step ends: its `wait.until`, or `wait.for` after its
+    /// `startedAt`. Fixed when the wait starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_at: Option<Time>,
     /// The Approval this step waits on, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<String>,
@@ -750,6 +788,8 @@ pub enum StepPhase {
     /// An attempt may have acted; the step's verify probe is asking the
     /// system it changes what happened.
     Verifying,
+    /// A wait step, until its `wakeAt`: no Pod runs.
+    Waiting,
 }
 
 impl StepPhase {

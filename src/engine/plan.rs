@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::api::{
     AgentRunSpec, Backoff, MAX_CONTEXT_BYTES, MAX_DEPENDS_ON, MAX_STEP_NAME, MAX_STEPS, PlanSource,
-    PlanStatus, StepCheckpoint, StepPhase, StepRole, StepSpec,
+    PlanStatus, StepCheckpoint, StepPhase, StepRole, StepSpec, WaitSpec,
 };
 
 /// Checks a list of steps the way admission would. `at` names the list in messages.
@@ -50,8 +50,17 @@ pub fn validate_step(step: &StepSpec, at: &str) -> Result<(), String> {
             step.name
         ));
     }
-    if step.container.image.is_empty() {
-        return Err(format!("{at}.container.image: an image is required"));
+    match (&step.container, &step.wait) {
+        (Some(c), None) if c.image.is_empty() => {
+            return Err(format!("{at}.container.image: an image is required"));
+        }
+        (Some(_), None) => {}
+        (None, Some(w)) => validate_wait(step, w, at)?,
+        _ => {
+            return Err(format!(
+                "{at}: a step has a container or a wait, exactly one of them"
+            ));
+        }
     }
     let durations = [
         ("freshFor", step.fresh_for.as_ref()),
@@ -105,6 +114,36 @@ pub fn validate_step(step: &StepSpec, at: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A wait step: exactly one of `for` (longer than 0s) and `until`, and none
+/// of what only a container's attempts use.
+fn validate_wait(step: &StepSpec, w: &WaitSpec, at: &str) -> Result<(), String> {
+    match (&w.for_, &w.until) {
+        (Some(d), None) => {
+            let d = d.parse().map_err(|e| format!("{at}.wait.for: {e}"))?;
+            if d <= SignedDuration::ZERO {
+                return Err(format!("{at}.wait.for: must be longer than 0s"));
+            }
+        }
+        (None, Some(_)) => {}
+        _ => return Err(format!("{at}.wait: set exactly one of for and until")),
+    }
+    let container_only = [
+        ("retry", step.retry.is_some()),
+        ("timeout", step.timeout.is_some()),
+        ("approval", step.approval.is_some()),
+        ("compensate", step.compensate.is_some()),
+        ("verify", step.verify.is_some()),
+        ("resultSchema", step.result_schema.is_some()),
+        ("freshFor", step.fresh_for.is_some()),
+    ];
+    if let Some((field, _)) = container_only.iter().find(|(_, set)| *set) {
+        return Err(format!(
+            "{at}.{field}: a wait step runs no container: retry, timeout, approval, compensate, verify, resultSchema and freshFor do not apply to it"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks the whole spec once the run starts.
 pub fn validate_spec(spec: &AgentRunSpec) -> Result<(), String> {
     if spec.steps.is_empty() && spec.planner.is_none() {
@@ -113,6 +152,9 @@ pub fn validate_spec(spec: &AgentRunSpec) -> Result<(), String> {
     validate_steps(&spec.steps, "spec.steps")?;
     if let Some(p) = &spec.planner {
         validate_step(p, "spec.planner")?;
+        if p.wait.is_some() {
+            return Err("spec.planner.wait: a planner runs a container; it cannot wait".into());
+        }
     }
     if let Some(ctx) = &spec.context
         && let Some(max) = ctx.max_bytes

@@ -112,6 +112,8 @@ vocabulary! {
         Finished,
         NoApprovalPending,
         WaitingForApproval,
+        /// Every step under way is a wait step, until the first wakes.
+        Waiting,
         InputStale,
         InputsFresh,
 
@@ -139,6 +141,10 @@ vocabulary! {
         Forked,
 
         StepStarted,
+        /// A wait step started: it wakes at the time its message names.
+        StepWaiting,
+        /// A wait step's time came: it succeeded.
+        StepWoke,
         StepSucceeded,
         StepRetrying,
         StepTimedOut,

@@ -37,7 +37,7 @@ pub fn container(image: &str) -> StepContainer {
 pub fn step(name: &str) -> StepSpec {
     StepSpec {
         name: name.into(),
-        container: container("tool:1"),
+        container: Some(container("tool:1")),
         effect: Effect::Idempotent,
         ..StepSpec::default()
     }

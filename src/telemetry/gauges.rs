@@ -9,11 +9,12 @@ use crate::api::{AgentRun, Approval, ApprovalPhase, RunPhase};
 use crate::engine::ConditionType;
 
 /// Every phase, so a phase with no run reads 0 rather than vanishing.
-pub const PHASES: [RunPhase; 8] = [
+pub const PHASES: [RunPhase; 9] = [
     RunPhase::Pending,
     RunPhase::Planning,
     RunPhase::Running,
     RunPhase::WaitingForApproval,
+    RunPhase::Waiting,
     RunPhase::Compensating,
     RunPhase::Succeeded,
     RunPhase::Failed,
@@ -53,8 +54,10 @@ pub fn compute<'a>(
         if stalled {
             *g.runs_stalled.entry(ns.clone()).or_default() += 1;
         }
+        // Waiting for a person or for a wait step's time is not a stall.
         let active = !phase.is_terminal()
             && phase != RunPhase::WaitingForApproval
+            && phase != RunPhase::Waiting
             && !run.spec.suspend
             && !run.spec.cancel;
         if !active {

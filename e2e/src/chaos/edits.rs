@@ -149,7 +149,9 @@ fn where_it_stands(run: &AgentRun, step: &str) -> String {
 async fn edit(runs: &Api<AgentRun>, run: &AgentRun, step: &str) -> Result<(), kube::Error> {
     let mut steps = run.spec.steps.clone();
     for s in steps.iter_mut().filter(|s| s.name == step) {
-        s.container.args.push(EDITED_ARG.into());
+        if let Some(c) = s.container.as_mut() {
+            c.args.push(EDITED_ARG.into());
+        }
     }
     let name = run.metadata.name.as_deref().unwrap_or_default();
     runs.patch(

@@ -230,6 +230,7 @@ fn mark(phase: StepPhase) -> &'static str {
         StepPhase::Superseded => "~",
         StepPhase::Skipped => "-",
         StepPhase::Verifying => "?",
+        StepPhase::Waiting => "◷",
         StepPhase::Pending => "·",
     }
 }
@@ -262,6 +263,14 @@ fn step_line(cp: &StepCheckpoint, now: Timestamp, full: bool, style: Style) -> S
     let _ = writeln!(s, "      {}", style.dim(&facts.join("  ")));
     if let Some(pod) = &cp.pod {
         let _ = writeln!(s, "      {}", style.dim(&format!("pod {pod}")));
+    }
+    if let (StepPhase::Waiting, Some(wake)) = (cp.phase, &cp.wake_at) {
+        let left = if wake.0 > now {
+            format!("in {}", short(wake.0.duration_since(now)))
+        } else {
+            "now".into()
+        };
+        let _ = writeln!(s, "      wakes at {} ({left})", wake.0);
     }
     if let Some(until) = &cp.fresh_until {
         let stale = if until.0 <= now { " (stale)" } else { "" };

@@ -111,10 +111,10 @@ mod graph_tests {
             name: name.into(),
             depends_on: (!deps.is_empty()).then(|| deps.iter().map(|d| d.to_string()).collect()),
             when: when.map(Into::into),
-            container: StepContainer {
+            container: Some(StepContainer {
                 image: "x".into(),
                 ..Default::default()
-            },
+            }),
             ..Default::default()
         }
     }

@@ -78,7 +78,7 @@ impl<'a> Machine<'a> {
                 && self.status.steps[c].plan_revision < plan.revision
                 && matches!(
                     self.status.steps[c].phase,
-                    StepPhase::Pending | StepPhase::WaitingForApproval
+                    StepPhase::Pending | StepPhase::WaitingForApproval | StepPhase::Waiting
                 )
                 && (!ready
                     || plan.ancestors(i).into_iter().any(|j| {
@@ -251,6 +251,9 @@ impl<'a> Machine<'a> {
         // starts beside it (its effect decides whether a person is asked).
         if self.earlier_attempt_live(&step.name, plan.revision) {
             return;
+        }
+        if step.wait.is_some() {
+            return self.start_wait(plan, i);
         }
         let gated = step.approval.as_ref().is_some_and(|g| g.required);
         if !gated && self.repeated_effect(plan, i).is_none() {

@@ -275,13 +275,13 @@ impl<'a> Machine<'a> {
         let (container, results, summary, max): (StepContainer, Vec<(String, Value)>, _, usize) =
             match r.role {
                 PodRole::Step => (
-                    self.step_spec(plan, &r.name)?.container,
+                    self.step_spec(plan, &r.name)?.container?,
                     self.prior_results(plan, i, at),
                     summary,
                     self.max_context_bytes(),
                 ),
                 PodRole::Planner => (
-                    self.run.spec.planner.as_ref()?.container.clone(),
+                    self.run.spec.planner.as_ref()?.container.clone()?,
                     Vec::new(),
                     summary,
                     self.max_context_bytes(),

@@ -32,6 +32,14 @@ impl<'a> Machine<'a> {
             .steps
             .iter()
             .any(|c| c.phase == StepPhase::Running);
+        // The wait step that wakes first.
+        let timer = self
+            .status
+            .steps
+            .iter()
+            .filter(|c| c.phase == StepPhase::Waiting)
+            .min_by_key(|c| c.wake_at.as_ref().map(|t| t.0))
+            .map(|c| (c.name.clone(), c.wake_at.clone()));
         // The steps under way, in the plan's order: one name for a sequence,
         // the names of the parallel branches for a graph.
         let mut active: Vec<String> = plan
@@ -72,6 +80,7 @@ impl<'a> Machine<'a> {
             _ if failing => RunPhase::Compensating,
             _ if self.planning().is_some() => RunPhase::Planning,
             _ if waiting.is_some() && !running => RunPhase::WaitingForApproval,
+            _ if timer.is_some() && !running => RunPhase::Waiting,
             _ => RunPhase::Running,
         };
         self.status.phase = Some(phase);
@@ -125,19 +134,16 @@ impl<'a> Machine<'a> {
                 let r = match p {
                     RunPhase::Planning => Reason::Planning,
                     RunPhase::WaitingForApproval => Reason::WaitingForApproval,
+                    RunPhase::Waiting => Reason::Waiting,
                     RunPhase::Compensating => Reason::Compensating,
                     RunPhase::Pending => Reason::Pending,
                     _ => Reason::Running,
                 };
-                cond::set(
-                    conds,
-                    ConditionType::Succeeded,
-                    UNKNOWN,
-                    r,
-                    format!("{done}/{} steps done", plan.steps.len()),
-                    g,
-                    now,
-                )
+                let mut message = format!("{done}/{} steps done", plan.steps.len());
+                if let (RunPhase::Waiting, Some((name, Some(at)))) = (p, &timer) {
+                    message.push_str(&format!("; step {name} waits until {}", at.0));
+                }
+                cond::set(conds, ConditionType::Succeeded, UNKNOWN, r, message, g, now)
             }
         }
         let stalled = self.stalled.take().filter(|_| !phase.is_terminal());
@@ -151,6 +157,8 @@ impl<'a> Machine<'a> {
             (FALSE, Reason::WaitingForApproval)
         } else if phase == RunPhase::Compensating {
             (TRUE, Reason::Compensating)
+        } else if phase == RunPhase::Waiting {
+            (TRUE, Reason::Waiting)
         } else {
             (TRUE, Reason::Running)
         };

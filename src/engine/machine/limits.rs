@@ -138,7 +138,9 @@ impl<'a> Machine<'a> {
                 if cp.role == StepRole::Step && effect.is_none() {
                     effect = Some(EffectOutcome::NotApplied);
                 }
-                if !stop_running {
+                if cp.phase == StepPhase::Waiting {
+                    closing = format!("stopped waiting: {message}");
+                } else if !stop_running {
                     closing = format!("not started: {message}");
                 }
             }

@@ -18,7 +18,8 @@
 //!
 //! One `Machine` holds the facts of one decision; its stages live in the
 //! files beside this one: `finalizers` (stages 1 and 3), `running` (4),
-//! `limits` (5), `advance` and `approvals` (6), `saga` (the wind-down),
+//! `limits` (5), `wait` (wait steps, after 5), `advance` and `approvals`
+//! (6), `saga` (the wind-down),
 //! `derive` (7).
 
 mod advance;
@@ -31,6 +32,7 @@ mod limits;
 mod running;
 mod saga;
 mod verify;
+mod wait;
 
 use std::collections::HashMap;
 
@@ -229,6 +231,7 @@ impl<'a> Machine<'a> {
         self.release_accounted_pods();
         self.observe_running(&plan);
         self.enforce_limits();
+        self.observe_waits();
         self.create_unseen(&plan);
         if self.failing() {
             self.wind_down(&plan);

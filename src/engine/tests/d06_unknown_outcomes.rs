@@ -148,7 +148,7 @@ fn a_reconcile_retry_runs_exactly_the_step_it_was_asked_about() {
         "the Reconcile question is bound to the step as it is"
     );
     // The step is edited while the question is open: it is asked again.
-    w.run.spec.steps[0].container.args = vec!["--amount=900".into()];
+    w.run.spec.steps[0].container.as_mut().unwrap().args = vec!["--amount=900".into()];
     w.run.metadata.generation = Some(2);
     w.settle();
     let second = cp(&w, "refund", 1).approval.unwrap();

@@ -113,7 +113,8 @@ fn gated(timeout: Option<&str>, on_timeout: OnTimeout) -> World {
 
 /// A user edits the step (`kubectl apply`): a new generation.
 fn edit_args(w: &mut World, args: &[&str]) {
-    w.run.spec.steps[0].container.args = args.iter().map(|a| a.to_string()).collect();
+    w.run.spec.steps[0].container.as_mut().unwrap().args =
+        args.iter().map(|a| a.to_string()).collect();
     w.run.metadata.generation = w.run.metadata.generation.map(|g| g + 1);
 }
 
@@ -443,7 +444,7 @@ fn a_step_edited_during_its_retry_backoff_is_asked_about_again() {
     w.update_pod("run-a-2b8d3c-r1-a1", |p| p.exited(1, NOT_APPLIED));
     w.settle();
     // During the backoff, the step's arguments are edited.
-    w.run.spec.steps[0].container.args = vec!["--force".into()];
+    w.run.spec.steps[0].container.as_mut().unwrap().args = vec!["--force".into()];
     w.run.metadata.generation = Some(2);
     w.advance(31);
     w.settle();

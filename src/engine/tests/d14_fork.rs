@@ -168,7 +168,7 @@ fn approvals_are_never_carried_over_a_gated_step_asks_again() {
 fn a_step_the_fork_changed_is_not_carried_over() {
     let source = failed_source("1h");
     let mut steps = source.spec.steps.clone();
-    steps[1].container.args = vec!["--another-question".into()];
+    steps[1].container.as_mut().unwrap().args = vec!["--another-question".into()];
     let mut run = AgentRun::test().with_steps(steps);
     run.metadata.name = Some("run-retry".into());
     run.metadata.uid = Some("fork-uid".into());
