@@ -14,12 +14,14 @@ mod approval;
 mod approvers;
 mod duration;
 mod notify;
+mod run_status;
 
 pub use agentrun::*;
 pub use approval::*;
 pub use approvers::*;
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
 pub use notify::*;
+pub use run_status::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
