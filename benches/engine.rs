@@ -73,6 +73,7 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
             approvals: &[],
             refused: &[],
             source: None,
+            queued: None,
             now,
         });
         run.status = Some(d.status);
@@ -120,6 +121,7 @@ fn bench(c: &mut Criterion) {
         approvals: &[],
         refused: &[],
         source: None,
+        queued: None,
         now,
     };
     let d = decide(&observed);

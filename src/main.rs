@@ -88,6 +88,20 @@ struct RunArgs {
     #[arg(long, env = "AGENTRUN_RECONCILE_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     reconcile_timeout_seconds: u64,
 
+    /// Most runs active at once in one namespace; the rest wait in phase
+    /// `Queued`, in creation order, and start as places free. 0: no cap.
+    #[arg(
+        long,
+        env = "AGENTRUN_MAX_ACTIVE_RUNS_PER_NAMESPACE",
+        default_value_t = 0
+    )]
+    max_active_runs_per_namespace: u32,
+
+    /// Most runs active at once in all the namespaces watched; the rest
+    /// queue. 0: no cap.
+    #[arg(long, env = "AGENTRUN_MAX_ACTIVE_RUNS", default_value_t = 0)]
+    max_active_runs: u32,
+
     /// Log format.
     #[arg(long, env = "AGENTRUN_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -260,6 +274,10 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
                 console_url: args.console_url.clone(),
             }),
         reconcile_timeout: Duration::from_secs(args.reconcile_timeout_seconds),
+        caps: agentrun_operator::controller::capacity::Caps {
+            per_namespace: Some(args.max_active_runs_per_namespace).filter(|&n| n > 0),
+            total: Some(args.max_active_runs).filter(|&n| n > 0),
+        },
         leader: args
             .leader_elect
             .then(|| agentrun_operator::controller::Leader {

@@ -82,6 +82,11 @@ fn chart_schema_refuses_bad_values() {
             "watchNamespaces=team-a",
             "watchNamespaces",
         ),
+        (
+            "a negative cap on active runs",
+            "queue.maxActiveRunsPerNamespace=-1",
+            "maxActiveRunsPerNamespace",
+        ),
     ];
     for (name, set, mentions) in cases {
         let out = output(helm_cmd().args(["template", "r", CHART, "--set"]).arg(set));
@@ -381,6 +386,34 @@ fn chart_deployment_is_restricted_probed_and_leader_elected() {
 
 // ---------------------------------------------------------------------------
 // The CRD copies and the kustomize bases
+
+/// The caps on active runs reach the operator as flags, and only when set.
+#[test]
+fn chart_queue_caps_become_operator_flags() {
+    let docs = render(
+        "ops",
+        "agentrun-system",
+        &[
+            "--set",
+            "queue.maxActiveRunsPerNamespace=5",
+            "--set",
+            "queue.maxActiveRuns=40",
+        ],
+    );
+    let deployment = of_kind(&docs, "Deployment")[0];
+    let args = args_of(deployment);
+    assert!(
+        args.contains(&"--max-active-runs-per-namespace=5".to_string())
+            && args.contains(&"--max-active-runs=40".to_string()),
+        "{args:?}"
+    );
+    let defaults = render("ops", "agentrun-system", &[]);
+    let args = args_of(of_kind(&defaults, "Deployment")[0]);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--max-active-runs")),
+        "no cap by default: {args:?}"
+    );
+}
 
 #[test]
 fn crd_copies_are_byte_identical_to_the_generated_crds() {

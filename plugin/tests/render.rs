@@ -270,3 +270,30 @@ fn describe_shows_when_a_wait_wakes() {
     assert!(out.contains("◷ cool-off"), "{out}");
     assert!(out.contains(&format!("wakes at {wake} (in 90m)")), "{out}");
 }
+
+/// A queued run says where it waits and why, as its condition does.
+#[test]
+fn describe_says_where_a_queued_run_waits() {
+    use agentrun_operator::api::RunPhase;
+    let (mut run, approvals) = fixture("refund-waiting");
+    let now = now(&run);
+    let status = run.status.as_mut().unwrap();
+    status.phase = Some(RunPhase::Queued);
+    status.queue_position = Some(2);
+    status.steps.clear();
+    for c in status
+        .conditions
+        .iter_mut()
+        .filter(|c| c.type_ == "Succeeded")
+    {
+        c.reason = "Queued".into();
+        c.message = "queued at position 2: 5 of 5 runs active in namespace payments (maxActiveRunsPerNamespace)".into();
+    }
+    let out = render::describe(&run, &approvals, &[], now, false, Style::default());
+    fits_80_columns(&out);
+    let text = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        text.contains("Waiting for: a place to start, queued at position 2: 5 of 5 runs active in namespace payments"),
+        "{out}"
+    );
+}

@@ -49,7 +49,7 @@ pub const DEFAULT_REPLANS: i32 = 10;
     derive = "PartialEq",
     derive = "Default",
     doc = "A durable AI-agent run: a plan of steps, each run as one Pod, whose results are checkpointed in status before the next step starts, so a run survives operator crashes, evictions and long waits for a person without repeating a committed step.",
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Pending, Planning, Running, WaitingForApproval, Waiting, Compensating, Succeeded, Failed or Cancelled"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Pending, Queued, Planning, Running, WaitingForApproval, Waiting, Compensating, Succeeded, Failed or Cancelled"),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Succeeded\")].reason", description = "Why the run is in its phase: the reason of its Succeeded condition"),
     printcolumn(name = "Step", type_ = "string", json_path = ".status.currentStep", description = "The step running or waiting now"),
     printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress", description = "Steps succeeded out of the plan's steps"),

@@ -40,9 +40,15 @@ pub struct AgentRunStatus {
     /// Steps of the current plan that have succeeded, as `done/total`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
-    /// When the run started; `activeDeadlineSeconds` counts from here.
+    /// When the run started (was admitted, where runs queue);
+    /// `activeDeadlineSeconds` counts from here. A run that has it counts
+    /// against the operator's caps on active runs until it finishes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// While `Queued`: the run's place in its namespace's queue, from 1 (the
+    /// next to start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<i32>,
     /// For a fork: where it came from, and who asked for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkedFrom>,
@@ -76,6 +82,9 @@ pub struct ForkedFrom {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RunPhase {
     Pending,
+    /// Waits for a place under the operator's cap on active runs (per
+    /// namespace or in all): nothing of it has started.
+    Queued,
     Planning,
     Running,
     WaitingForApproval,

@@ -15,6 +15,7 @@
 //! committed status.
 
 mod apply;
+pub mod capacity;
 pub mod clock;
 mod error;
 mod events;
@@ -68,6 +69,9 @@ pub struct Scope {
     /// Where every decision's `now` comes from ([`clock`]); the client the
     /// controller is given should feed it (`Clock::layer`).
     pub clock: clock::Clock,
+    /// Caps on the runs active at once (`--max-active-runs-per-namespace`,
+    /// `--max-active-runs`); the rest queue ([`capacity`]).
+    pub caps: capacity::Caps,
 }
 
 /// This instance's place in leader election.
@@ -87,6 +91,7 @@ impl Default for Scope {
             reconcile_timeout: std::time::Duration::from_secs(60),
             leader: None,
             clock: clock::Clock::default(),
+            caps: capacity::Caps::default(),
         }
     }
 }
@@ -126,6 +131,8 @@ pub struct Context {
     leader: Option<Leader>,
     /// The time every decision is made at: never ahead of the API server's.
     pub clock: clock::Clock,
+    /// The caps on active runs, and the admissions the run cache may not show yet.
+    capacity: capacity::Capacity,
 }
 
 /// Reconciles that do work at once, granted first come, first served
@@ -275,8 +282,10 @@ pub async fn run(
         reconcile_timeout: scope.reconcile_timeout,
         leader: scope.leader.clone(),
         clock: scope.clock.clone(),
+        capacity: capacity::Capacity::new(scope.caps),
     });
 
+    let run_stream = wake_queued(run_stream, runs_store.clone(), scope.caps);
     let triggers = triggers(run_stream, pod_stream, approval_stream, &metrics);
     tokio::spawn(orphans::release_orphans(
         client.clone(),
@@ -354,6 +363,44 @@ fn triggers(
         })
         .boxed();
     futures::stream::select_all([runs, pods, approvals])
+}
+
+/// Each run event, and when the run frees a place under the caps on active
+/// runs (it finished, is being deleted, or was cancelled before it started),
+/// the runs queued behind it: its namespace's, or every namespace's under a
+/// total cap. They look at the caps again at once rather than at their next
+/// recheck.
+fn wake_queued(
+    runs: impl Stream<Item = Result<DeserializeGuard<AgentRun>, watcher::Error>> + Send + 'static,
+    store: Store<DeserializeGuard<AgentRun>>,
+    caps: capacity::Caps,
+) -> impl Stream<Item = Result<DeserializeGuard<AgentRun>, watcher::Error>> + Send + 'static {
+    runs.flat_map(move |event| {
+        let mut out = Vec::new();
+        if caps.any()
+            && let Ok(guard) = &event
+            && let Ok(run) = &guard.0
+            && capacity::Seat::of(run).gone
+        {
+            let ns = run.metadata.namespace.clone();
+            out.extend(
+                store
+                    .state()
+                    .iter()
+                    .filter(|g| {
+                        g.0.as_ref().is_ok_and(|r| {
+                            let s = capacity::Seat::of(r);
+                            !s.started
+                                && !s.gone
+                                && (caps.total.is_some() || r.metadata.namespace == ns)
+                        })
+                    })
+                    .map(|g| Ok(g.as_ref().clone())),
+            );
+        }
+        out.insert(0, event);
+        futures::stream::iter(out)
+    })
 }
 
 /// A run as the cache keys it.

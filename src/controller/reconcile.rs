@@ -161,6 +161,22 @@ async fn read_recorded_pods(
 
 /// For a fork's first decision, its source run as the cache shows it (the
 /// engine checks its UID). Once the fork has a plan it needs no source.
+/// Where a run that has not started waits, when the caps on active runs are
+/// reached ([`super::capacity`]); `None` lets it start.
+fn queued(run: &AgentRun, ctx: &Context) -> Option<engine::Queued> {
+    let seat = super::capacity::Seat::of(run);
+    if seat.started || seat.gone || !ctx.capacity.caps().any() {
+        return None;
+    }
+    let all: Vec<super::capacity::Seat> = ctx
+        .runs
+        .state()
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok().map(super::capacity::Seat::of))
+        .collect();
+    ctx.capacity.admit(&seat, &all)
+}
+
 fn fork_source(run: &AgentRun, ctx: &Context) -> Option<AgentRun> {
     let fork = run.spec.fork_of.as_ref()?;
     if run.status.as_ref().is_some_and(|s| s.plan.is_some()) {
@@ -279,6 +295,7 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
             approvals: &world.approvals,
             refused: &refused,
             source: source.as_ref(),
+            queued: queued(&current, ctx),
             now,
         });
         let creates = decision

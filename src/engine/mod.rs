@@ -72,7 +72,19 @@ pub struct Observed<'a> {
     /// For a fork (`spec.forkOf`) not yet started: the source run, as the
     /// cache shows it (its UID is checked).
     pub source: Option<&'a AgentRun>,
+    /// For a run not yet started: where it waits when the operator's cap on
+    /// active runs is reached (`None`: it may start).
+    pub queued: Option<Queued>,
     pub now: Timestamp,
+}
+
+/// Where a run waits for a place under the caps on active runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Queued {
+    /// From 1: the next run of its namespace to start.
+    pub position: u32,
+    /// Which cap holds it, e.g. `2 of 2 runs active in namespace team-a (maxActiveRunsPerNamespace)`.
+    pub why: String,
 }
 
 /// A Pod or Approval the API server would not create.
@@ -176,6 +188,10 @@ pub enum EventType {
 
 /// Decides what happens next for one run. Pure and total: never panics on
 /// any input, and an unchanged world yields the input status unchanged.
+/// How often a queued run looks at the caps again when no other run's end
+/// wakes it.
+pub const QUEUE_RECHECK: SignedDuration = SignedDuration::from_secs(30);
+
 pub fn decide(observed: &Observed) -> Decision {
     machine::decide(observed)
 }

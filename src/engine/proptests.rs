@@ -528,6 +528,7 @@ impl Sim {
             approvals: &approvals,
             refused: &[],
             source: None,
+            queued: None,
             now: self.w.now,
         })
     }

@@ -114,6 +114,8 @@ vocabulary! {
         WaitingForApproval,
         /// Every step under way is a wait step, until the first wakes.
         Waiting,
+        /// The run waits for a place under the caps on active runs.
+        Queued,
         InputStale,
         InputsFresh,
 

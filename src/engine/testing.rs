@@ -261,6 +261,8 @@ pub struct World {
     pub created: Vec<String>,
     /// The run a fork starts from, as the cache shows it.
     pub source: Option<AgentRun>,
+    /// Where the run waits under the caps on active runs, as the controller says.
+    pub queued: Option<super::Queued>,
     next_uid: u64,
 }
 
@@ -275,6 +277,7 @@ impl World {
             run_deleted: false,
             created: Vec::new(),
             source: None,
+            queued: None,
             next_uid: 0,
         }
     }
@@ -297,6 +300,7 @@ impl World {
             approvals: &approvals,
             refused: &self.refused,
             source: self.source.as_ref(),
+            queued: self.queued.clone(),
             now: self.now,
         })
     }

@@ -9,8 +9,9 @@ use crate::api::{AgentRun, Approval, ApprovalPhase, RunPhase};
 use crate::engine::ConditionType;
 
 /// Every phase, so a phase with no run reads 0 rather than vanishing.
-pub const PHASES: [RunPhase; 9] = [
+pub const PHASES: [RunPhase; 10] = [
     RunPhase::Pending,
+    RunPhase::Queued,
     RunPhase::Planning,
     RunPhase::Running,
     RunPhase::WaitingForApproval,
@@ -54,10 +55,12 @@ pub fn compute<'a>(
         if stalled {
             *g.runs_stalled.entry(ns.clone()).or_default() += 1;
         }
-        // Waiting for a person or for a wait step's time is not a stall.
+        // Waiting for a person, a wait step's time or a place in the queue
+        // is not a stall.
         let active = !phase.is_terminal()
             && phase != RunPhase::WaitingForApproval
             && phase != RunPhase::Waiting
+            && phase != RunPhase::Queued
             && !run.spec.suspend
             && !run.spec.cancel;
         if !active {

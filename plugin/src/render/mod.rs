@@ -4,8 +4,8 @@
 use std::fmt::Write;
 
 use agentrun_operator::api::{
-    AgentRun, Approval, ApprovalKind, ApprovalPhase, EffectOutcome, StepCheckpoint, StepPhase,
-    StepRole,
+    AgentRun, Approval, ApprovalKind, ApprovalPhase, EffectOutcome, RunPhase, StepCheckpoint,
+    StepPhase, StepRole,
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::events::v1::Event;
@@ -387,6 +387,34 @@ pub fn describe(
             .map(|t| format!(", until {} (in {})", t.0, short(t.0.duration_since(now))))
             .unwrap_or_default();
         let _ = writeln!(s, "Waiting for: Approval {w}{until}");
+    }
+    if status.phase == Some(RunPhase::Queued) {
+        // The Succeeded condition says where and why.
+        let why = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Succeeded")
+            .map(|c| c.message.clone())
+            .unwrap_or_else(|| "queued".into());
+        for line in wrap(&format!("Waiting for: a place to start, {why}"), 78, 3) {
+            let _ = writeln!(s, "{line}");
+        }
+    }
+    if let Some(w) = status
+        .steps
+        .iter()
+        .filter(|c| c.phase == StepPhase::Waiting)
+        .filter_map(|c| Some((c, c.wake_at.as_ref()?)))
+        .min_by_key(|(_, t)| t.0)
+    {
+        let (c, t) = w;
+        let _ = writeln!(
+            s,
+            "Waiting for: step {} to wake at {} (in {})",
+            c.name,
+            t.0,
+            short(t.0.duration_since(now))
+        );
     }
     s.push_str(&graph_lines(run, &status));
     let _ = writeln!(s, "Steps:");

@@ -29,6 +29,7 @@ mod derive;
 mod finalizers;
 mod gate;
 mod limits;
+mod queued;
 mod running;
 mod saga;
 mod verify;
@@ -81,6 +82,8 @@ pub(super) fn decide(obs: &Observed) -> Decision {
 struct Machine<'a> {
     run: &'a AgentRun,
     source: Option<&'a AgentRun>,
+    /// Where the run waits for a place under the caps on active runs.
+    queued: Option<&'a super::Queued>,
     approvals: &'a [crate::api::Approval],
     name: &'a str,
     uid: &'a str,
@@ -129,6 +132,7 @@ impl<'a> Machine<'a> {
         Machine {
             run,
             source: obs.source,
+            queued: obs.queued.as_ref(),
             approvals: obs.approvals,
             name: run.metadata.name.as_deref().unwrap_or(""),
             uid,
@@ -177,7 +181,13 @@ impl<'a> Machine<'a> {
             self.status.phase = Some(RunPhase::Pending);
         }
         if self.status.started_at.is_none() {
+            // Not started: it waits while the caps on active runs are
+            // reached (a run being cancelled goes on, to its end).
+            if let Some(q) = self.queued.filter(|_| !self.run.spec.cancel) {
+                return self.wait_in_queue(q);
+            }
             self.status.started_at = Some(Time(self.now));
+            self.status.queue_position = None;
         }
         // The spec only changes with the generation: validate it once per generation.
         let validated = self.committed.plan.is_some()

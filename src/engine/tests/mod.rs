@@ -28,6 +28,7 @@ mod d10_d14_approvals;
 mod d10_waits;
 mod d11_bounded_status;
 mod d12_d13_lifecycle;
+mod d12_queued;
 mod d14_fork;
 mod d16_stalls;
 

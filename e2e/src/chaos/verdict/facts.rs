@@ -116,6 +116,7 @@ pub(super) struct Facts<'a> {
     /// revision, in start order. Steps of the plan only.
     pub by_step: BTreeMap<(&'a str, &'a str), Vec<usize>>,
     effects: BTreeMap<(&'a str, &'a str), Effect>,
+    timeouts: BTreeMap<(&'a str, &'a str), SignedDuration>,
 }
 
 impl<'a> Facts<'a> {
@@ -157,6 +158,7 @@ impl<'a> Facts<'a> {
             xs.sort_by_key(|&i| (executions[i].started_at, i));
         }
         let mut effects = BTreeMap::new();
+        let mut timeouts = BTreeMap::new();
         for run in e.final_runs {
             let name = run.metadata.name.as_deref().unwrap_or("");
             let planned = run
@@ -167,6 +169,9 @@ impl<'a> Facts<'a> {
                 .unwrap_or_default();
             for s in run.spec.steps.iter().chain(planned) {
                 effects.insert((name, s.name.as_str()), s.effect);
+                if let Some(t) = s.timeout.as_ref().and_then(|t| t.parse().ok()) {
+                    timeouts.insert((name, s.name.as_str()), t);
+                }
             }
         }
         Facts {
@@ -175,7 +180,20 @@ impl<'a> Facts<'a> {
             by_key,
             by_step,
             effects,
+            timeouts,
         }
+    }
+
+    /// The execution ran past its step's `timeout` (or never ended). The
+    /// operator may then stop it and ask what it did, even if it went on to
+    /// succeed: the kubelet may report the end only after the operator
+    /// looked (an API server restarting in between, say).
+    pub fn outlived_timeout(&self, x: &Execution<'_>) -> bool {
+        let Some(t) = self.timeouts.get(&(x.run, x.step)) else {
+            return false;
+        };
+        x.finished_at
+            .is_none_or(|f| f.duration_since(x.started_at) > *t)
     }
 
     /// The declared effect of step `step` of run `run` (`None`: the run is gone).

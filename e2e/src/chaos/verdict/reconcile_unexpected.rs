@@ -4,7 +4,8 @@
 //! the run met: a Pod of its key the driver evicted or deleted, or an
 //! execution of its key in the ledger that was killed (a timeout, an
 //! eviction, a vanished Pod), failed without reporting `NotApplied`, or never
-//! ended. A question about any other step — an Idempotent one, or one whose
+//! ended, or ran past its step's timeout (the operator may stop it before
+//! the kubelet reports that it ended). A question about any other step — an Idempotent one, or one whose
 //! attempts all ended cleanly — is unexpected: the operator asked a person
 //! for nothing, or for the wrong step.
 
@@ -33,7 +34,10 @@ pub(super) fn check(f: &Facts<'_>) -> Reconcile {
         let effect = a.spec.context.as_ref().and_then(|c| c.effect);
         let key = approval_key(a);
         let disrupted = key.is_some_and(|k| f.e.disrupted_keys.contains(k));
-        let unsettled = key.is_some_and(|k| f.of_key(k).any(|(_, x)| x.unsettled()));
+        let unsettled = key.is_some_and(|k| {
+            f.of_key(k)
+                .any(|(_, x)| x.unsettled() || f.outlived_timeout(x))
+        });
         if effect == Some(Effect::NonIdempotent) && (disrupted || unsettled) {
             continue;
         }
@@ -115,6 +119,29 @@ mod tests {
             assert_eq!((v.reconcile_approvals, v.reconcile_unexpected), (1, 0));
             assert!(v.passed(), "{v:?}");
         }
+        // A success that ran past its step's timeout: the operator may have
+        // stopped it before the kubelet reported the end.
+        let mut timed = r.clone();
+        timed.spec.steps[0].timeout = Some("2s".into());
+        let outlived = exec("1", "k", 10, Outcome::Succeeded, 16).to_vec();
+        let v = judge_disrupted(
+            &o,
+            std::slice::from_ref(&timed),
+            std::slice::from_ref(&retry),
+            outlived.clone(),
+            &[],
+        );
+        assert_eq!(v.reconcile_unexpected, 0, "{v:?}");
+        // Within its timeout it explains nothing.
+        let within = exec("1", "k", 10, Outcome::Succeeded, 11).to_vec();
+        let v = judge_disrupted(
+            &o,
+            std::slice::from_ref(&timed),
+            std::slice::from_ref(&retry),
+            within,
+            &[],
+        );
+        assert_eq!(v.reconcile_unexpected, 1, "{v:?}");
         // A failure that said NotApplied explains nothing.
         let mut ledger = not_applied(exec("1", "k", 10, Outcome::Failed, 13)).to_vec();
         ledger.extend(then_success);

@@ -1,0 +1,95 @@
+//! Runs that queue instead of flooding, on the real control plane with the
+//! operator (capped at one active run per namespace) and the simulated
+//! kubelet: the runs over the cap wait in `Queued` with their positions,
+//! start one at a time in creation order as places free, and an operator
+//! killed and started again meanwhile neither starts a second run early nor
+//! repeats a step. The ledger says what really ran, and when.
+
+use std::time::Duration;
+
+use agentrun_e2e::ledger::{LedgerEntry, LedgerEvent};
+use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_operator::api::RunPhase;
+use serde_json::json;
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn entries(s: &Scenario, run: &str, event: LedgerEvent) -> Vec<LedgerEntry> {
+    s.ledger()
+        .entries
+        .into_iter()
+        .filter(|e| e.event == event && e.run.as_deref() == Some(run))
+        .collect()
+}
+
+#[tokio::test]
+async fn runs_over_the_cap_queue_in_order_and_start_as_places_free() {
+    let mut s = Scenario::start_without_operator("queue-cap").await;
+    s.operator_config
+        .extra_env
+        .push(("AGENTRUN_MAX_ACTIVE_RUNS_PER_NAMESPACE".into(), "1".into()));
+    s.start_operator(None);
+    for name in ["q1", "q2", "q3"] {
+        s.create_run(
+            name,
+            json!({"steps": [sim_step("work", "Idempotent", json!({"runMs": 3000}))]}),
+        )
+        .await;
+    }
+    s.wait_run("q1", "running", RUN_TIMEOUT, |r| {
+        phase(r) == Some(RunPhase::Running)
+    })
+    .await;
+    let q3 = s
+        .wait_run("q3", "second in the queue", RUN_TIMEOUT, |r| {
+            status(r).queue_position == Some(2)
+        })
+        .await;
+    assert_eq!(phase(&q3), Some(RunPhase::Queued));
+    assert_eq!(status(&q3).started_at, None);
+    let reason = status(&q3)
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Succeeded")
+        .unwrap();
+    assert_eq!(reason.reason, "Queued");
+    assert_eq!(
+        reason.message,
+        "queued at position 2: 1 of 1 runs active in namespace {ns} (maxActiveRunsPerNamespace)"
+            .replace("{ns}", s.namespace())
+    );
+    let q2 = s.runs().get("q2").await.unwrap();
+    assert_eq!(
+        (phase(&q2), status(&q2).queue_position),
+        (Some(RunPhase::Queued), Some(1))
+    );
+
+    // The operator dies while q1 runs and comes back: still one at a time.
+    s.kill_operator().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.start_operator(None);
+
+    for name in ["q1", "q2", "q3"] {
+        let run = s.wait_finished(name, RUN_TIMEOUT).await;
+        assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{name}");
+        assert_eq!(status(&run).queue_position, None, "{name}");
+    }
+    let started = |run: &str| {
+        let e = entries(&s, run, LedgerEvent::Started);
+        assert_eq!(e.len(), 1, "{run} ran once: {e:?}");
+        e[0].started_at
+    };
+    let finished = |run: &str| {
+        entries(&s, run, LedgerEvent::Finished)[0]
+            .finished_at
+            .expect("a finish time")
+    };
+    let (s1, s2, s3) = (started("q1"), started("q2"), started("q3"));
+    assert!(s1 < s2 && s2 < s3, "creation order: {s1:?} {s2:?} {s3:?}");
+    assert!(s2 >= finished("q1"), "q2 started after q1 ended");
+    assert!(s3 >= finished("q2"), "q3 started after q2 ended");
+    // q1's end wakes q2 at once, not at its next recheck.
+    let gap = s3.duration_since(finished("q2")).as_millis();
+    assert!(gap < 10_000, "q3 started {gap} ms after q2 ended");
+    s.finish().await;
+}

@@ -1,0 +1,287 @@
+//! How many runs may be active at once, and which queued run starts next.
+//!
+//! A platform team caps the runs in flight: per namespace
+//! (`--max-active-runs-per-namespace`) and in all namespaces the operator
+//! watches (`--max-active-runs`). A run is active from its `startedAt` (the
+//! engine writes it when the run may start) until it finishes; one that has
+//! not started waits in `Queued`, in creation order (then namespace, then
+//! name), and starts when a place frees. A started run is never queued again,
+//! so raising or lowering a cap, or restarting the operator, never stops what
+//! runs and never starts anything twice.
+//!
+//! The run cache may lag this process's own status writes: a run admitted a
+//! moment ago may not show its `startedAt` yet. Each admission is held here
+//! (the Job controller's expectations) until the cache shows it or
+//! [`HOLD`] passes, and counted as active meanwhile, so two reconciles never
+//! give the same place to two runs. The check and the hold are made under
+//! one lock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::api::AgentRun;
+use crate::engine::Queued;
+
+/// How long an admission this process made counts without the cache showing it.
+pub const HOLD: Duration = Duration::from_secs(30);
+
+/// The caps; `None` is no cap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub per_namespace: Option<u32>,
+    pub total: Option<u32>,
+}
+
+impl Caps {
+    pub fn any(&self) -> bool {
+        self.per_namespace.is_some() || self.total.is_some()
+    }
+}
+
+type Key = (String, String);
+
+/// What the queue needs of a run.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Seat {
+    /// Creation time in seconds, then namespace and name: the queue's order.
+    pub created: i64,
+    pub namespace: String,
+    pub name: String,
+    pub started: bool,
+    /// Finished, being deleted, or cancelled before it started: holds no
+    /// place and waits for none.
+    pub gone: bool,
+}
+
+impl Seat {
+    pub fn of(run: &AgentRun) -> Seat {
+        let status = run.status.as_ref();
+        Seat {
+            created: run
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second()),
+            namespace: run.metadata.namespace.clone().unwrap_or_default(),
+            name: run.metadata.name.clone().unwrap_or_default(),
+            started: status.is_some_and(|s| s.started_at.is_some()),
+            gone: run.metadata.deletion_timestamp.is_some()
+                || status
+                    .and_then(|s| s.phase)
+                    .is_some_and(|p| p.is_terminal())
+                || (run.spec.cancel && status.is_none_or(|s| s.started_at.is_none())),
+        }
+    }
+
+    fn key(&self) -> Key {
+        (self.namespace.clone(), self.name.clone())
+    }
+}
+
+/// The caps and the admissions this process made that the cache may not show.
+#[derive(Default)]
+pub struct Capacity {
+    caps: Caps,
+    held: Mutex<HashMap<Key, Instant>>,
+}
+
+impl Capacity {
+    pub fn new(caps: Caps) -> Capacity {
+        Capacity {
+            caps,
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    /// Whether `run` may start now, given every run the cache shows; `None`
+    /// admits it (and holds its place until the cache shows it started).
+    pub fn admit(&self, run: &Seat, all: &[Seat]) -> Option<Queued> {
+        if run.started || run.gone || !self.caps.any() {
+            return None;
+        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        // A run's own hold (its last admission's write did not land) is
+        // its place, not one taken from it.
+        held.retain(|k, at| {
+            now.duration_since(*at) < HOLD
+                && *k != run.key()
+                && all
+                    .iter()
+                    .find(|s| s.namespace == k.0 && s.name == k.1)
+                    .is_some_and(|s| !s.started && !s.gone)
+        });
+        let verdict = place(self.caps, run, all, &held);
+        if verdict.is_none() {
+            held.insert(run.key(), now);
+        }
+        verdict
+    }
+}
+
+/// Where `run` stands: every run that has not started, in queue order, is
+/// given a place while one is free (its namespace's and the total); `run`
+/// starts if it is given one.
+fn place(caps: Caps, run: &Seat, all: &[Seat], held: &HashMap<Key, Instant>) -> Option<Queued> {
+    let mut active: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut total = 0u32;
+    for s in all.iter().filter(|s| !s.gone) {
+        if s.started || held.contains_key(&s.key()) {
+            *active.entry(s.namespace.as_str()).or_default() += 1;
+            total += 1;
+        }
+    }
+    let mut waiting: Vec<&Seat> = all
+        .iter()
+        .filter(|s| !s.gone && !s.started && !held.contains_key(&s.key()))
+        .collect();
+    if !waiting.iter().any(|s| s.key() == run.key()) {
+        waiting.push(run);
+    }
+    waiting.sort();
+    // Places given in order; a run its namespace's cap holds back does not
+    // hold back the runs of other namespaces behind it.
+    let mut ahead_in_namespace = 0u32;
+    for s in waiting {
+        let in_ns = active.get(s.namespace.as_str()).copied().unwrap_or(0);
+        let ns_full = caps.per_namespace.is_some_and(|c| in_ns >= c);
+        let all_full = caps.total.is_some_and(|c| total >= c);
+        if s.key() == run.key() {
+            if !ns_full && !all_full {
+                return None;
+            }
+            let why = if ns_full {
+                format!(
+                    "{in_ns} of {} runs active in namespace {} (maxActiveRunsPerNamespace)",
+                    caps.per_namespace.unwrap_or_default(),
+                    run.namespace
+                )
+            } else {
+                format!(
+                    "{total} of {} runs active in all namespaces (maxActiveRuns)",
+                    caps.total.unwrap_or_default()
+                )
+            };
+            return Some(Queued {
+                position: ahead_in_namespace + 1,
+                why,
+            });
+        }
+        if !ns_full && !all_full {
+            *active.entry(s.namespace.as_str()).or_default() += 1;
+            total += 1;
+        } else if s.namespace == run.namespace {
+            ahead_in_namespace += 1;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seat(ns: &str, name: &str, created: i64, started: bool) -> Seat {
+        Seat {
+            created,
+            namespace: ns.into(),
+            name: name.into(),
+            started,
+            gone: false,
+        }
+    }
+
+    fn cap(per_namespace: Option<u32>, total: Option<u32>) -> Capacity {
+        Capacity::new(Caps {
+            per_namespace,
+            total,
+        })
+    }
+
+    #[test]
+    fn runs_start_in_creation_order_up_to_the_cap() {
+        let c = cap(Some(2), None);
+        let all = vec![
+            seat("a", "r3", 3, false),
+            seat("a", "r1", 1, true),
+            seat("a", "r2", 2, false),
+            seat("a", "r4", 4, false),
+        ];
+        // r2 is first in line: it takes the one free place.
+        assert_eq!(c.admit(&all[2], &all), None);
+        // r3 waits: r1 and r2 (held, the cache does not show it yet) are active.
+        let q = c.admit(&all[0], &all).unwrap();
+        assert_eq!(q.position, 1);
+        assert_eq!(
+            q.why,
+            "2 of 2 runs active in namespace a (maxActiveRunsPerNamespace)"
+        );
+        assert_eq!(c.admit(&all[3], &all).unwrap().position, 2);
+    }
+
+    #[test]
+    fn a_later_run_does_not_jump_the_queue() {
+        let c = cap(Some(1), None);
+        // One place free; r2 was created first, so r3 asking first waits.
+        let all = vec![seat("a", "r2", 2, false), seat("a", "r3", 3, false)];
+        assert_eq!(c.admit(&all[1], &all).map(|q| q.position), Some(1));
+        assert_eq!(c.admit(&all[0], &all), None);
+    }
+
+    #[test]
+    fn a_finished_or_cancelled_run_frees_its_place() {
+        let c = cap(Some(1), None);
+        let mut all = vec![seat("a", "r1", 1, true), seat("a", "r2", 2, false)];
+        assert!(c.admit(&all[1], &all).is_some());
+        all[0].gone = true;
+        assert_eq!(c.admit(&all[1], &all), None);
+    }
+
+    #[test]
+    fn namespaces_queue_apart_under_their_own_cap_and_share_the_total() {
+        let c = cap(Some(1), Some(2));
+        let all = vec![
+            seat("a", "a1", 1, true),
+            seat("a", "a2", 2, false),
+            seat("b", "b1", 3, false),
+            seat("c", "c1", 4, false),
+        ];
+        // a2 is held back by a's cap, not by the total: b1 behind it starts.
+        assert!(c.admit(&all[1], &all).is_some());
+        assert_eq!(c.admit(&all[2], &all), None);
+        // Now a1 and b1 hold both places of the total.
+        let q = c.admit(&all[3], &all).unwrap();
+        assert_eq!(
+            (q.position, q.why.as_str()),
+            (1, "2 of 2 runs active in all namespaces (maxActiveRuns)")
+        );
+    }
+
+    #[test]
+    fn without_caps_or_once_started_nothing_waits() {
+        let all = vec![seat("a", "r1", 1, true), seat("a", "r2", 2, false)];
+        assert_eq!(cap(None, None).admit(&all[1], &all), None);
+        // A run that started is never queued again, whatever the cap.
+        let c = cap(Some(1), None);
+        let mut started = all.clone();
+        started[1].started = true;
+        assert_eq!(c.admit(&started[1], &started), None);
+    }
+
+    #[test]
+    fn a_hold_ends_once_the_cache_shows_the_run_started_or_gone() {
+        let c = cap(Some(1), None);
+        let all = vec![seat("a", "r1", 1, false), seat("a", "r2", 2, false)];
+        assert_eq!(c.admit(&all[0], &all), None);
+        assert!(c.admit(&all[1], &all).is_some(), "r1's place is held");
+        // The cache shows r1 gone (deleted before its write landed): r2 starts.
+        let mut later = all.clone();
+        later[0].gone = true;
+        assert_eq!(c.admit(&later[1], &later), None);
+    }
+}
