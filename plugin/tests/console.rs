@@ -350,3 +350,52 @@ fn parallel_branches_get_lanes_of_their_own_and_a_skipped_step_a_mark() {
     let svg = tl.svg().into_string();
     assert!(svg.contains(r#"data-kind="skipped""#), "{svg}");
 }
+
+/// A queued run says its place, in the table and on its page; a wait step
+/// says when it wakes.
+#[test]
+fn queued_runs_and_wait_steps_say_when_they_move() {
+    use agentrun_operator::api::{RunPhase, StepCheckpoint, StepPhase};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let (mut run, approvals) = fixture("refund-waiting");
+    let now: Timestamp = "2026-12-02T01:17:39Z".parse().unwrap();
+    let st = run.status.as_mut().unwrap();
+    st.phase = Some(RunPhase::Queued);
+    st.queue_position = Some(3);
+    for c in st.conditions.iter_mut().filter(|c| c.type_ == "Succeeded") {
+        c.message = "queued at position 3: 2 of 2 runs active in namespace payments (maxActiveRunsPerNamespace)".into();
+    }
+    let table = pages::runs_table(
+        std::slice::from_ref(&run),
+        &approvals,
+        &RunFilter::default(),
+        now,
+    )
+    .into_string();
+    assert!(
+        table.contains(r#"<small class="queue">#3 in queue</small>"#),
+        "{table}"
+    );
+    let page = run_page::run_detail(&run, &approvals, &[], now).into_string();
+    assert!(
+        page.contains("Waiting for a place to start: queued at position 3: 2 of 2 runs active"),
+        "{page}"
+    );
+
+    let st = run.status.as_mut().unwrap();
+    st.phase = Some(RunPhase::Waiting);
+    st.queue_position = None;
+    st.steps.push(StepCheckpoint {
+        name: "cool-off".into(),
+        plan_revision: 1,
+        phase: StepPhase::Waiting,
+        started_at: Some(Time(now)),
+        wake_at: Some(Time(now + SignedDuration::from_hours(3))),
+        ..StepCheckpoint::default()
+    });
+    let page = run_page::run_detail(&run, &approvals, &[], now).into_string();
+    assert!(
+        page.contains(r#"Step <strong>cool-off</strong> wakes at <time datetime="2026-12-02T04:17:39Z">2026-12-02T04:17:39Z</time> (in 3h)"#),
+        "{page}"
+    );
+}

@@ -11,11 +11,13 @@ use crate::identity::Identity;
 use crate::render;
 
 /// The phases a run can be in, for the filter.
-pub const PHASES: [&str; 8] = [
+pub const PHASES: [&str; 10] = [
     "Pending",
+    "Queued",
     "Planning",
     "Running",
     "WaitingForApproval",
+    "Waiting",
     "Compensating",
     "Succeeded",
     "Failed",
@@ -201,7 +203,10 @@ fn run_row(r: &AgentRun, approvals: &[Approval], now: Timestamp) -> Markup {
                 a href=(format!("/ns/{ns}/runs/{name}")) { (name) }
                 br; small class="ns" { (ns) }
             }
-            td data-label="Phase" { (phase_badge(&phase)) }
+            td data-label="Phase" {
+                (phase_badge(&phase))
+                @if let Some(q) = status.queue_position { " " small class="queue" { "#" (q) " in queue" } }
+            }
             td data-label="Step" { (status.current_step.clone().unwrap_or_else(|| "-".into())) }
             td data-label="Progress" {
                 @if let Some((a, b)) = progress(status.progress.as_deref()) {

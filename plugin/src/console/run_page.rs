@@ -2,7 +2,7 @@
 //! result as JSON, compensations, approvals, plan revision history and the
 //! run's Events. Pure: a function of the objects and `now`.
 
-use agentrun_operator::api::{AgentRun, Approval, EffectOutcome, StepCheckpoint};
+use agentrun_operator::api::{AgentRun, Approval, EffectOutcome, StepCheckpoint, StepPhase};
 use agentrun_operator::engine::reasons::Reason;
 use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
@@ -95,6 +95,21 @@ pub fn run_detail(
             }
             @if let Some(w) = render::waiting_for(run, approvals) {
                 p class="waiting" { "Waiting for " a href="/approvals" { (w) } }
+            }
+            @if status.queue_position.is_some() {
+                p class="waiting queued" {
+                    "Waiting for a place to start: "
+                    (status.conditions.iter().find(|c| c.type_ == "Succeeded").map(|c| c.message.clone()).unwrap_or_default())
+                }
+            }
+            @for cp in status.steps.iter().filter(|c| c.phase == StepPhase::Waiting) {
+                @if let Some(t) = &cp.wake_at {
+                    p class="waiting wait" {
+                        "Step " strong { (cp.name) } " wakes at "
+                        time datetime=(t.0.to_string()) { (t.0) }
+                        " (in " (render::short(t.0.duration_since(now))) ")"
+                    }
+                }
             }
         }
         section aria-labelledby="tl-h" {
