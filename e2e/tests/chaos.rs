@@ -36,6 +36,7 @@ async fn short_chaos_run_has_no_duplicates_lost_or_stuck_runs() {
     assert_eq!(v.unobserved, 0, "{}", report.summary());
     assert_eq!(v.watch_failures, 0, "{}", report.summary());
     assert_eq!(v.reconcile_unexpected, 0, "{}", report.summary());
+    assert_eq!(v.early_wakes, 0, "{}", report.summary());
     assert_eq!(report.finalizers_held, Ok(0), "{}", report.summary());
     assert!(
         report.apiserver_restart_failures.is_empty(),

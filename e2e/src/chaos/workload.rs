@@ -15,6 +15,8 @@
 //!                backoff (`edits.rs`): the operator must ask again
 //!   evictions    a step whose Pods stay Pending 1 s; the driver evicts three in a row
 //!                (`disruptions.rs`): backoff and `Stalled`, then it runs
+//!   wait         a wait step (`wait: {for: 1500ms}`, no Pod): operator kills, paused
+//!                leaders and a skewed clock must neither lose it nor wake it early
 //! ```
 //!
 //! Every step's result is `{"run": <run>, "step": <step>}` on every attempt, so
@@ -55,6 +57,8 @@ pub struct StepPlan {
     pub evictions: u32,
     /// How long the step's Pods stay Pending.
     pub pending_ms: u64,
+    /// A wait step of this long (no container).
+    pub wait_ms: Option<u64>,
 }
 
 /// One generated run.
@@ -149,6 +153,13 @@ pub fn generate(rng: &mut Rng, index: usize) -> RunPlan {
         s.evictions = 3;
         s.pending_ms = 1000;
     }
+    if let Some(i) = pick_free(rng, &mut used, 0.2) {
+        let s = &mut steps[i];
+        plain(s, 0);
+        s.effect = "None";
+        s.compensate = false;
+        s.wait_ms = Some(1500);
+    }
     RunPlan {
         name: format!("c{index:03}"),
         steps,
@@ -189,6 +200,7 @@ fn base_step(rng: &mut Rng, i: usize) -> StepPlan {
         edit_in_backoff: false,
         evictions: 0,
         pending_ms: 0,
+        wait_ms: None,
     }
 }
 
@@ -259,6 +271,13 @@ pub fn spec(plan: &RunPlan) -> Value {
         .steps
         .iter()
         .map(|s| {
+            if let Some(w) = s.wait_ms {
+                let mut step = json!({"name": s.name, "wait": {"for": ms(w)}});
+                if !s.depends_on.is_empty() {
+                    step["dependsOn"] = json!(s.depends_on);
+                }
+                return step;
+            }
             let mut step = json!({
                 "name": s.name,
                 "effect": s.effect,
@@ -336,6 +355,7 @@ mod tests {
         let timeouts = steps().filter(|s| s.timeout_ms.is_some()).count();
         let edits = steps().filter(|s| s.edit_in_backoff).count();
         let evicted = steps().filter(|s| s.evictions > 0).count();
+        let waits = steps().filter(|s| s.wait_ms.is_some()).count();
         let asks = steps()
             .filter(|s| s.effect == "NonIdempotent" && s.fail_times > 0 && !s.fails_not_applied)
             .count();
@@ -347,6 +367,7 @@ mod tests {
             ("timeouts", timeouts),
             ("edits", edits),
             ("repeated evictions", evicted),
+            ("waits", waits),
             ("failures that may have acted", asks),
         ] {
             assert!(n >= 3, "{what}: {n}");

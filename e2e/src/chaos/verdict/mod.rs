@@ -22,6 +22,7 @@
 //! | a run not finished when the settle deadline passed | `stuck` | stuck runs |
 //! | a run the driver's watch never saw finish | `unobserved` | unobserved runs |
 //! | a Reconcile question no injected fault explains (D6) | `reconcile_unexpected` | unexpected |
+//! | a step after a wait step started before the wait's `wakeAt` (D10) | `early_wake` | early |
 //!
 //! The first five judge executions: one execution counts once as a duplicate
 //! however many of them name it, and each rule's own count is kept. The unit
@@ -30,10 +31,11 @@
 //! `repeated_effect` catches a step run again under a new key.
 //!
 //! Any duplicate, unapproved, lost, stuck or unobserved run, watch failure
-//! (observer.rs) or unexpected Reconcile approval fails the verdict.
+//! (observer.rs), unexpected Reconcile approval or early wake fails the verdict.
 
 mod after_commit;
 mod blind_rerun;
+mod early_wake;
 mod facts;
 mod lost;
 mod observer;
@@ -92,6 +94,8 @@ pub struct Verdict {
     pub watch_failures: usize,
     pub reconcile_approvals: usize,
     pub reconcile_unexpected: usize,
+    /// Steps that started before the wait step they come after woke.
+    pub early_wakes: usize,
     /// Outcomes of the runs, by phase.
     pub phases: BTreeMap<String, usize>,
     /// One line per finding.
@@ -107,6 +111,7 @@ impl Verdict {
             && self.unobserved == 0
             && self.watch_failures == 0
             && self.reconcile_unexpected == 0
+            && self.early_wakes == 0
     }
 }
 
@@ -169,6 +174,10 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
     v.stuck = stuck.len();
     v.findings.extend(stuck);
     v.phases = stuck::phases(e.final_runs);
+
+    let early = early_wake::check(&f);
+    v.early_wakes = early.len();
+    v.findings.extend(early);
 
     let unobserved = unobserved::check(&f);
     v.unobserved = unobserved.len();
