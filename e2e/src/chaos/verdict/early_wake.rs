@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use super::facts::Facts;
 
 /// The names of the steps that start after step `i` of `steps`.
-fn after<'s>(steps: &'s [StepSpec], i: usize) -> Vec<&'s str> {
+fn after(steps: &[StepSpec], i: usize) -> Vec<&str> {
     let graph = steps.iter().any(|s| s.depends_on.is_some());
     let name = steps[i].name.as_str();
     if !graph {
