@@ -923,7 +923,7 @@ async fn kubectl_get_ar_shows_phase_step_progress_and_tokens() {
     assert_eq!(
         rows[0],
         [
-            "NAME", "PHASE", "REASON", "STEP", "PROGRESS", "TOKENS", "AGE"
+            "NAME", "PHASE", "REASON", "STEP", "PROGRESS", "TOKENS", "DURATION", "AGE"
         ],
         "{out}"
     );
@@ -940,7 +940,31 @@ async fn kubectl_get_ar_shows_phase_step_progress_and_tokens() {
         ],
         "{out}"
     );
-    assert_eq!(rows[1].len(), 7, "{out}");
+    assert_eq!(rows[1].len(), 7, "no Duration while it runs: {out}");
+    // Once finished, how long it took (what the operator records).
+    runs.patch_status(
+        "refund-4711",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": {
+            "phase": "Succeeded", "currentStep": "notify", "progress": "3/3", "duration": "3m12s",
+        }})),
+    )
+    .await
+    .expect("write status");
+    let out = kubectl_ok(["get", "ar", "-n", env.namespace()]).await;
+    let rows = table(&out);
+    assert_eq!(rows[1][6], "3m12s", "{out}");
+    for args in [&["get", "ar"][..], &["get", "ar", "-o", "wide"][..]] {
+        let mut a = args.to_vec();
+        a.extend(["-n", env.namespace()]);
+        let out = kubectl_ok(a).await;
+        for line in out.lines() {
+            assert!(
+                line.len() <= 100,
+                "{args:?}: wider than 100 columns: {line:?}"
+            );
+        }
+    }
     env.cleanup().await;
 }
 

@@ -346,3 +346,51 @@ async fn reconcile_retry_reruns_with_the_same_key_and_cancel_compensates() {
     assert_eq!(status(&done).compensations.len(), 1);
     s.finish().await;
 }
+
+/// `kubectl agentrun watch` follows a run to its end: one line per change
+/// when its output is not a terminal, through a wait step and a step, then
+/// it exits 0 by itself.
+#[tokio::test]
+async fn watch_follows_a_run_to_its_end_and_exits() {
+    let s = Scenario::start("plugin-watch").await;
+    s.create_run(
+        "follow",
+        json!({"steps": [
+            {"name": "pause", "wait": {"for": "2s"}},
+            sim_step("work", "None", json!({"runMs": 1500})),
+        ]}),
+    )
+    .await;
+    let out = tokio::time::timeout(
+        RUN_TIMEOUT,
+        plugin(s.namespace(), None, &[], &["watch", "follow"]),
+    )
+    .await
+    .expect("watch ends when the run does");
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("follow Waiting step pause progress 0/2")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("follow Running step work")),
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("follow Succeeded step work progress 2/2"),
+        "{lines:?}"
+    );
+    let unique: std::collections::BTreeSet<&&str> = lines.iter().collect();
+    assert_eq!(unique.len(), lines.len(), "one line per change: {lines:?}");
+    assert_eq!(
+        phase(&s.runs().get("follow").await.unwrap()),
+        Some(RunPhase::Succeeded)
+    );
+    s.finish().await;
+}

@@ -95,6 +95,12 @@ fn list_shows_phase_step_progress_tokens_and_who_may_decide() {
         Style::default(),
     );
     golden("list", &out);
+    for line in out.lines() {
+        assert!(
+            line.chars().count() <= 100,
+            "wider than 100 columns: {line:?}"
+        );
+    }
     assert!(
         out.contains("WaitingForApproval") && out.contains("(user alice)"),
         "{out}"

@@ -54,6 +54,7 @@ pub const DEFAULT_REPLANS: i32 = 10;
     printcolumn(name = "Step", type_ = "string", json_path = ".status.currentStep", description = "The step running or waiting now"),
     printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress", description = "Steps succeeded out of the plan's steps"),
     printcolumn(name = "Tokens", type_ = "integer", json_path = ".status.tokensUsed", description = "Tokens reported by every attempt, failed ones included"),
+    printcolumn(name = "Duration", type_ = "string", json_path = ".status.duration", description = "From the run's start to its end, once it has finished"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp", description = "Time since the run was created"),
     validation = Rule::new("size(self.metadata.name) <= 63").message("metadata.name: an AgentRun name must be at most 63 characters, because it is a label value on every step Pod"),
 )]

@@ -56,6 +56,10 @@ pub struct AgentRunStatus {
     /// counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
+    /// From `startedAt` to `completedAt`, as `kubectl get` shows a Job's
+    /// (`3m12s`); set when the run finishes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
     /// Standard conditions: Succeeded, Progressing, AwaitingApproval, BudgetExceeded, Stale.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions_schema")]

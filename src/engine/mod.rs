@@ -192,6 +192,8 @@ pub enum EventType {
 /// wakes it.
 pub const QUEUE_RECHECK: SignedDuration = SignedDuration::from_secs(30);
 
+pub use machine::human_duration;
+
 pub fn decide(observed: &Observed) -> Decision {
     machine::decide(observed)
 }

@@ -4,9 +4,10 @@
 use std::fmt::Write;
 
 use agentrun_operator::api::{
-    AgentRun, Approval, ApprovalKind, ApprovalPhase, EffectOutcome, RunPhase, StepCheckpoint,
-    StepPhase, StepRole,
+    AgentRun, AgentRunStatus, Approval, ApprovalKind, ApprovalPhase, EffectOutcome, RunPhase,
+    StepCheckpoint, StepPhase, StepRole,
 };
+use agentrun_operator::engine::human_duration;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::events::v1::Event;
 
@@ -176,6 +177,7 @@ pub fn list(
             "PROGRESS",
             "TOKENS",
             "WAITING-FOR",
+            "DURATION",
             "AGE",
         ]
         .map(String::from),
@@ -198,6 +200,7 @@ pub fn list(
             .as_ref()
             .map(|t| age(t.0, now))
             .unwrap_or_default();
+        let took = run_duration(&status, now);
         row.extend([
             name(run).to_owned(),
             style.phase(&phase),
@@ -205,6 +208,7 @@ pub fn list(
             status.progress.unwrap_or_else(|| "-".into()),
             tokens,
             waiting_who(run, approvals).unwrap_or_else(|| "-".into()),
+            took,
             created,
         ]);
         rows.push(row);
@@ -333,6 +337,19 @@ pub fn wrap(text: &str, width: usize, max: usize) -> Vec<String> {
         *last = t;
     }
     lines
+}
+
+/// How long the run has taken: to its end once it finished (what the
+/// operator recorded), to now while it runs; `-` before it started (queued).
+pub fn run_duration(status: &AgentRunStatus, now: Timestamp) -> String {
+    if let Some(d) = &status.duration {
+        return d.clone();
+    }
+    match (&status.started_at, &status.completed_at) {
+        (Some(s), Some(c)) => human_duration(c.0.duration_since(s.0)),
+        (Some(s), None) => human_duration(now.duration_since(s.0)),
+        _ => "-".into(),
+    }
 }
 
 /// `kubectl agentrun describe RUN`: a readable tree of the run.

@@ -186,7 +186,7 @@ impl<'a> Machine<'a> {
 
     pub(super) fn succeed_run(&mut self, plan: &Plan) {
         self.status.phase = Some(RunPhase::Succeeded);
-        self.status.completed_at = Some(Time(self.now));
+        self.complete();
         let skipped = self
             .status
             .steps

@@ -383,6 +383,18 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// The run reached its terminal phase now: when, and how long it took
+    /// from its start (`kubectl get`'s Duration).
+    fn complete(&mut self) {
+        let now = self.now;
+        self.status.completed_at = Some(Time(now));
+        self.status.duration = self
+            .status
+            .started_at
+            .as_ref()
+            .map(|s| human_duration(now.duration_since(s.0)));
+    }
+
     fn at(&self, d: SignedDuration) -> Timestamp {
         self.now.checked_add(d).unwrap_or(Timestamp::MAX)
     }
@@ -447,6 +459,25 @@ impl<'a> Machine<'a> {
 /// `t` truncated to whole seconds, the resolution of `metav1.Time`.
 fn whole_seconds(t: Timestamp) -> Timestamp {
     Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
+/// A run's length as `kubectl get` shows a Job's: `45s`, `3m12s`, `95m`,
+/// `5h20m`, `30h`, `3d4h`, `12d`.
+pub fn human_duration(d: SignedDuration) -> String {
+    let s = d.as_secs().max(0);
+    let (m, h, days) = (s / 60, s / 3600, s / 86400);
+    match s {
+        _ if s < 120 => format!("{s}s"),
+        _ if m < 10 && s % 60 == 0 => format!("{m}m"),
+        _ if m < 10 => format!("{m}m{}s", s % 60),
+        _ if m < 180 => format!("{m}m"),
+        _ if h < 8 && m % 60 == 0 => format!("{h}h"),
+        _ if h < 8 => format!("{h}h{}m", m % 60),
+        _ if h < 48 => format!("{h}h"),
+        _ if h < 24 * 8 && h % 24 == 0 => format!("{days}d"),
+        _ if h < 24 * 8 => format!("{days}d{}h", h % 24),
+        _ => format!("{days}d"),
+    }
 }
 
 fn timeout_text(d: SignedDuration) -> String {

@@ -140,7 +140,7 @@ impl<'a> Machine<'a> {
         } else {
             RunPhase::Failed
         });
-        self.status.completed_at = Some(Time(self.now));
+        self.complete();
         let failed_compensations: Vec<String> = self
             .status
             .compensations

@@ -204,3 +204,32 @@ fn a_backoff_is_never_shortened_by_the_whole_second_status_clock() {
     w.now = t(2);
     assert_eq!(creates(&w.step()), ["run-a-2b8d3c-r1-a2"], "due at 2 s");
 }
+
+#[test]
+fn a_finished_run_says_how_long_it_took() {
+    let mut w = World::new(two_steps());
+    w.settle();
+    w.advance(30);
+    w.succeed("run-a-2b8d3c-r1-a1", "");
+    assert_eq!(w.status().duration, None, "not while it runs");
+    w.advance(162);
+    w.succeed("run-b-59c772-r1-a1", "");
+    assert_eq!(w.status().duration.as_deref(), Some("3m12s"));
+    let cases = [
+        (45, "45s"),
+        (119, "119s"),
+        (192, "3m12s"),
+        (300, "5m"),
+        (5700, "95m"),
+        (19200, "5h20m"),
+        (108_000, "30h"),
+        (273_600, "3d4h"),
+        (1_036_800, "12d"),
+    ];
+    for (secs, want) in cases {
+        assert_eq!(
+            crate::engine::human_duration(SignedDuration::from_secs(secs)),
+            want
+        );
+    }
+}
