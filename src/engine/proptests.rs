@@ -70,6 +70,8 @@ struct StepGen {
     deps: Option<u8>,
     /// The step has a verify probe.
     verify: bool,
+    /// The step is a wait (90 s, no Pod) instead.
+    wait: bool,
 }
 
 fn step_gen() -> impl Strategy<Value = StepGen> {
@@ -81,9 +83,10 @@ fn step_gen() -> impl Strategy<Value = StepGen> {
         prop::bool::weighted(0.2),
         any::<bool>(),
         prop::bool::weighted(0.3),
+        prop::bool::weighted(0.12),
     )
         .prop_map(
-            |(effect, retries, timeout, approval, fresh, compensate, verify)| StepGen {
+            |(effect, retries, timeout, approval, fresh, compensate, verify, wait)| StepGen {
                 effect,
                 retries,
                 timeout,
@@ -92,6 +95,7 @@ fn step_gen() -> impl Strategy<Value = StepGen> {
                 compensate,
                 deps: None,
                 verify,
+                wait,
             },
         )
 }
@@ -149,6 +153,17 @@ fn build_run(steps: &[StepGen], tokens: Option<i64>) -> AgentRun {
             }
             if g.verify {
                 s.verify = Some(Box::new(container("verify:1")));
+            }
+            if g.wait {
+                s = StepSpec {
+                    name: s.name,
+                    wait: Some(Box::new(crate::api::WaitSpec {
+                        for_: Some("90s".into()),
+                        until: None,
+                    })),
+                    effect: Effect::None,
+                    ..StepSpec::default()
+                };
             }
             if let Some(bits) = g.deps {
                 s.depends_on = Some(
@@ -842,6 +857,9 @@ impl Sim {
                     !held.phase.is_some_and(RunPhase::is_terminal),
                     "{name} created for a run the API server holds as finished"
                 );
+                if pod_role == PodRole::Step {
+                    self.check_waits_before(&held, &step, rev, &name);
+                }
                 let outcome = if pod_role == PodRole::Compensate {
                     held.compensations
                         .iter()
@@ -975,6 +993,30 @@ impl Sim {
     /// runs again with the same key (a later attempt, or the same Pod created
     /// anew) only after a person answered `Retry` on the Reconcile Approval
     /// about that attempt's Pod.
+    /// D10 for time: a step Pod is created only once every wait step it
+    /// comes after has woken, by the API server's clock.
+    fn check_waits_before(&self, held: &AgentRunStatus, step: &str, rev: i64, pod: &str) {
+        let steps = &self.w.run.spec.steps;
+        for anc in ancestors(steps, step) {
+            if !steps.iter().any(|s| s.name == anc && s.wait.is_some()) {
+                continue;
+            }
+            let wait = held
+                .steps
+                .iter()
+                .filter(|c| c.role == StepRole::Step && c.name == anc && c.plan_revision <= rev)
+                .max_by_key(|c| c.plan_revision)
+                .unwrap_or_else(|| panic!("{pod} created before wait {anc} started"));
+            let woke = wait.wake_at.as_ref().map(|t| t.0);
+            assert!(
+                wait.phase == StepPhase::Succeeded && woke.is_some_and(|t| t <= self.w.now),
+                "D10: {pod} created at {} before wait {anc} woke ({:?}, wakes {woke:?})",
+                self.w.now,
+                wait.phase
+            );
+        }
+    }
+
     fn check_rerun(&self, name: &str, key: &str, attempt: i32, absent: bool) {
         for e in self.ledger.values().filter(|e| {
             e.key == key
@@ -1273,6 +1315,18 @@ fn force_removed_unrecorded(e: &Execution) -> bool {
 
 /// D3 and D9 across one committed write.
 fn check_status_transition(before: &AgentRunStatus, after: &AgentRunStatus) {
+    // D10: a wait's wake is fixed when it starts.
+    for old in before.steps.iter().filter(|c| c.wake_at.is_some()) {
+        if let Some(new) = after.steps.iter().find(|c| {
+            c.role == old.role && c.name == old.name && c.plan_revision == old.plan_revision
+        }) {
+            assert_eq!(
+                new.wake_at, old.wake_at,
+                "D10: wait {} moved its wake",
+                old.name
+            );
+        }
+    }
     assert!(
         after.tokens_used >= before.tokens_used,
         "D9: tokens never decrease"
@@ -1502,6 +1556,7 @@ fn plain_step(effect: u8, retries: i32, timeout: bool) -> StepGen {
         compensate: false,
         deps: None,
         verify: false,
+        wait: false,
     }
 }
 
