@@ -1,5 +1,6 @@
-//! The two graph samples on the real local node (`e2e/cluster node up`), as they are:
-//! config/samples/agentrun_expert_review.yaml (fan-out and fan-in) and
+//! The graph samples on the real local node (`e2e/cluster node up`), as they are:
+//! config/samples/agentrun_expert_review.yaml (fan-out and fan-in),
+//! config/samples/agentrun_email_triage.yaml (conditional routing) and
 //! config/samples/agentrun_expense.yaml (parallel approvals), with the example agent's
 //! image on real containers. Every test fails (never skips) when the node is missing.
 
@@ -82,6 +83,57 @@ async fn expert_review_sample_fans_out_to_two_experts_and_joins_them() {
     );
     assert!(aggregate.started_at.unwrap().0 >= p1.max(c1));
     assert_eq!(status(&run).progress.as_deref(), Some("4/4"));
+    s.finish().await;
+}
+
+/// The detector's verdict routes the run: the sample as it is (an invoice)
+/// drafts a reply and skips the quarantine; the same run with a spam subject
+/// quarantines and skips the reply. The skipped step never runs a container.
+#[tokio::test]
+async fn email_triage_sample_routes_on_the_detectors_verdict() {
+    let s = node_scenario("node-email-triage").await;
+    let sample = agentrun_e2e::repo_root().join("config/samples/agentrun_email_triage.yaml");
+    let text = std::fs::read_to_string(&sample).expect("reading the sample");
+    let spam = agentrun_e2e::support::processes::log_dir(s.namespace()).join("spam.yaml");
+    std::fs::write(
+        &spam,
+        text.replace("name: email-triage\n", "name: email-triage-spam\n")
+            .replace(
+                "Invoice 4711 for October",
+                "You are a WINNER of the lottery",
+            ),
+    )
+    .expect("writing the spam variant");
+    apply(&s, &[&sample, &spam]).await;
+    for (run, ran, skipped) in [
+        ("email-triage", "draft-reply", "quarantine"),
+        ("email-triage-spam", "quarantine", "draft-reply"),
+    ] {
+        let done = s.wait_finished(run, RUN_TIMEOUT).await;
+        assert_eq!(
+            phase(&done),
+            Some(RunPhase::Succeeded),
+            "{run}: {:#?}",
+            done.status
+        );
+        let verdict = step(&done, "detect-spam").result.unwrap();
+        assert_eq!(verdict["isSpam"], run.ends_with("spam"), "{run}: {verdict}");
+        let r = step(&done, ran);
+        assert_eq!(r.phase, StepPhase::Succeeded, "{run}");
+        let out = r.result.unwrap();
+        assert!(
+            out.get("reply").or(out.get("quarantined")).is_some(),
+            "{run}: {ran} returned {out}"
+        );
+        let k = step(&done, skipped);
+        assert_eq!(
+            (k.phase, k.pod.as_deref(), k.attempt),
+            (StepPhase::Skipped, None, 0),
+            "{run}: {skipped} never ran"
+        );
+        assert_eq!(status(&done).progress.as_deref(), Some("3/3"), "{run}");
+        assert_eq!(status(&done).step_executions, 2, "{run}");
+    }
     s.finish().await;
 }
 

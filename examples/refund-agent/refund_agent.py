@@ -17,6 +17,12 @@ Expert review, a fan-out and fan-in (config/samples/agentrun_expert_review.yaml)
     refund_agent.py expert --field=physics      (and --field=chemistry, in parallel)
     refund_agent.py aggregate
 
+Email triage, conditional routing (config/samples/agentrun_email_triage.yaml):
+
+    refund_agent.py detect-spam --subject="..." --body="..."
+    refund_agent.py quarantine                   (runs when detect-spam says spam)
+    refund_agent.py draft-reply                  (runs when it says not)
+
 Expense reimbursement with parallel approvals (config/samples/agentrun_expense.yaml):
 
     refund_agent.py prepare-expense --expense-id=ex-77 --employee=e-12 --amount="120.00 EUR"
@@ -177,6 +183,29 @@ def aggregate(step, a):
     return summary, _billed(json.dumps(answers), summary)
 
 
+# What the spam "model" looks for: a stand-in for a classifier call.
+SPAM_WORDS = ("winner", "free money", "click here", "wire transfer", "lottery")
+
+
+def detect_spam(step, a):
+    text = f"{a.subject}\n{a.body}".lower()
+    hits = [w for w in SPAM_WORDS if w in text]
+    verdict = {"isSpam": bool(hits), "signals": hits, "subject": a.subject}
+    return verdict, _billed(text, verdict)
+
+
+def quarantine(step, a):
+    d = step.result_of("detect-spam")
+    return {"quarantined": d["subject"], "because": d["signals"]}, None
+
+
+def draft_reply(step, a):
+    d = step.result_of("detect-spam")
+    reply = {"to": d["subject"], "reply": f"Thank you for your message about \"{d['subject']}\"; "
+                                          "we will answer within one working day."}
+    return reply, _billed(d["subject"], reply)
+
+
 def prepare_expense(step, a):
     return {"expenseId": a.expense_id, "employee": a.employee, "amount": a.amount}, None
 
@@ -210,6 +239,10 @@ def main(argv=None):
     s.set_defaults(fn=parse_question)
     s = sub.add_parser("expert"); s.add_argument("--field", required=True); s.set_defaults(fn=expert)
     s = sub.add_parser("aggregate"); s.set_defaults(fn=aggregate)
+    s = sub.add_parser("detect-spam"); s.add_argument("--subject", required=True)
+    s.add_argument("--body", required=True); s.set_defaults(fn=detect_spam)
+    s = sub.add_parser("quarantine"); s.set_defaults(fn=quarantine)
+    s = sub.add_parser("draft-reply"); s.set_defaults(fn=draft_reply)
     s = sub.add_parser("prepare-expense"); s.add_argument("--expense-id", required=True)
     s.add_argument("--employee", required=True); s.add_argument("--amount", required=True)
     s.set_defaults(fn=prepare_expense)
