@@ -210,6 +210,18 @@ impl Ledger {
             .filter(|e| e.event == LedgerEvent::Finished)
     }
 
+    /// How many times `role`'s Pods (`step`, `compensate`, `verify`, …) of
+    /// step `step` of run `run` started running, under any key.
+    pub fn starts(&self, run: &str, step: &str, role: &str) -> usize {
+        self.executions()
+            .filter(|e| {
+                e.run.as_deref() == Some(run)
+                    && e.step.as_deref() == Some(step)
+                    && e.role.as_deref() == Some(role)
+            })
+            .count()
+    }
+
     /// Per idempotency key, how many times a step with that key started running.
     pub fn executions_by_key(&self) -> BTreeMap<String, usize> {
         count_by_key(self.executions())

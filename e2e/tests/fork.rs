@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use agentrun_e2e::kubeconfig;
-use agentrun_e2e::ledger::LedgerEvent;
 use agentrun_e2e::support::processes::plugin_binary;
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
 use agentrun_operator::api::{EffectOutcome, Provenance, RunPhase, StepPhase};
@@ -37,16 +36,7 @@ async fn plugin(s: &Scenario, args: &[&str]) -> (i32, String) {
 
 /// How often `step` of `run` started (its own attempts, not probes).
 fn executions(s: &Scenario, run: &str, step: &str) -> usize {
-    s.ledger()
-        .entries
-        .iter()
-        .filter(|e| {
-            e.event == LedgerEvent::Started
-                && e.run.as_deref() == Some(run)
-                && e.step.as_deref() == Some(step)
-                && e.role.as_deref() == Some("step")
-        })
-        .count()
+    s.ledger().starts(run, step, "step")
 }
 
 /// fetch (a read) → charge (NonIdempotent) → reserve (Idempotent) → ship

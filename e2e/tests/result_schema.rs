@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::ledger::LedgerEvent;
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
 use agentrun_operator::api::{EffectOutcome, RunPhase, StepPhase};
 use k8s_openapi::api::events::v1::Event;
@@ -26,18 +25,9 @@ fn order_schema() -> Value {
     })
 }
 
-/// How many attempts of `step` (role `step`) of run `run` the kubelet started.
+/// How many Pods of `role` for `step` of run `run` the kubelet started.
 fn runs_of(s: &Scenario, run: &str, step: &str, role: &str) -> usize {
-    s.ledger()
-        .entries
-        .iter()
-        .filter(|e| {
-            e.event == LedgerEvent::Started
-                && e.run.as_deref() == Some(run)
-                && e.step.as_deref() == Some(step)
-                && e.role.as_deref() == Some(role)
-        })
-        .count()
+    s.ledger().starts(run, step, role)
 }
 
 /// Waits for the operator's Warning Event `reason` about run `run` and returns its note.

@@ -522,8 +522,8 @@ impl<'a> Machine<'a> {
         if let Slot::Step(i) = slot {
             match acted {
                 Acted::No => {}
-                Acted::Maybe => self.effect_unknown(plan, i),
-                Acted::Yes => self.effect_applied(plan, i),
+                Acted::Maybe => self.record_effect(plan, i, EffectOutcome::Unknown),
+                Acted::Yes => self.record_effect(plan, i, EffectOutcome::Applied),
             }
         }
         let r = self.record(slot);

@@ -302,11 +302,13 @@ impl<'a> Machine<'a> {
         self.event(EventType::Normal, Reason::PlanAdopted, message);
     }
 
-    /// A step that ran without reporting a failure of its own (timed out,
-    /// or exited 0 with an unusable result) may have acted: its effect is
-    /// `Unknown` (D7) and a compensation covers it. A step that exits
-    /// non-zero reports that it did not act.
-    pub(super) fn effect_unknown(&mut self, plan: &Plan<'_>, i: usize) {
+    /// Records what a failed attempt of plan step checkpoint `i` did, unless
+    /// the step declares no effect (D7: a failure never hides an effect). An
+    /// attempt that ended without saying it did not act (timed out, exited 0
+    /// with an unusable result, non-zero without `NotApplied`) may have
+    /// acted: `Unknown`, and a compensation covers it. One that reported its
+    /// effect and then failed another way: `Applied`.
+    pub(super) fn record_effect(&mut self, plan: &Plan<'_>, i: usize, outcome: EffectOutcome) {
         if self.status.steps[i].role != StepRole::Step {
             return;
         }
@@ -314,21 +316,7 @@ impl<'a> Machine<'a> {
             .step_spec(plan, &self.status.steps[i].name)
             .map_or(Effect::NonIdempotent, |s| s.effect);
         if effect != Effect::None {
-            self.status.steps[i].effect = Some(EffectOutcome::Unknown);
-        }
-    }
-
-    /// A step with an effect said it applied it, and then failed (D7: the
-    /// failure never hides the effect).
-    pub(super) fn effect_applied(&mut self, plan: &Plan<'_>, i: usize) {
-        if self.status.steps[i].role != StepRole::Step {
-            return;
-        }
-        let effect = self
-            .step_spec(plan, &self.status.steps[i].name)
-            .map_or(Effect::NonIdempotent, |s| s.effect);
-        if effect != Effect::None {
-            self.status.steps[i].effect = Some(EffectOutcome::Applied);
+            self.status.steps[i].effect = Some(outcome);
         }
     }
 
