@@ -30,6 +30,10 @@ impl<'a> Machine<'a> {
             (Some(d), _) => now
                 .checked_add(d.parse().unwrap_or(SignedDuration::ZERO))
                 .unwrap_or(jiff::Timestamp::MAX),
+            // Status keeps whole seconds: a fraction rounds up, never early.
+            (None, Some(t)) if t.0.subsec_nanosecond() != 0 => {
+                jiff::Timestamp::from_second(t.0.as_second() + 1).unwrap_or(t.0)
+            }
             (None, Some(t)) => t.0,
             (None, None) => now,
         };

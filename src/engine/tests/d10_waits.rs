@@ -123,6 +123,21 @@ fn a_time_already_past_wakes_at_once() {
 }
 
 #[test]
+fn a_time_with_a_fraction_of_a_second_wakes_after_it_never_before() {
+    let mut s = wait_until("go", 10);
+    s.wait.as_mut().unwrap().until = Some(Time(t(10) + SignedDuration::from_millis(500)));
+    let mut w = World::new(AgentRun::test().with_steps([s, step("b")]));
+    w.settle();
+    assert_eq!(cp(&w, "go", 1).wake_at.map(|t| t.0), Some(t(11)));
+    w.advance(10);
+    w.settle();
+    assert!(w.created.is_empty(), "not at 10 s: the wake is 10.5 s");
+    w.advance(1);
+    w.settle();
+    assert_eq!(w.created, ["run-b-59c772-r1-a1"]);
+}
+
+#[test]
 fn cancelling_the_run_ends_the_wait_at_once() {
     let mut w = cool_off();
     w.settle();
