@@ -224,7 +224,7 @@ async fn four_step_run_succeeds_with_one_execution_per_key() {
     assert_eq!(
         header,
         [
-            "NAME", "PHASE", "REASON", "STEP", "PROGRESS", "TOKENS", "AGE"
+            "NAME", "PHASE", "REASON", "STEP", "PROGRESS", "TOKENS", "DURATION", "AGE"
         ],
         "{table}"
     );
@@ -236,6 +236,12 @@ async fn four_step_run_succeeds_with_one_execution_per_key() {
         .collect();
     assert_eq!(&row[..2], ["refund", "Succeeded"], "{table}");
     assert!(row.contains(&"4/4") && row.contains(&"515"), "{table}");
+    // How long it took, as the operator recorded it when it finished.
+    assert_eq!(
+        Some(row[6]),
+        st.duration.as_deref(),
+        "the Duration column: {table}"
+    );
     s.finish().await;
 }
 
