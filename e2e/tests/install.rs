@@ -457,6 +457,11 @@ async fn operator_runs_a_gated_run_under_the_charts_rbac() {
             "notifications.secretName=agentrun-channels",
         ])
         .await;
+    // The API server loads the chart's admission policies a moment after
+    // they exist, the validating before the mutating at times: a run
+    // created in between is refused for the creator the mutating one did
+    // not stamp yet.
+    agentrun_e2e::support::policies::wait_enforced(&ns, true).await;
     // Notifications: the chart lets the operator read its one channel Secret.
     let receiver = agentrun_e2e::support::receiver::Receiver::start().await;
     let channels = format!(
@@ -591,6 +596,7 @@ async fn one_verb_fewer_and_the_operator_cannot_drive_a_run() {
         release
             .install(&["--set", &format!("watchNamespace={ns}")])
             .await;
+        agentrun_e2e::support::policies::wait_enforced(&ns, true).await;
 
         // Take the one verb out of the chart's Role.
         let roles: Api<Role> = s.env().api();
