@@ -301,6 +301,20 @@ async fn a_run_names_only_what_its_author_may_use() {
         &create_as("frank", &ns, "plain", &plain).await,
         "the default ServiceAccount",
     );
+    // A wait step has no container: the policy still reads every other
+    // step's, with and without a wait beside them.
+    let waits = json!({"steps": [{"name": "hold", "wait": {"for": "1m"}},
+                                 sim_step("a", "None", json!({}))]});
+    assert_admitted(
+        &create_as("frank", &ns, "waits", &waits).await,
+        "a wait step and a plain step",
+    );
+    let waits_secret = json!({"steps": [{"name": "hold", "wait": {"for": "1m"}},
+                                        step_with("a", "container", secret_env("db-password"))]});
+    assert_refused(
+        &create_as("frank", &ns, "waits-secret", &waits_secret).await,
+        "frank may not use Secret db-password in run waits-secret",
+    );
     // One authorization check per name: past 8 names of a kind, only a user
     // who may create Pods names them.
     let many: Vec<Value> = (0..9)
