@@ -592,7 +592,22 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
         text.contains("system:serviceaccount:agentrun-system:agentrun-operator"),
         "{text}"
     );
-    assert_eq!(of_kind(&docs, "MutatingAdmissionPolicy").len(), 2);
+    assert_eq!(
+        of_kind(&docs, "MutatingAdmissionPolicy").len(),
+        3,
+        "decider, requester and sender"
+    );
+    let signals = named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "agentrun-operator-signals",
+    );
+    assert!(
+        signals["spec"]["validations"]
+            .to_string()
+            .contains("system:serviceaccount:agentrun-system:agentrun-operator"),
+        "only the operator opens a Signal"
+    );
 
     let validating_only = render(
         "agentrun-operator",
@@ -603,7 +618,8 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
     assert!(of_kind(&validating_only, "MutatingAdmissionPolicyBinding").is_empty());
     assert_eq!(
         of_kind(&validating_only, "ValidatingAdmissionPolicy").len(),
-        3
+        4,
+        "approvals, runs, signals and the fence"
     );
 
     let none = render(
@@ -665,6 +681,16 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
         approver["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"].is_null(),
         "viewers do not decide"
     );
+    // Sending a signal says an event outside happened: granted per namespace
+    // to whoever sees it, part of admin but not of edit.
+    let signaler = named(&docs, "ClusterRole", "agentrun-signaler");
+    let labels = &signaler["metadata"]["labels"];
+    assert_eq!(
+        labels["rbac.authorization.k8s.io/aggregate-to-admin"],
+        "true"
+    );
+    assert!(labels["rbac.authorization.k8s.io/aggregate-to-edit"].is_null());
+    assert!(labels["rbac.authorization.k8s.io/aggregate-to-view"].is_null());
 }
 
 /// The in-cluster console is off by default; on, it runs `kubectl-agentrun

@@ -53,6 +53,7 @@ async fn kustomize_default_applies_on_the_server() {
     for line in [
         "customresourcedefinition.apiextensions.k8s.io/agentruns.agentrun.dev",
         "customresourcedefinition.apiextensions.k8s.io/approvals.agentrun.dev",
+        "customresourcedefinition.apiextensions.k8s.io/signals.agentrun.dev",
         "serviceaccount/agentrun-operator",
         "clusterrole.rbac.authorization.k8s.io/agentrun-operator",
         "clusterrolebinding.rbac.authorization.k8s.io/agentrun-operator",
@@ -220,6 +221,10 @@ const NEVER: &[(&str, &str, &str)] = &[
     // It patches an Approval's finalizer (the notifier), never replaces one.
     ("update", "agentrun.dev", "approvals"),
     ("update", "agentrun.dev", "approvals/status"),
+    // Senders send signals; the operator opens and closes them.
+    ("patch", "agentrun.dev", "signals"),
+    ("update", "agentrun.dev", "signals"),
+    ("delete", "agentrun.dev", "signals"),
     ("delete", "events.k8s.io", "events"),
 ];
 

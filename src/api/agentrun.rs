@@ -232,11 +232,11 @@ pub struct StepSpec {
     pub verify: Option<Box<StepContainer>>,
 }
 
-/// How long a wait step waits: exactly one of `for` and `until`.
+/// What a wait step waits for: exactly one of `for`, `until` and `signal`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("has(self.for) != has(self.until)").message("wait: set exactly one of for and until").reason(Reason::FieldValueRequired)
+    validation = Rule::new("(has(self.for) ? 1 : 0) + (has(self.until) ? 1 : 0) + (has(self.signal) ? 1 : 0) == 1").message("wait: set exactly one of for, until and signal").reason(Reason::FieldValueRequired)
 )]
 pub struct WaitSpec {
     /// How long, counted from when the step starts (its `startedAt`), e.g.
@@ -248,6 +248,31 @@ pub struct WaitSpec {
     /// past ends the wait as soon as it starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<Time>,
+    /// Until an event from outside arrives: the operator opens a `Signal`
+    /// named after the run and step, a sender sets its `id` and `data`, and
+    /// the step succeeds with `data` as its result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<SignalWait>,
+}
+
+/// A wait for an event from outside (a `Signal`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalWait {
+    /// What the run waits for, shown to whoever sends it, e.g. `payment
+    /// settled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub description: Option<String>,
+    /// How long to wait, counted from when the step starts; unset waits
+    /// indefinitely.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(concat!("!self.matches(r'", crate::duration_pattern!(), "') || duration(self) > duration('0s')")).message("wait.signal.timeout must be longer than 0s"))]
+    pub timeout: Option<Duration>,
+    /// What the step does when nothing is sent in time: `Fail` (the run
+    /// fails and compensates) or `Skip` (the steps after it go on).
+    #[serde(default)]
+    pub on_timeout: crate::api::SignalTimeout,
 }
 
 /// The container of a step. The step Pod gets exactly one container built from it.

@@ -1,9 +1,10 @@
-//! The API of agentrun-operator: the `AgentRun` and `Approval` custom
-//! resources (`agentrun.dev/v1alpha1`).
+//! The API of agentrun-operator: the `AgentRun`, `Approval` and `Signal`
+//! custom resources (`agentrun.dev/v1alpha1`).
 //!
 //! ```text
 //!   AgentRun ──owns──▶ step Pod (one per attempt, finalizer agentrun.dev/result)
-//!      │  └──owns──▶ Approval (Approve before a gated step, Reconcile after a lost NonIdempotent one)
+//!      │  ├──owns──▶ Approval (Approve before a gated step, Reconcile after a lost NonIdempotent one)
+//!      │  └──owns──▶ Signal (a wait step's event from outside: id + data, sent once)
 //!      └─ status: plan, one StepCheckpoint per (step, plan revision), tokens, conditions
 //! ```
 //!
@@ -15,6 +16,7 @@ mod approvers;
 mod duration;
 mod notify;
 mod run_status;
+mod signal;
 
 pub use agentrun::*;
 pub use approval::*;
@@ -22,20 +24,21 @@ pub use approvers::*;
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
 pub use notify::*;
 pub use run_status::*;
+pub use signal::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 use schemars::{Schema, SchemaGenerator, json_schema};
 
-/// The API group of both resources.
+/// The API group of the resources.
 pub const GROUP: &str = "agentrun.dev";
 
-/// Both CRDs, in the order they are installed.
+/// The CRDs, in the order they are installed.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![AgentRun::crd(), Approval::crd()]
+    vec![AgentRun::crd(), Approval::crd(), Signal::crd()]
 }
 
-/// Both CRDs as one multi-document YAML stream, as checked in under `crds/`.
+/// The CRDs as one multi-document YAML stream, as checked in under `crds/`.
 pub fn crds_yaml() -> String {
     crds()
         .iter()

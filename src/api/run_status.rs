@@ -233,14 +233,17 @@ pub struct StepCheckpoint {
     /// The Approval this step waits on, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<String>,
+    /// The Signal this wait step waits on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
     /// For a step behind an approval gate: the digest of the step as the
     /// approval asked about it. Only a step with this digest is released by
     /// the approval (D14).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_digest: Option<String>,
     /// Who released the step: the approver(s) of its approval gate, or
-    /// whoever answered its Reconcile question, as the API server recorded
-    /// them (D15).
+    /// whoever answered its Reconcile question, or who sent its signal, as
+    /// the API server recorded them (D15).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
     /// A person-readable account of the last thing that happened.

@@ -12,9 +12,10 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::error::Error;
+use super::owned::{self, held_by, refusal_cause};
 use super::reconcile::World;
 use super::{Context, failpoints};
-use crate::api::{AgentRun, AgentRunStatus, Approval, CheckpointState};
+use crate::api::{AgentRun, AgentRunStatus, Approval, CheckpointState, Signal};
 use crate::engine::{Action, Decision, EventType, PodRole, Reason, Refusal, RefusalCause};
 use crate::labels;
 use crate::telemetry::{trace, transitions};
@@ -146,7 +147,7 @@ pub(super) async fn apply(
 
     // Effects a decision may ask for without a status write: a Pod whose
     // attempt it did not record (one missing from the cache), an Approval
-    // never seen, an Approval's status (superseded, expired). Their intent
+    // or Signal never seen, their status (superseded, expired). Their intent
     // was committed earlier, and a paused or deposed operator, or a cache
     // behind the run, may be deciding on a status that has moved on (the
     // attempt closed, the run asked a person something else). A quorum read
@@ -154,7 +155,11 @@ pub(super) async fn apply(
     let acts_on_the_world = decision.actions.iter().any(|a| {
         matches!(
             a,
-            Action::CreatePod(_) | Action::CreateApproval(_) | Action::SetApprovalStatus { .. }
+            Action::CreatePod(_)
+                | Action::CreateApproval(_)
+                | Action::SetApprovalStatus { .. }
+                | Action::CreateSignal(_)
+                | Action::SetSignalStatus { .. }
         )
     });
     if acts_on_the_world && written_run.is_none() {
@@ -177,6 +182,7 @@ pub(super) async fn apply(
 
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let approvals: Api<Approval> = Api::namespaced(ctx.client.clone(), &ns);
+    let signals: Api<Signal> = Api::namespaced(ctx.client.clone(), &ns);
     let mut refused = Vec::new();
     let run_uid = run.uid().unwrap_or_default();
     let fail = |action: String, source: kube::Error| {
@@ -310,64 +316,49 @@ pub(super) async fn apply(
                 }
             }
             Action::CreateApproval(approval) => {
-                let approval_name = approval.name_any();
-                let pp = PostParams {
-                    field_manager: Some(labels::FIELD_MANAGER.into()),
-                    ..Default::default()
-                };
-                match approvals.create(&pp, &approval).await {
-                    Ok(_) => info!(approval = %approval_name, "created approval"),
-                    Err(err) if is_status(&err, 409) => {
-                        let existing = approvals.get(&approval_name).await.map_err(|e| {
-                            fail(format!("reading existing approval {approval_name}"), e)
-                        })?;
-                        if let Some(why) = not_this_runs_approval(&existing, &approval, &run_uid) {
-                            warn!(approval = %approval_name, %why, "an approval the run did not open holds its name");
-                            refused.push(Refusal {
-                                message: why,
-                                name: approval_name,
-                                cause: RefusalCause::NameTaken,
-                            });
-                            continue;
-                        }
+                let name = approval.name_any();
+                match owned::create(
+                    &approvals,
+                    &approval,
+                    &run_uid,
+                    owned::not_this_runs_approval,
+                )
+                .await
+                {
+                    Ok(owned::Created::New) => info!(approval = %name, "created approval"),
+                    Ok(owned::Created::Adopted) => {
                         ctx.metrics.duplicate_creates_suppressed.inc();
                     }
-                    Err(kube::Error::Api(status)) => refused.push(Refusal {
-                        name: approval_name,
-                        cause: refusal_cause(&status),
-                        message: status.message,
-                    }),
-                    Err(err) => {
-                        return Err(fail(format!("creating approval {approval_name}"), err));
+                    Ok(owned::Created::Refused(r)) => refused.push(r),
+                    Err(err) => return Err(fail(format!("creating approval {name}"), err)),
+                }
+            }
+            Action::CreateSignal(signal) => {
+                let name = signal.name_any();
+                match owned::create(&signals, &signal, &run_uid, owned::not_this_runs_signal).await
+                {
+                    Ok(owned::Created::New) => info!(signal = %name, "created signal"),
+                    Ok(owned::Created::Adopted) => {
+                        ctx.metrics.duplicate_creates_suppressed.inc();
                     }
+                    Ok(owned::Created::Refused(r)) => refused.push(r),
+                    Err(err) => return Err(fail(format!("creating signal {name}"), err)),
                 }
             }
             Action::SetApprovalStatus {
-                name: approval_name,
+                name,
                 resource_version,
                 status,
-            } => {
-                // Guarded by the resourceVersion the engine decided on: an
-                // expiry never overwrites a decision it did not see (D10).
-                let patch = json!({
-                    "apiVersion": "agentrun.dev/v1alpha1",
-                    "kind": "Approval",
-                    "metadata": {"name": approval_name, "resourceVersion": resource_version},
-                    "status": status,
-                });
-                let params = PatchParams::apply(labels::FIELD_MANAGER).force();
-                match approvals
-                    .patch_status(&approval_name, &params, &Patch::Apply(&patch))
-                    .await
-                {
-                    Ok(_) => {}
-                    // Gone, or changed since: the next decision sees why.
-                    Err(err) if is_status(&err, 404) || is_status(&err, 409) => {}
-                    Err(err) => {
-                        return Err(fail(format!("updating approval {approval_name}"), err));
-                    }
-                }
-            }
+            } => owned::set_status(&approvals, &name, resource_version, &status)
+                .await
+                .map_err(|err| fail(format!("updating approval {name}"), err))?,
+            Action::SetSignalStatus {
+                name,
+                resource_version,
+                status,
+            } => owned::set_status(&signals, &name, resource_version, &status)
+                .await
+                .map_err(|err| fail(format!("updating signal {name}"), err))?,
             Action::DeleteRun => {
                 info!("deleting finished run (ttlSecondsAfterFinished)");
                 let dp = DeleteParams {
@@ -416,75 +407,6 @@ pub(super) async fn apply(
         written: written_run,
         refused,
     })
-}
-
-/// What a refused creation means for the run. Admission plugins answer 403
-/// for objects that can never pass (Pod Security, a missing PriorityClass)
-/// but also for an exhausted quota, which frees up, and RBAC answers 403 when
-/// the operator itself lacks a verb, which is no fault of the step.
-fn refusal_cause(status: &kube::core::Status) -> RefusalCause {
-    let message = status.message.as_str();
-    match status.code {
-        403 if message.contains("exceeded quota") || message.contains("cannot create resource") => {
-            RefusalCause::Transient
-        }
-        400 | 403 | 422 => RefusalCause::Rejected,
-        _ => RefusalCause::Transient,
-    }
-}
-
-/// Why `existing`, found under the name of the Approval `wanted` that the run
-/// asks for, is not that Approval; `None` when it is (the operator opened it
-/// before and did not see it yet). It is the run's only when its controller
-/// is this run and everything that decides what a decision releases, and who
-/// may make it, is what the run asks now. Anything else stays in the way
-/// visibly (D16) and is never adopted: its decision would release the step.
-fn not_this_runs_approval(existing: &Approval, wanted: &Approval, run_uid: &str) -> Option<String> {
-    let owners = existing.owner_references();
-    let controller = owners.iter().find(|o| o.controller == Some(true));
-    if controller.is_none_or(|o| o.uid != run_uid) {
-        return Some(held_by(owners));
-    }
-    let (e, w) = (&existing.spec, &wanted.spec);
-    let differs: Vec<&str> = [
-        ("runUid", e.run_uid != w.run_uid),
-        ("runName", e.run_name != w.run_name),
-        ("step", e.step != w.step),
-        ("planRevision", e.plan_revision != w.plan_revision),
-        ("kind", e.kind != w.kind),
-        ("stepDigest", e.step_digest != w.step_digest),
-        ("question", e.question != w.question),
-        ("approvers", e.approvers != w.approvers),
-        ("quorum", e.quorum != w.quorum),
-        (
-            "separateFromRequester",
-            e.separate_from_requester != w.separate_from_requester,
-        ),
-        ("requestedBy", e.requested_by != w.requested_by),
-        ("onTimeout", e.on_timeout != w.on_timeout),
-        ("expiresAt", e.expires_at != w.expires_at),
-    ]
-    .into_iter()
-    .filter_map(|(field, differs)| differs.then_some(field))
-    .collect();
-    (!differs.is_empty()).then(|| {
-        format!(
-            "it names this run as its controller, but its spec differs from what the run asks in {}",
-            differs.join(", ")
-        )
-    })
-}
-
-/// Who holds a name the run needs, for the message on the run.
-fn held_by(owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]) -> String {
-    match owners
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .or(owners.first())
-    {
-        Some(o) => format!("it is owned by {} {} (uid {})", o.kind, o.name, o.uid),
-        None => "it has no owner".into(),
-    }
 }
 
 /// The Events every step emits on its way through; `--step-events=false`
@@ -799,96 +721,6 @@ mod tests {
         let mut doc = stored("5", Some(&old));
         json_patch::patch(&mut doc, &status_patch(Some(&old), &new, Some("5"))).unwrap();
         assert_eq!(doc, stored("5", Some(&new)));
-    }
-
-    const RUN_UID: &str = "0b7c6a1e-0000-4000-8000-000000000001";
-
-    /// The Approval run `refund` (uid RUN_UID) asks for at step `pay`.
-    fn asked() -> crate::api::Approval {
-        serde_json::from_value(json!({
-            "apiVersion": "agentrun.dev/v1alpha1", "kind": "Approval",
-            "metadata": {
-                "name": "refund-pay-r1-a1",
-                "ownerReferences": [{"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
-                    "name": "refund", "uid": RUN_UID, "controller": true, "blockOwnerDeletion": true}],
-            },
-            "spec": {
-                "runName": "refund", "runUid": RUN_UID, "step": "pay", "planRevision": 1,
-                "kind": "Approve", "question": "Pay out?", "stepDigest": "ab12",
-                "approvers": {"groups": ["payments-leads"]}, "quorum": 2,
-                "separateFromRequester": true, "requestedBy": "dave",
-                "expiresAt": "2030-01-01T00:00:00Z", "onTimeout": "Reject",
-                "context": {"reason": "gate", "completedSteps": ["lookup: {}"]},
-            },
-        }))
-        .unwrap()
-    }
-
-    /// The existing Approval is adopted only when it is the run's own: its
-    /// controller is the run and it asks what the run asks. Every planted
-    /// variant — another owner, no controller, a field that decides who may
-    /// approve or what is released changed — is refused with a reason.
-    #[test]
-    fn only_the_runs_own_approval_is_adopted() {
-        use super::not_this_runs_approval as foreign;
-        let wanted = asked();
-        assert_eq!(foreign(&asked(), &wanted, RUN_UID), None, "the same one");
-        let mut decided = asked();
-        decided.spec.decision = Some(crate::api::Decision::Approved);
-        decided.spec.decided_by = Some("alice".into());
-        decided.spec.context = None;
-        assert_eq!(
-            foreign(&decided, &wanted, RUN_UID),
-            None,
-            "decided meanwhile, with the context of its time: still the run's"
-        );
-
-        let mut other_owner = asked();
-        other_owner.metadata.owner_references.as_mut().unwrap()[0].uid = "another".into();
-        let why = foreign(&other_owner, &wanted, RUN_UID).expect("refused");
-        assert!(
-            why.contains("owned by AgentRun refund (uid another)"),
-            "{why}"
-        );
-        let mut not_controller = asked();
-        not_controller.metadata.owner_references.as_mut().unwrap()[0].controller = None;
-        assert!(foreign(&not_controller, &wanted, RUN_UID).is_some());
-        let mut orphan = asked();
-        orphan.metadata.owner_references = None;
-        assert_eq!(
-            foreign(&orphan, &wanted, RUN_UID).as_deref(),
-            Some("it has no owner")
-        );
-
-        type Plant = fn(&mut crate::api::ApprovalSpec);
-        let planted: [(&str, Plant); 10] = [
-            ("runUid", |s| s.run_uid = "another".into()),
-            ("step", |s| s.step = "other".into()),
-            ("planRevision", |s| s.plan_revision = 2),
-            ("stepDigest", |s| s.step_digest = Some("cd34".into())),
-            ("question", |s| s.question = "Pay 1 EUR?".into()),
-            ("approvers", |s| s.approvers = None),
-            ("quorum", |s| s.quorum = 1),
-            ("separateFromRequester", |s| {
-                s.separate_from_requester = false
-            }),
-            ("requestedBy", |s| s.requested_by = Some("mallory".into())),
-            ("onTimeout", |s| {
-                s.on_timeout = crate::api::OnTimeout::Approve
-            }),
-        ];
-        for (field, plant) in planted {
-            let mut existing = asked();
-            plant(&mut existing.spec);
-            let why = foreign(&existing, &wanted, RUN_UID)
-                .unwrap_or_else(|| panic!("an Approval with another {field} was adopted"));
-            assert_eq!(
-                why,
-                format!(
-                    "it names this run as its controller, but its spec differs from what the run asks in {field}"
-                )
-            );
-        }
     }
 
     /// A Pod seen ended leaves the Pod watch with its release; one that may

@@ -29,7 +29,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Deserializer};
 
-use crate::api::Approval;
+use crate::api::{Approval, Signal};
 use crate::labels;
 
 type Key = (String, String);
@@ -403,6 +403,14 @@ impl Filed for Approval {
     }
 }
 
+/// Signals by their run's UID (`spec.runUid`).
+impl Filed for Signal {
+    fn filed(&self) -> Option<(Key, String)> {
+        let ns = self.namespace()?;
+        Some(((ns, self.spec.run_uid.clone()), self.name_any()))
+    }
+}
+
 /// Object names by (namespace, run), kept from the watch events of one
 /// cache, so that a reconcile reads its run's objects instead of scanning
 /// every cached one.
@@ -412,6 +420,8 @@ pub struct Index<K>(Arc<RwLock<Inner>>, PhantomData<fn(&K)>);
 pub type PodIndex = Index<StepPod>;
 /// Approval names by (namespace, run UID).
 pub type ApprovalIndex = Index<Approval>;
+/// Signal names by (namespace, run UID).
+pub type SignalIndex = Index<Signal>;
 
 impl<K> Clone for Index<K> {
     fn clone(&self) -> Self {

@@ -23,6 +23,7 @@ mod expectations;
 mod failpoints;
 mod index;
 mod orphans;
+mod owned;
 mod queue;
 mod reconcile;
 
@@ -37,7 +38,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{info, warn};
 
-use crate::api::{AgentRun, Approval};
+use crate::api::{AgentRun, Approval, Signal};
 use crate::labels;
 use crate::metrics::{Health, Metrics, NamespaceLabel, PhaseLabel, Refresh, WatchLabel};
 
@@ -46,7 +47,8 @@ pub use error::{Category, Error, Result};
 const SYNCED_RUNS: u8 = 1;
 const SYNCED_PODS: u8 = 2;
 const SYNCED_APPROVALS: u8 = 4;
-const SYNCED_ALL: u8 = SYNCED_RUNS | SYNCED_PODS | SYNCED_APPROVALS;
+const SYNCED_SIGNALS: u8 = 8;
+const SYNCED_ALL: u8 = SYNCED_RUNS | SYNCED_PODS | SYNCED_APPROVALS | SYNCED_SIGNALS;
 
 /// Where the operator looks for runs, and what it tells people.
 #[derive(Clone, Debug)]
@@ -106,6 +108,11 @@ pub struct Context {
     pub approvals: Store<Approval>,
     /// The names of each run's Approvals (by run UID), from the same watch.
     approval_index: index::ApprovalIndex,
+    /// Signals, managedFields kept (when a signal was sent, and by whom, is
+    /// read from them).
+    pub signals: Store<Signal>,
+    /// The names of each run's Signals (by run UID), from the same watch.
+    signal_index: index::SignalIndex,
     /// Publishes the engine's Events in the background.
     events: events::EventSink,
     /// Publish `StepStarted` and `StepSucceeded` (`--step-events`).
@@ -140,7 +147,7 @@ pub struct Context {
 const CONCURRENT_RECONCILES: usize = 16;
 
 impl Context {
-    /// Waits until the Pod and Approval caches hold the cluster's state. Before
+    /// Waits until the Pod, Approval and Signal caches hold the cluster's state. Before
     /// that, a step Pod missing from the cache would look lost (D6) when it is
     /// merely not listed yet.
     async fn caches_synced(&self) {
@@ -187,6 +194,7 @@ pub async fn run(
     // Deserialized as `StepPod`: the spec and the rest are never built.
     let pods_api: Api<index::StepPod> = api_for(&client, &scope);
     let approvals_api: Api<Approval> = api_for(&client, &scope);
+    let signals_api: Api<Signal> = api_for(&client, &scope);
 
     // Which caches have finished their initial list. (Store::wait_until_ready
     // wakes only one of several concurrent waiters, so readiness is taken from
@@ -247,6 +255,18 @@ pub async fn run(
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_APPROVALS))
         .touched_objects();
 
+    let (signals, signals_writer) = reflector::store();
+    let signal_index = index::SignalIndex::default();
+    let signal_stream = watcher(signals_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(signals_writer)
+        .inspect_ok({
+            let signal_index = signal_index.clone();
+            move |event| signal_index.apply(event)
+        })
+        .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_SIGNALS))
+        .touched_objects();
+
     let events = events::EventSink::spawn(client.clone(), reporter);
     // The notifier stops with the controller (below) and runs only where it
     // runs: on the leader.
@@ -274,6 +294,8 @@ pub async fn run(
         pods: index::PodCache::new(pods.clone(), pod_index),
         approvals: approvals.clone(),
         approval_index,
+        signals,
+        signal_index,
         metrics: metrics.clone(),
         synced: synced_rx.clone(),
         failures: Mutex::new(HashMap::new()),
@@ -286,7 +308,13 @@ pub async fn run(
     });
 
     let run_stream = wake_queued(run_stream, runs_store.clone(), scope.caps);
-    let triggers = triggers(run_stream, pod_stream, approval_stream, &metrics);
+    let triggers = triggers(
+        run_stream,
+        pod_stream,
+        approval_stream,
+        signal_stream,
+        &metrics,
+    );
     tokio::spawn(orphans::release_orphans(
         client.clone(),
         synced_rx.clone(),
@@ -321,8 +349,9 @@ pub async fn run(
     info!("controller stopped");
 }
 
-/// The runs that the three watches' events name: a run's own, its step
-/// Pods' (by owner reference) and its Approvals' (the run they name).
+/// The runs that the four watches' events name: a run's own, its step
+/// Pods' (by owner reference), its Approvals' and its Signals' (the run they
+/// name).
 ///
 /// A watch error ends at [`retried_by_its_watch`]: each watch relists or
 /// resumes on its own backoff (`default_backoff`) while the others go on, so
@@ -332,6 +361,7 @@ fn triggers(
     runs: impl Stream<Item = Result<DeserializeGuard<AgentRun>, watcher::Error>> + Send + 'static,
     pods: impl Stream<Item = Result<index::StepPod, watcher::Error>> + Send + 'static,
     approvals: impl Stream<Item = Result<Approval, watcher::Error>> + Send + 'static,
+    signals: impl Stream<Item = Result<Signal, watcher::Error>> + Send + 'static,
     metrics: &Arc<Metrics>,
 ) -> impl Stream<Item = RunRef> + Send + 'static {
     let runs = runs
@@ -362,7 +392,17 @@ fn triggers(
             )
         })
         .boxed();
-    futures::stream::select_all([runs, pods, approvals])
+    let signals = signals
+        .filter_map(retried_by_its_watch("signals", metrics.clone()))
+        .filter_map(|signal: Signal| {
+            future::ready(
+                signal
+                    .namespace()
+                    .map(|ns| ObjectRef::new(&signal.spec.run_name).within(&ns)),
+            )
+        })
+        .boxed();
+    futures::stream::select_all([runs, pods, approvals, signals])
 }
 
 /// Each run event, and when the run frees a place under the caps on active
@@ -517,6 +557,7 @@ mod tests {
                 runs.map(Ok),
                 futures::stream::pending(),
                 approvals,
+                futures::stream::pending(),
                 &metrics,
             ),
             1,

@@ -18,7 +18,7 @@ use super::Context;
 use super::apply;
 use super::error::{Error, Result, backoff};
 use super::queue::Action;
-use crate::api::{AgentRun, Approval};
+use crate::api::{AgentRun, Approval, Signal};
 use crate::engine::reasons::{ConditionType, Reason};
 use crate::engine::{self, Observed};
 use crate::metrics::CategoryLabel;
@@ -34,6 +34,7 @@ const MAX_FOLLOW_UPS: u32 = 3;
 pub(super) struct World {
     pub pods: Vec<Pod>,
     pub approvals: Vec<Approval>,
+    pub signals: Vec<Signal>,
     /// Some Pods are this process's own recent writes standing in for the
     /// cache (see `expectations`).
     pub stand_ins: bool,
@@ -75,9 +76,16 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         .filter(|a| a.spec.run_uid == uid && owned_by_run(a.owner_references()))
         .map(|a| (*a).clone())
         .collect();
+    let signals = ctx
+        .signal_index
+        .read(&ctx.signals, ns, uid)
+        .filter(|s| s.spec.run_uid == uid && owned_by_run(s.owner_references()))
+        .map(|s| (*s).clone())
+        .collect();
     Ok(World {
         pods,
         approvals,
+        signals,
         stand_ins,
     })
 }
@@ -293,6 +301,7 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
             run: &current,
             pods: &world.pods,
             approvals: &world.approvals,
+            signals: &world.signals,
             refused: &refused,
             source: source.as_ref(),
             queued: queued(&current, ctx),

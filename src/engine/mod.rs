@@ -10,10 +10,11 @@
 //!            ┌──────────── Observed ────────────┐
 //!            │ AgentRun (spec + committed status)│
 //!            │ step Pods (cache, may lag)       │──decide──▶ Decision { status, actions, requeue_after, tally }
-//!            │ Approvals, refusals, now         │
+//!            │ Approvals, Signals, refusals, now│
 //!            └──────────────────────────────────┘
 //!   AgentRun ──owns──▶ Pod <run>-<step>-<tag>-r<rev>-a<n>   finalizer agentrun.dev/result (D5)
 //!            ──owns──▶ Approval <run>-<step>-<tag>-r<rev>-approve | -reconcile-a<n>   (D10)
+//!            ──owns──▶ Signal <run>-<step>-<tag>-r<rev>-signal                        (D10)
 //! ```
 //!
 //! Commit discipline (D4/D5): the controller writes `status` first and applies
@@ -36,6 +37,7 @@ mod pods;
 pub mod reasons;
 mod result;
 mod schema;
+mod signal;
 mod when;
 
 #[cfg(test)]
@@ -48,11 +50,11 @@ mod tests;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::{AgentRun, AgentRunStatus, Approval, ApprovalStatus};
+use crate::api::{AgentRun, AgentRunStatus, Approval, ApprovalStatus, Signal, SignalStatus};
 
 pub use names::{
     MAX_CHILD_NAME, PodRole, approve_name, approve_request, idempotency_key, pod_name,
-    reconcile_name,
+    reconcile_name, signal_name,
 };
 pub use observe::{Recorded, is_live, must_read, referenced_pods};
 pub use reasons::{ConditionType, Reason};
@@ -66,6 +68,8 @@ pub struct Observed<'a> {
     pub pods: &'a [Pod],
     /// Approvals owned by the run.
     pub approvals: &'a [Approval],
+    /// Signals owned by the run.
+    pub signals: &'a [Signal],
     /// Creations the API server refused while this reconcile applied the
     /// previous decision: facts no cache shows (D16).
     pub refused: &'a [Refusal],
@@ -170,6 +174,14 @@ pub enum Action {
         name: String,
         resource_version: Option<String>,
         status: ApprovalStatus,
+    },
+    CreateSignal(Box<Signal>),
+    /// Written under the Signal's resourceVersion as observed: a signal
+    /// sent meanwhile makes it fail, and the next decision sees it.
+    SetSignalStatus {
+        name: String,
+        resource_version: Option<String>,
+        status: SignalStatus,
     },
     /// TTL after finishing (D12).
     DeleteRun,

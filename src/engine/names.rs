@@ -167,6 +167,11 @@ pub fn approve_name(
     child_name(run, run_uid, step, &suffix)
 }
 
+/// The Signal a wait step waits on: `<run>-<step>-<tag>-r<rev>-signal`.
+pub fn signal_name(run: &str, run_uid: &str, step: &str, plan_revision: i64) -> String {
+    child_name(run, run_uid, step, &format!("r{plan_revision}-signal"))
+}
+
 /// Which request of its step's gate an Approval name is (see `approve_name`).
 pub fn approve_request(name: &str) -> u32 {
     match name.rsplit_once("-approve-") {

@@ -117,15 +117,34 @@ pub fn validate_step(step: &StepSpec, at: &str) -> Result<(), String> {
 /// A wait step: exactly one of `for` (longer than 0s) and `until`, and none
 /// of what only a container's attempts use.
 fn validate_wait(step: &StepSpec, w: &WaitSpec, at: &str) -> Result<(), String> {
-    match (&w.for_, &w.until) {
-        (Some(d), None) => {
+    match (&w.for_, &w.until, &w.signal) {
+        (Some(d), None, None) => {
             let d = d.parse().map_err(|e| format!("{at}.wait.for: {e}"))?;
             if d <= SignedDuration::ZERO {
                 return Err(format!("{at}.wait.for: must be longer than 0s"));
             }
         }
-        (None, Some(_)) => {}
-        _ => return Err(format!("{at}.wait: set exactly one of for and until")),
+        (None, Some(_), None) => {}
+        (None, None, Some(s)) => {
+            if let Some(t) = &s.timeout {
+                let t = t
+                    .parse()
+                    .map_err(|e| format!("{at}.wait.signal.timeout: {e}"))?;
+                if t <= SignedDuration::ZERO {
+                    return Err(format!("{at}.wait.signal.timeout: must be longer than 0s"));
+                }
+            }
+            if s.description.as_ref().is_some_and(|d| d.len() > 256) {
+                return Err(format!(
+                    "{at}.wait.signal.description: at most 256 characters"
+                ));
+            }
+        }
+        _ => {
+            return Err(format!(
+                "{at}.wait: set exactly one of for, until and signal"
+            ));
+        }
     }
     let container_only = [
         ("retry", step.retry.is_some()),

@@ -147,6 +147,10 @@ vocabulary! {
         StepWaiting,
         /// A wait step's time came: it succeeded.
         StepWoke,
+        /// A wait step's signal was sent: it succeeded with its data.
+        SignalReceived,
+        /// A wait step's signal did not come in time: its `onTimeout` applies.
+        SignalExpired,
         StepSucceeded,
         StepRetrying,
         StepTimedOut,
@@ -177,9 +181,9 @@ vocabulary! {
         CompensationSucceeded,
         CompensationFailed,
         TtlExpired,
-        /// A Pod or Approval the run needs was refused by the API server.
+        /// A Pod, Approval or Signal the run needs was refused by the API server.
         FailedCreate,
-        /// A Pod or Approval name the run needs is held by an object not its own.
+        /// A Pod, Approval or Signal name the run needs is held by an object not its own.
         NameTaken,
         /// The run does not deserialize; nothing is done for it until it changes.
         Unreadable,

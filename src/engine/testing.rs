@@ -253,6 +253,7 @@ pub struct World {
     pub run: AgentRun,
     pub pods: BTreeMap<String, Pod>,
     pub approvals: BTreeMap<String, Approval>,
+    pub signals: BTreeMap<String, crate::api::Signal>,
     /// Refusals the next decision is told about (what `apply` met).
     pub refused: Vec<Refusal>,
     pub now: Timestamp,
@@ -272,6 +273,7 @@ impl World {
             run,
             pods: BTreeMap::new(),
             approvals: BTreeMap::new(),
+            signals: BTreeMap::new(),
             refused: Vec::new(),
             now: t(0),
             run_deleted: false,
@@ -294,10 +296,12 @@ impl World {
 
     pub fn decide_with(&self, pods: &[Pod]) -> Decision {
         let approvals: Vec<Approval> = self.approvals.values().cloned().collect();
+        let signals: Vec<crate::api::Signal> = self.signals.values().cloned().collect();
         decide(&Observed {
             run: &self.run,
             pods,
             approvals: &approvals,
+            signals: &signals,
             refused: &self.refused,
             source: self.source.as_ref(),
             queued: self.queued.clone(),
@@ -371,6 +375,28 @@ impl World {
                     self.next_uid += 1;
                 }
             }
+            Action::CreateSignal(s) => {
+                let name = s.metadata.name.clone().unwrap();
+                if !self.signals.contains_key(&name) {
+                    let mut s = (**s).clone();
+                    s.metadata.resource_version = Some(format!("{}", self.next_uid));
+                    self.next_uid += 1;
+                    self.signals.insert(name, s);
+                }
+            }
+            Action::SetSignalStatus {
+                name,
+                resource_version,
+                status,
+            } => {
+                if let Some(s) = self.signals.get_mut(name)
+                    && s.metadata.resource_version == *resource_version
+                {
+                    s.status = Some(status.clone());
+                    s.metadata.resource_version = Some(format!("{}", self.next_uid));
+                    self.next_uid += 1;
+                }
+            }
             Action::DeleteRun => self.run_deleted = true,
             Action::Event { .. } => {}
         }
@@ -398,10 +424,15 @@ impl World {
     /// Steps until the status stops changing (at most `n` decisions).
     pub fn settle(&mut self) -> Decision {
         for _ in 0..50 {
-            let before = (self.status(), self.approvals.clone());
+            let before = (self.status(), self.approvals.clone(), self.signals.clone());
             let d = self.step();
-            // An Approval's status change wakes the run too (its watch).
-            if (d.status.clone(), self.approvals.clone()) == before {
+            // An Approval's or Signal's status change wakes the run too (its watch).
+            if (
+                d.status.clone(),
+                self.approvals.clone(),
+                self.signals.clone(),
+            ) == before
+            {
                 return d;
             }
         }
@@ -485,6 +516,42 @@ impl World {
             ..ManagedFieldsEntry::default()
         }]);
         a.metadata.resource_version = Some(format!("{}", self.next_uid));
+        self.next_uid += 1;
+        true
+    }
+
+    /// Someone sends a signal, as the API server takes it: refused (false)
+    /// once the Signal no longer waits, or when it was already sent with
+    /// another id or data; a repeat of the same is accepted and changes
+    /// nothing. The write is stamped with the server's time.
+    pub fn send_signal(&mut self, name: &str, id: &str, data: serde_json::Value, by: &str) -> bool {
+        let now = self.now;
+        let s = self
+            .signals
+            .get_mut(name)
+            .unwrap_or_else(|| panic!("no signal {name}"));
+        if let Some(sent) = &s.spec.id {
+            return *sent == id && s.spec.data.as_ref() == Some(&data);
+        }
+        if s.status
+            .as_ref()
+            .is_some_and(|st| st.phase != crate::api::SignalPhase::Waiting)
+        {
+            return false;
+        }
+        s.spec.id = Some(id.into());
+        s.spec.data = Some(data);
+        s.spec.sent_by = Some(by.into());
+        s.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("kubectl-agentrun".into()),
+            operation: Some("Update".into()),
+            time: Some(Time(now)),
+            fields_v1: Some(FieldsV1(
+                serde_json::json!({"f:spec": {"f:id": {}, "f:data": {}}}),
+            )),
+            ..ManagedFieldsEntry::default()
+        }]);
+        s.metadata.resource_version = Some(format!("{}", self.next_uid));
         self.next_uid += 1;
         true
     }

@@ -42,6 +42,14 @@ pub const OPERATOR_RULES: &[(&str, &str, &[&str])] = &[
     ),
     // Approved / Rejected / Expired phase by server-side apply
     ("agentrun.dev", "approvals/status", &["patch"]),
+    // watch; read back on AlreadyExists; open a wait step's signal
+    (
+        "agentrun.dev",
+        "signals",
+        &["get", "list", "watch", "create"],
+    ),
+    // Received / Expired / Superseded phase by server-side apply
+    ("agentrun.dev", "signals/status", &["patch"]),
     // watch, read, create step Pods; delete retired attempts; release the result finalizer (D5)
     (
         "",

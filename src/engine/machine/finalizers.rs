@@ -184,6 +184,7 @@ impl<'a> Machine<'a> {
         // all attempts were accounted for before the run became terminal.
         self.release_all_pods();
         self.sync_approvals();
+        self.sync_signals();
         if let (Some(ttl), Some(done)) = (
             self.run.spec.ttl_seconds_after_finished,
             &self.status.completed_at,

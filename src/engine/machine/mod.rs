@@ -18,7 +18,7 @@
 //!
 //! One `Machine` holds the facts of one decision; its stages live in the
 //! files beside this one: `finalizers` (stages 1 and 3), `running` (4),
-//! `limits` (5), `wait` (wait steps, after 5), `advance` and `approvals`
+//! `limits` (5), `wait` and `signals` (wait steps, after 5), `advance` and `approvals`
 //! (6), `saga` (the wind-down),
 //! `derive` (7).
 
@@ -32,6 +32,7 @@ mod limits;
 mod queued;
 mod running;
 mod saga;
+mod signals;
 mod verify;
 mod wait;
 
@@ -85,6 +86,7 @@ struct Machine<'a> {
     /// Where the run waits for a place under the caps on active runs.
     queued: Option<&'a super::Queued>,
     approvals: &'a [crate::api::Approval],
+    signals: &'a [crate::api::Signal],
     name: &'a str,
     uid: &'a str,
     now: Timestamp,
@@ -134,6 +136,7 @@ impl<'a> Machine<'a> {
             source: obs.source,
             queued: obs.queued.as_ref(),
             approvals: obs.approvals,
+            signals: obs.signals,
             name: run.metadata.name.as_deref().unwrap_or(""),
             uid,
             // Status timestamps (metav1.Time) keep whole seconds. Deciding on the
@@ -235,13 +238,14 @@ impl<'a> Machine<'a> {
                 self.wind_down(&empty);
                 self.derive(&empty);
                 self.sync_approvals();
+                self.sync_signals();
                 return;
             }
         };
         self.release_accounted_pods();
         self.observe_running(&plan);
         self.enforce_limits();
-        self.observe_waits();
+        self.observe_waits(&plan);
         self.create_unseen(&plan);
         if self.failing() {
             self.wind_down(&plan);
@@ -254,8 +258,9 @@ impl<'a> Machine<'a> {
             Ok(p) => self.derive(&p),
             Err(_) => self.derive(&plan),
         }
-        // Last: which Approvals the run waits on is known only now.
+        // Last: which Approvals and Signals the run waits on is known only now.
         self.sync_approvals();
+        self.sync_signals();
         self.compact_status();
     }
 

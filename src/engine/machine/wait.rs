@@ -4,7 +4,8 @@
 //! spec edit or a long downtime never moves it; a wake that came while the
 //! operator was down is taken at the next decision. It counts against no
 //! budget and holds no place in `parallelism`. A run that fails or is
-//! cancelled ends its waits at once (`fail_run`).
+//! cancelled ends its waits at once (`fail_run`). A wait for a signal from
+//! outside is in `signals`.
 
 use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -24,6 +25,9 @@ impl<'a> Machine<'a> {
         let Some(wait) = step.wait.as_deref() else {
             return;
         };
+        if wait.signal.is_some() {
+            return self.start_signal(plan, i);
+        }
         let now = whole_seconds(self.now);
         // Both were checked with the plan (`validate_wait`).
         let wake = match (&wait.for_, &wait.until) {
@@ -60,9 +64,13 @@ impl<'a> Machine<'a> {
 
     /// Ends the waits whose time came (a failing run ended its waits when
     /// it began to fail, see `fail_run`).
-    pub(super) fn observe_waits(&mut self) {
+    pub(super) fn observe_waits(&mut self, plan: &Plan<'_>) {
         for i in 0..self.status.steps.len() {
             if self.status.steps[i].phase != StepPhase::Waiting {
+                continue;
+            }
+            if self.status.steps[i].signal.is_some() {
+                self.observe_signal(plan, i);
                 continue;
             }
             let now = self.now;

@@ -306,6 +306,7 @@ impl Sim {
             run,
             pods: &pods,
             approvals: &approvals,
+            signals: &[],
             refused: &[],
             source: None,
             queued: None,

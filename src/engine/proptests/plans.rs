@@ -106,6 +106,7 @@ pub(super) fn build_run(steps: &[StepGen], tokens: Option<i64>) -> AgentRun {
                     wait: Some(Box::new(crate::api::WaitSpec {
                         for_: Some("90s".into()),
                         until: None,
+                        signal: None,
                     })),
                     effect: Effect::None,
                     ..StepSpec::default()

@@ -13,6 +13,7 @@ fn wait_for(name: &str, d: &str) -> StepSpec {
         wait: Some(Box::new(WaitSpec {
             for_: Some(Duration::from(d)),
             until: None,
+            signal: None,
         })),
         effect: Effect::None,
         ..StepSpec::default()
@@ -25,6 +26,7 @@ fn wait_until(name: &str, at: i64) -> StepSpec {
         wait: Some(Box::new(WaitSpec {
             for_: None,
             until: Some(Time(t(at))),
+            signal: None,
         })),
         ..StepSpec::default()
     }

@@ -25,6 +25,7 @@ mod d07_saga;
 mod d08_freshness;
 mod d09_budgets_and_limits;
 mod d10_d14_approvals;
+mod d10_signals;
 mod d10_waits;
 mod d11_bounded_status;
 mod d12_d13_lifecycle;

@@ -1,0 +1,219 @@
+//! Signals as durable waits (D10): the `Signal` a wait step opens, and what
+//! a sender (or the clock) makes of it.
+//!
+//! ```text
+//!   AgentRun ──owns──▶ Signal <run>-<step>-<tag>-r<rev>-signal   (a wait: {signal: …} step)
+//!   sender   ──patch spec.id + spec.data──▶ Signal ──watch──▶ step Succeeded, result = data
+//! ```
+//!
+//! The order of a signal and its deadline is the API server's, as for an
+//! approval's decision: a signal counts if the API server stored it before
+//! the deadline (the time of the managedFields entry that owns `spec.id`);
+//! an expiry takes effect once written to the Signal's status, after which
+//! the API server refuses a signal.
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use serde_json::Value;
+
+use crate::api::{Signal, SignalPhase, SignalSpec, SignalStatus, SignalTimeout, StepPhase};
+use crate::labels;
+
+/// What the run makes of a Signal right now.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    Pending {
+        expires_at: Option<Timestamp>,
+    },
+    /// Sent in time.
+    Sent {
+        id: String,
+        data: Option<Value>,
+        by: Option<String>,
+    },
+    /// The deadline passed, but the Signal does not say so yet: the expiry
+    /// takes effect once written to its status under its resourceVersion.
+    Expiring {
+        /// A signal the API server stored after the deadline: its id and when.
+        late: Option<(String, Timestamp)>,
+    },
+    /// Expired (written); `onTimeout` applies.
+    Expired {
+        on_timeout: SignalTimeout,
+    },
+    /// The run no longer waits on it.
+    Superseded,
+}
+
+pub fn answer(s: &Signal, now: Timestamp) -> Answer {
+    match s.status.as_ref().map(|st| st.phase) {
+        Some(SignalPhase::Expired) => {
+            return Answer::Expired {
+                on_timeout: s.spec.on_timeout,
+            };
+        }
+        Some(SignalPhase::Superseded) => return Answer::Superseded,
+        // Received (written): it stays what the step took.
+        Some(SignalPhase::Received) => {
+            return Answer::Sent {
+                id: s.spec.id.clone().unwrap_or_default(),
+                data: s.spec.data.clone(),
+                by: sent_by(s),
+            };
+        }
+        _ => {}
+    }
+    let deadline = s.spec.expires_at.as_ref().map(|t| t.0);
+    if let Some(id) = s.spec.id.clone() {
+        // Where the API server's record of when says nothing (a client
+        // cleared managedFields), a signal is in time only if the deadline
+        // has not passed yet (D15: fail closed).
+        return match (deadline, sent_at(s)) {
+            (Some(deadline), Some(at)) if at > deadline => Answer::Expiring {
+                late: Some((id, at)),
+            },
+            (Some(deadline), None) if now > deadline => Answer::Expiring {
+                late: Some((id, now)),
+            },
+            _ => Answer::Sent {
+                id,
+                data: s.spec.data.clone(),
+                by: sent_by(s),
+            },
+        };
+    }
+    match deadline {
+        Some(at) if at <= now => Answer::Expiring { late: None },
+        expires_at => Answer::Pending { expires_at },
+    }
+}
+
+/// The managedFields entry that owns `spec.id`.
+fn id_entry(
+    s: &Signal,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> {
+    s.metadata.managed_fields.iter().flatten().find(|m| {
+        m.fields_v1
+            .as_ref()
+            .and_then(|f| f.0.get("f:spec")?.get("f:id"))
+            .is_some()
+    })
+}
+
+/// When the API server stored the signal. A later write by the same manager
+/// moves the time later, never earlier: a signal is never taken for earlier
+/// than it was.
+fn sent_at(s: &Signal) -> Option<Timestamp> {
+    id_entry(s)?.time.as_ref().map(|t| t.0)
+}
+
+/// Who sent it: the user the API server recorded (`spec.sentBy`), or on a
+/// cluster without the admission policies the field manager that wrote
+/// `spec.id`.
+pub fn sent_by(s: &Signal) -> Option<String> {
+    s.spec
+        .sent_by
+        .clone()
+        .or_else(|| id_entry(s)?.manager.clone())
+}
+
+/// The status a Signal should show, if it differs from what it shows.
+/// `step`: the phase of the checkpoint that waits on it, if any. One the run
+/// does not wait on is superseded, saying `why`.
+pub fn desired_status(
+    s: &Signal,
+    now: Timestamp,
+    step: Option<StepPhase>,
+    why: &str,
+) -> Option<SignalStatus> {
+    let current = s.status.clone().unwrap_or_default();
+    if current.phase != SignalPhase::Waiting {
+        return None; // final once written
+    }
+    let waiting = step == Some(StepPhase::Waiting);
+    let on_timeout = s.spec.on_timeout;
+    let (phase, message) = match (answer(s, now), waiting) {
+        (Answer::Expired { .. } | Answer::Superseded, _) => return None,
+        // Sent while the step waits: the step takes it in this decision,
+        // and the next one says so here.
+        (Answer::Pending { .. } | Answer::Sent { .. }, true) => return None,
+        (Answer::Expiring { late: None }, true) => (
+            SignalPhase::Expired,
+            format!("expired without a signal; onTimeout {on_timeout:?} applies"),
+        ),
+        (
+            Answer::Expiring {
+                late: Some((id, at)),
+            },
+            true,
+        ) => (
+            SignalPhase::Expired,
+            format!(
+                "expired: signal {id} was sent at {at}, after the deadline, and is not applied; onTimeout {on_timeout:?} applies"
+            ),
+        ),
+        (Answer::Sent { id, .. }, false) if step == Some(StepPhase::Succeeded) => (
+            SignalPhase::Received,
+            format!(
+                "signal {id} received; step {} succeeded with its data",
+                s.spec.step
+            ),
+        ),
+        (Answer::Sent { id, .. }, false) => (
+            SignalPhase::Superseded,
+            format!("superseded: {why}; signal {id} was not applied"),
+        ),
+        (_, false) => (SignalPhase::Superseded, format!("superseded: {why}")),
+    };
+    Some(SignalStatus {
+        phase,
+        recorded_at: Some(Time(now)),
+        message: Some(message),
+    })
+}
+
+pub struct Request<'a> {
+    pub name: String,
+    pub namespace: Option<String>,
+    pub owner: OwnerReference,
+    pub run_name: &'a str,
+    pub run_uid: &'a str,
+    pub step: &'a str,
+    pub plan_revision: i64,
+    pub description: Option<String>,
+    pub expires_at: Option<Timestamp>,
+    pub on_timeout: SignalTimeout,
+    pub requested_by: Option<String>,
+}
+
+pub fn build(r: Request) -> Signal {
+    Signal {
+        metadata: ObjectMeta {
+            name: Some(r.name),
+            namespace: r.namespace,
+            labels: Some(
+                [
+                    (labels::RUN.to_owned(), r.run_name.to_owned()),
+                    (labels::STEP.to_owned(), r.step.to_owned()),
+                ]
+                .into(),
+            ),
+            owner_references: Some(vec![r.owner]),
+            ..ObjectMeta::default()
+        },
+        spec: SignalSpec {
+            run_name: r.run_name.to_owned(),
+            run_uid: r.run_uid.to_owned(),
+            step: r.step.to_owned(),
+            plan_revision: r.plan_revision,
+            description: r.description,
+            expires_at: r.expires_at.map(Time),
+            on_timeout: r.on_timeout,
+            requested_by: r.requested_by,
+            id: None,
+            data: None,
+            sent_by: None,
+        },
+        status: None,
+    }
+}

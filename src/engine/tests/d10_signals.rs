@@ -1,0 +1,325 @@
+//! D10 for events from outside: a wait step with a signal opens a `Signal`
+//! and runs no Pod; a sender's `id` and `data` end it once, and `data` is
+//! the step's result. A repeat changes nothing; the deadline is the API
+//! server's order (an expiry is written to the Signal before `onTimeout`
+//! applies, and a signal stored after the deadline is not taken); a run
+//! that stops waiting supersedes its Signal so a late one is refused.
+
+use super::*;
+use crate::api::{SignalPhase, SignalTimeout, SignalWait, StepSpec, WaitSpec};
+
+fn wait_signal(name: &str, timeout: Option<&str>, on_timeout: SignalTimeout) -> StepSpec {
+    StepSpec {
+        name: name.into(),
+        wait: Some(Box::new(WaitSpec {
+            for_: None,
+            until: None,
+            signal: Some(SignalWait {
+                description: Some("payment settled".into()),
+                timeout: timeout.map(Duration::from),
+                on_timeout,
+            }),
+        })),
+        effect: Effect::None,
+        ..StepSpec::default()
+    }
+}
+
+/// a → settle (a signal, 1h, onTimeout as given) → b.
+fn settle(on_timeout: SignalTimeout) -> World {
+    let mut w = World::new(AgentRun::test().with_steps([
+        step("a"),
+        wait_signal("settle", Some("1h"), on_timeout),
+        step("b"),
+    ]));
+    w.settle();
+    w.succeed("run-a-2b8d3c-r1-a1", "");
+    w.settle();
+    w
+}
+
+fn signal_of(w: &World) -> String {
+    cp(w, "settle", 1)
+        .signal
+        .expect("the checkpoint names its Signal")
+}
+
+fn signal_phase(w: &World) -> Option<SignalPhase> {
+    w.signals[&signal_of(w)].status.as_ref().map(|s| s.phase)
+}
+
+#[test]
+fn a_signal_ends_the_wait_with_its_data_as_the_result() {
+    let mut w = settle(SignalTimeout::Fail);
+    let name = signal_of(&w);
+    assert_eq!(
+        name,
+        crate::engine::signal_name("run", "run-uid", "settle", 1)
+    );
+    let c = cp(&w, "settle", 1);
+    assert_eq!(c.phase, StepPhase::Waiting);
+    assert_eq!(
+        c.wake_at.map(|t| t.0),
+        Some(t(3600)),
+        "the deadline is fixed"
+    );
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"], "no Pod for a signal");
+    assert_eq!(w.status().phase, Some(RunPhase::Waiting));
+    let s = &w.signals[&name];
+    assert_eq!(
+        (
+            s.spec.step.as_str(),
+            s.spec.plan_revision,
+            s.spec.run_uid.as_str()
+        ),
+        ("settle", 1, "run-uid")
+    );
+    assert_eq!(s.spec.expires_at.as_ref().map(|t| t.0), Some(t(3600)));
+    assert_eq!(s.spec.description.as_deref(), Some("payment settled"));
+    let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.uid.as_str(), owner.controller),
+        ("run-uid", Some(true))
+    );
+    assert_eq!(
+        w.decide().requeue_after,
+        secs(3600),
+        "requeued for the deadline"
+    );
+
+    w.advance(60);
+    assert!(w.send_signal(&name, "pay-1", json!({"amount": 12}), "ci-bot"));
+    let d = w.step();
+    assert!(
+        events(&d).contains(&Reason::SignalReceived),
+        "{:?}",
+        events(&d)
+    );
+    let c = cp(&w, "settle", 1);
+    assert_eq!(
+        (
+            c.phase,
+            c.checkpoint,
+            c.effect,
+            c.result.clone(),
+            c.decided_by.as_deref()
+        ),
+        (
+            StepPhase::Succeeded,
+            CheckpointState::Committed,
+            Some(EffectOutcome::NotApplied),
+            Some(json!({"amount": 12})),
+            Some("ci-bot")
+        )
+    );
+    assert_eq!(
+        creates(&d),
+        ["run-b-59c772-r1-a1"],
+        "b starts in the write that records the signal (D4)"
+    );
+    w.settle();
+    assert_eq!(signal_phase(&w), Some(SignalPhase::Received));
+
+    // The same signal again (a sender retrying): accepted, and nothing
+    // changes. Another id is refused by the API server.
+    assert!(w.send_signal(&name, "pay-1", json!({"amount": 12}), "ci-bot"));
+    assert!(!w.send_signal(&name, "pay-2", json!({"amount": 99}), "ci-bot"));
+    w.settle();
+    assert_eq!(cp(&w, "settle", 1).result, Some(json!({"amount": 12})));
+    w.succeed("run-b-59c772-r1-a1", "");
+    assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1", "run-b-59c772-r1-a1"]);
+    assert_eq!(
+        w.status().step_executions,
+        2,
+        "a signal is not an execution"
+    );
+}
+
+#[test]
+fn the_next_step_reads_the_signal_data_in_its_when() {
+    let mut b = step("b");
+    b.when = Some("steps.settle.result.amount > 10".into());
+    let mut w = World::new(
+        AgentRun::test().with_steps([wait_signal("settle", None, SignalTimeout::Fail), b]),
+    );
+    w.settle();
+    assert_eq!(cp(&w, "settle", 1).wake_at, None, "no timeout: no deadline");
+    assert_eq!(
+        w.decide().requeue_after,
+        None,
+        "nothing to wake for but the watch"
+    );
+    let name = signal_of(&w);
+    assert!(w.send_signal(&name, "pay-1", json!({"amount": 12}), "ci-bot"));
+    w.settle();
+    assert_eq!(w.created, ["run-b-59c772-r1-a1"]);
+}
+
+#[test]
+fn no_signal_in_time_fails_the_run_once_the_expiry_is_written() {
+    let mut w = settle(SignalTimeout::Fail);
+    w.advance(3600);
+    let d = w.step();
+    // First the expiry, on the Signal: the step still waits, so a signal
+    // that lands before it makes the write fail and is taken.
+    assert_eq!(cp(&w, "settle", 1).phase, StepPhase::Waiting);
+    assert!(d.actions.iter().any(|a| matches!(a, Action::SetSignalStatus { status, .. } if status.phase == SignalPhase::Expired)));
+    assert_eq!(signal_phase(&w), Some(SignalPhase::Expired));
+    let d = w.step();
+    assert!(
+        events(&d).contains(&Reason::SignalExpired),
+        "{:?}",
+        events(&d)
+    );
+    let c = cp(&w, "settle", 1);
+    assert_eq!(c.phase, StepPhase::Failed);
+    assert!(
+        c.message
+            .as_deref()
+            .unwrap()
+            .contains("no signal on Signal"),
+        "{:?}",
+        c.message
+    );
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Failed));
+    assert_eq!(
+        condition(&w, ConditionType::Succeeded).reason,
+        Reason::SignalExpired
+    );
+    let name = signal_of(&w);
+    assert!(
+        !w.send_signal(&name, "pay-1", json!({}), "ci-bot"),
+        "the API server refuses a signal once the expiry is written"
+    );
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"]);
+}
+
+#[test]
+fn no_signal_in_time_skips_the_step_with_on_timeout_skip() {
+    let mut w = settle(SignalTimeout::Skip);
+    w.advance(3600);
+    w.settle();
+    let c = cp(&w, "settle", 1);
+    assert_eq!(c.phase, StepPhase::Skipped);
+    assert!(c.result.is_none());
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1", "run-b-59c772-r1-a1"]);
+}
+
+#[test]
+fn a_signal_stored_after_the_deadline_is_not_taken() {
+    let mut w = settle(SignalTimeout::Fail);
+    // The operator is down past the deadline; the sender's write lands
+    // before the expiry is written. The API server's time says it is late.
+    w.advance(3700);
+    let name = signal_of(&w);
+    assert!(w.send_signal(&name, "pay-1", json!({"amount": 12}), "ci-bot"));
+    w.settle();
+    let s = &w.signals[&name];
+    let st = s.status.as_ref().unwrap();
+    assert_eq!(st.phase, SignalPhase::Expired);
+    assert!(
+        st.message
+            .as_deref()
+            .unwrap()
+            .contains("signal pay-1 was sent at"),
+        "{:?}",
+        st.message
+    );
+    assert_eq!(cp(&w, "settle", 1).phase, StepPhase::Failed);
+    assert_eq!(cp(&w, "settle", 1).result, None);
+    assert_eq!(w.status().phase, Some(RunPhase::Failed));
+}
+
+#[test]
+fn a_signal_sent_before_the_deadline_wins_over_an_expiry_decided_on_a_stale_copy() {
+    let mut w = settle(SignalTimeout::Fail);
+    let name = signal_of(&w);
+    w.advance(3600);
+    // The decision sees no signal at the deadline and asks to write the
+    // expiry…
+    let d = w.decide();
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::SetSignalStatus { .. }))
+    );
+    // …but the signal reaches the API server first, stamped at the
+    // deadline: in time.
+    assert!(w.send_signal(&name, "pay-1", json!({"amount": 1}), "ci-bot"));
+    w.commit(&d);
+    assert_eq!(
+        signal_phase(&w),
+        None,
+        "the expiry, decided on the old resourceVersion, is refused"
+    );
+    w.settle();
+    assert_eq!(cp(&w, "settle", 1).phase, StepPhase::Succeeded);
+    assert_eq!(signal_phase(&w), Some(SignalPhase::Received));
+}
+
+#[test]
+fn a_signal_missing_from_the_cache_is_opened_again_and_keeps_its_deadline() {
+    let mut w = settle(SignalTimeout::Fail);
+    let name = signal_of(&w);
+    w.signals.clear();
+    w.advance(100);
+    let d = w.step();
+    let opened: Vec<_> = d
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateSignal(s) => Some(s.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(opened.len(), 1);
+    assert_eq!(opened[0].metadata.name.as_deref(), Some(name.as_str()));
+    assert_eq!(
+        opened[0].spec.expires_at.as_ref().map(|t| t.0),
+        Some(t(3600)),
+        "the deadline fixed when the wait started, not now + 1h"
+    );
+    assert_eq!(d.requeue_after, secs(3500));
+}
+
+#[test]
+fn cancelling_the_run_supersedes_its_signal_and_a_late_one_is_refused() {
+    let mut w = settle(SignalTimeout::Fail);
+    w.run.spec.cancel = true;
+    w.run.metadata.generation = Some(2);
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Cancelled));
+    assert_eq!(cp(&w, "settle", 1).phase, StepPhase::Failed);
+    assert_eq!(signal_phase(&w), Some(SignalPhase::Superseded));
+    let name = signal_of(&w);
+    assert!(!w.send_signal(&name, "pay-1", json!({}), "ci-bot"));
+}
+
+#[test]
+fn a_refused_signal_stalls_the_run_visibly() {
+    let mut w =
+        World::new(AgentRun::test().with_steps([wait_signal("settle", None, SignalTimeout::Fail)]));
+    let name = crate::engine::signal_name("run", "run-uid", "settle", 1);
+    w.step();
+    w.signals.clear();
+    w.refused = vec![Refusal {
+        name: name.clone(),
+        cause: RefusalCause::NameTaken,
+        message: "it is owned by AgentRun other (uid x)".into(),
+    }];
+    let d = w.step();
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateSignal(_)))
+    );
+    let stalled = condition(&w, ConditionType::Stalled);
+    assert_eq!(stalled.reason, Reason::NameTaken);
+    assert!(
+        stalled.message.contains(&format!("Signal {name} exists")),
+        "{}",
+        stalled.message
+    );
+}
