@@ -1,8 +1,9 @@
 //! The graph samples on the real local node (`e2e/cluster node up`), as they are:
 //! config/samples/agentrun_expert_review.yaml (fan-out and fan-in),
 //! config/samples/agentrun_email_triage.yaml (conditional routing) and
-//! config/samples/agentrun_expense.yaml (parallel approvals), with the example agent's
-//! image on real containers. Every test fails (never skips) when the node is missing.
+//! config/samples/agentrun_expense.yaml (parallel approvals) and
+//! config/samples/agentrun_return.yaml (a signal from outside, then a timer), with the
+//! example agent's image on real containers. Every test fails (never skips) when the node is missing.
 
 use std::time::Duration;
 
@@ -187,5 +188,65 @@ async fn expense_sample_asks_two_approvals_at_once_and_pays_out_once() {
         json!(reimburse.idempotency_key)
     );
     assert_eq!(payouts[0]["amount"], "120.00 EUR");
+    s.finish().await;
+}
+
+/// The return sample waits for the warehouse's scan (a Signal), then for its
+/// inspection window (a timer), then tells the customer once; the scan is
+/// sent twice, as a retrying scanner does, and taken once.
+#[tokio::test]
+async fn return_sample_waits_for_the_scan_then_the_window_and_notifies_once() {
+    let s = node_scenario("node-return").await;
+    let payments = Payments::start(s.namespace(), 0.0).await;
+    let cm = configmap(&s, &payments);
+    let sample = agentrun_e2e::repo_root().join("config/samples/agentrun_return.yaml");
+    apply(&s, &[&cm, &sample]).await;
+    let waiting = s
+        .wait_run("return-4711", "waiting for the scan", RUN_TIMEOUT, |r| {
+            status(r)
+                .steps
+                .iter()
+                .any(|c| c.name == "parcel-received" && c.phase == StepPhase::Waiting)
+        })
+        .await;
+    assert_eq!(phase(&waiting), Some(RunPhase::Waiting));
+    let signal = step(&waiting, "parcel-received")
+        .signal
+        .expect("the Signal");
+    let scan = json!({"spec": {"id": "scan-0042", "data": {"condition": "damaged", "dock": "B3"}}})
+        .to_string();
+    for _ in 0..2 {
+        kubectl_ok([
+            "-n",
+            s.namespace(),
+            "patch",
+            "signal",
+            &signal,
+            "--type",
+            "merge",
+            "-p",
+            &scan,
+        ])
+        .await;
+    }
+    let run = s.wait_finished("return-4711", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    let received = step(&run, "parcel-received");
+    assert_eq!(
+        received.result,
+        Some(json!({"condition": "damaged", "dock": "B3"}))
+    );
+    let window = step(&run, "inspection-window");
+    assert!(
+        window.started_at.unwrap().0 >= received.finished_at.unwrap().0,
+        "the window starts after the scan"
+    );
+    let notify = step(&run, "notify-customer");
+    assert!(notify.started_at.unwrap().0 >= window.wake_at.unwrap().0);
+    let ledger = payments.ledger().await;
+    let sent = ledger["notifications"].as_array().unwrap();
+    assert_eq!(sent.len(), 1, "{ledger}");
+    assert_eq!(sent[0]["template"], "return-received");
+    assert_eq!(status(&run).step_executions, 2, "waits are not executions");
     s.finish().await;
 }
