@@ -102,6 +102,17 @@ struct RunArgs {
     #[arg(long, env = "AGENTRUN_MAX_ACTIVE_RUNS", default_value_t = 0)]
     max_active_runs: u32,
 
+    /// PriorityClass names whose runs queue first, the first listed first
+    /// (a run's `podTemplate.priorityClassName`); runs of other classes, or
+    /// none, queue after them. Within a class: creation order.
+    #[arg(
+        long,
+        env = "AGENTRUN_QUEUE_PRIORITY_CLASSES",
+        value_delimiter = ',',
+        num_args = 0..
+    )]
+    queue_priority_classes: Vec<String>,
+
     /// Log format.
     #[arg(long, env = "AGENTRUN_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -277,6 +288,12 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
         caps: agentrun_operator::controller::capacity::Caps {
             per_namespace: Some(args.max_active_runs_per_namespace).filter(|&n| n > 0),
             total: Some(args.max_active_runs).filter(|&n| n > 0),
+            priority_classes: args
+                .queue_priority_classes
+                .iter()
+                .map(|c| c.trim().to_owned())
+                .filter(|c| !c.is_empty())
+                .collect(),
         },
         leader: args
             .leader_elect

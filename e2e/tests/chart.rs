@@ -171,7 +171,7 @@ fn chart_watching_one_namespace_grants_a_role_there_only() {
         .collect();
     assert_eq!(
         cluster_roles,
-        ["agentrun-viewer", "agentrun-approver"],
+        ["agentrun-viewer", "agentrun-approver", "agentrun-signaler"],
         "operator ClusterRole rendered for one namespace"
     );
     // The policies apply in the watched namespace only.
@@ -398,19 +398,24 @@ fn chart_queue_caps_become_operator_flags() {
             "queue.maxActiveRunsPerNamespace=5",
             "--set",
             "queue.maxActiveRuns=40",
+            "--set-json",
+            "queue.priorityClasses=[\"incident\",\"interactive\"]",
         ],
     );
     let deployment = of_kind(&docs, "Deployment")[0];
     let args = args_of(deployment);
     assert!(
         args.contains(&"--max-active-runs-per-namespace=5".to_string())
-            && args.contains(&"--max-active-runs=40".to_string()),
+            && args.contains(&"--max-active-runs=40".to_string())
+            && args.contains(&"--queue-priority-classes=incident,interactive".to_string()),
         "{args:?}"
     );
     let defaults = render("ops", "agentrun-system", &[]);
     let args = args_of(of_kind(&defaults, "Deployment")[0]);
     assert!(
-        !args.iter().any(|a| a.starts_with("--max-active-runs")),
+        !args
+            .iter()
+            .any(|a| a.starts_with("--max-active-runs") || a.starts_with("--queue-priority")),
         "no cap by default: {args:?}"
     );
 }

@@ -93,3 +93,68 @@ async fn runs_over_the_cap_queue_in_order_and_start_as_places_free() {
     assert!(gap < 10_000, "q3 started {gap} ms after q2 ended");
     s.finish().await;
 }
+
+/// The platform team ranks a PriorityClass first: a run of that class,
+/// created last, starts before the runs queued ahead of it in creation
+/// order; they follow in creation order.
+#[tokio::test]
+async fn a_run_of_a_listed_priority_class_starts_first() {
+    let mut s = Scenario::start_without_operator("queue-priority").await;
+    let class = format!("urgent-{}", s.namespace());
+    agentrun_e2e::kubectl_ok([
+        "create",
+        "priorityclass",
+        &class,
+        "--value=1000",
+        "--description=queued first by the operator",
+    ])
+    .await;
+    s.operator_config
+        .extra_env
+        .push(("AGENTRUN_MAX_ACTIVE_RUNS_PER_NAMESPACE".into(), "1".into()));
+    s.operator_config.extra_env.push((
+        "AGENTRUN_QUEUE_PRIORITY_CLASSES".into(),
+        format!("other-class,{class}"),
+    ));
+    s.start_operator(None);
+    let work = || json!([sim_step("work", "Idempotent", json!({"runMs": 2000}))]);
+    s.create_run("p1", json!({"steps": work()})).await;
+    s.wait_run("p1", "running", RUN_TIMEOUT, |r| {
+        phase(r) == Some(RunPhase::Running)
+    })
+    .await;
+    for name in ["p2", "p3"] {
+        s.create_run(name, json!({"steps": work()})).await;
+    }
+    // Created a second later than p3, so creation order alone would put it last.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.create_run(
+        "urgent",
+        json!({"steps": work(), "podTemplate": {"priorityClassName": class}}),
+    )
+    .await;
+    let urgent = s
+        .wait_run("urgent", "first in the queue", RUN_TIMEOUT, |r| {
+            status(r).queue_position == Some(1)
+        })
+        .await;
+    assert_eq!(phase(&urgent), Some(RunPhase::Queued));
+    // (p2 and p3 say their new places at their next look at the queue:
+    // a run queued ahead of them does not wake them.)
+    for name in ["p1", "p2", "p3", "urgent"] {
+        let run = s.wait_finished(name, RUN_TIMEOUT).await;
+        assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{name}");
+    }
+    let started = |run: &str| {
+        let e = entries(&s, run, LedgerEvent::Started);
+        assert_eq!(e.len(), 1, "{run} ran once: {e:?}");
+        e[0].started_at
+    };
+    let order = ["p1", "urgent", "p2", "p3"].map(started);
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "p1, then urgent, then p2 and p3 in creation order: {order:?}"
+    );
+    agentrun_e2e::kubectl_ok(["delete", "priorityclass", &class]).await;
+    s.finish().await;
+}

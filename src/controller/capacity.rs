@@ -4,8 +4,12 @@
 //! (`--max-active-runs-per-namespace`) and in all namespaces the operator
 //! watches (`--max-active-runs`). A run is active from its `startedAt` (the
 //! engine writes it when the run may start) until it finishes; one that has
-//! not started waits in `Queued`, in creation order (then namespace, then
-//! name), and starts when a place frees. A started run is never queued again,
+//! not started waits in `Queued`, and starts when a place frees. The queue's
+//! order is the platform team's priority first — the run's
+//! `podTemplate.priorityClassName`, ranked by `--queue-priority-classes`
+//! (first listed first; a class not listed, or none, after every listed one)
+//! — then creation time, namespace and name. Run authors choose a class only
+//! if they may use it (the chart's runs policy, D17); they cannot rank it. A started run is never queued again,
 //! so raising or lowering a cap, or restarting the operator, never stops what
 //! runs and never starts anything twice.
 //!
@@ -27,15 +31,25 @@ use crate::engine::Queued;
 pub const HOLD: Duration = Duration::from_secs(30);
 
 /// The caps; `None` is no cap.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Caps {
     pub per_namespace: Option<u32>,
     pub total: Option<u32>,
+    /// PriorityClass names, the first queued first (`--queue-priority-classes`).
+    pub priority_classes: Vec<String>,
 }
 
 impl Caps {
     pub fn any(&self) -> bool {
         self.per_namespace.is_some() || self.total.is_some()
+    }
+
+    /// Where a run with this PriorityClass stands in the queue: its place in
+    /// the list, or after every listed class.
+    pub fn rank(&self, class: Option<&str>) -> usize {
+        class
+            .and_then(|c| self.priority_classes.iter().position(|p| p == c))
+            .unwrap_or(self.priority_classes.len())
     }
 }
 
@@ -44,7 +58,9 @@ type Key = (String, String);
 /// What the queue needs of a run.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Seat {
-    /// Creation time in seconds, then namespace and name: the queue's order.
+    /// The rank of its PriorityClass (`Caps::rank`), then creation time in
+    /// seconds, namespace and name: the queue's order.
+    pub rank: usize,
     pub created: i64,
     pub namespace: String,
     pub name: String,
@@ -55,9 +71,15 @@ pub struct Seat {
 }
 
 impl Seat {
-    pub fn of(run: &AgentRun) -> Seat {
+    pub fn of(run: &AgentRun, caps: &Caps) -> Seat {
         let status = run.status.as_ref();
+        let class = run
+            .spec
+            .pod_template
+            .as_ref()
+            .and_then(|p| p.priority_class_name.as_deref());
         Seat {
+            rank: caps.rank(class),
             created: run
                 .metadata
                 .creation_timestamp
@@ -94,8 +116,8 @@ impl Capacity {
         }
     }
 
-    pub fn caps(&self) -> Caps {
-        self.caps
+    pub fn caps(&self) -> &Caps {
+        &self.caps
     }
 
     /// Whether `run` may start now, given every run the cache shows; `None`
@@ -116,7 +138,7 @@ impl Capacity {
                     .find(|s| s.namespace == k.0 && s.name == k.1)
                     .is_some_and(|s| !s.started && !s.gone)
         });
-        let verdict = place(self.caps, run, all, &held);
+        let verdict = place(&self.caps, run, all, &held);
         if verdict.is_none() {
             held.insert(run.key(), now);
         }
@@ -127,7 +149,7 @@ impl Capacity {
 /// Where `run` stands: every run that has not started, in queue order, is
 /// given a place while one is free (its namespace's and the total); `run`
 /// starts if it is given one.
-fn place(caps: Caps, run: &Seat, all: &[Seat], held: &HashMap<Key, Instant>) -> Option<Queued> {
+fn place(caps: &Caps, run: &Seat, all: &[Seat], held: &HashMap<Key, Instant>) -> Option<Queued> {
     let mut active: BTreeMap<&str, u32> = BTreeMap::new();
     let mut total = 0u32;
     for s in all.iter().filter(|s| !s.gone) {
@@ -188,6 +210,7 @@ mod tests {
 
     fn seat(ns: &str, name: &str, created: i64, started: bool) -> Seat {
         Seat {
+            rank: 0,
             created,
             namespace: ns.into(),
             name: name.into(),
@@ -200,6 +223,7 @@ mod tests {
         Capacity::new(Caps {
             per_namespace,
             total,
+            priority_classes: Vec::new(),
         })
     }
 
@@ -231,6 +255,42 @@ mod tests {
         let all = vec![seat("a", "r2", 2, false), seat("a", "r3", 3, false)];
         assert_eq!(c.admit(&all[1], &all).map(|q| q.position), Some(1));
         assert_eq!(c.admit(&all[0], &all), None);
+    }
+
+    /// The platform team's classes go first, in the order listed; within a
+    /// class, and for every run without a listed class, creation order.
+    #[test]
+    fn a_listed_priority_class_goes_first_then_creation_order() {
+        let caps = Caps {
+            per_namespace: Some(1),
+            total: None,
+            priority_classes: vec!["critical".into(), "high".into()],
+        };
+        assert_eq!(caps.rank(Some("critical")), 0);
+        assert_eq!(caps.rank(Some("high")), 1);
+        assert_eq!(caps.rank(Some("unlisted")), 2);
+        assert_eq!(caps.rank(None), 2);
+        let c = Capacity::new(caps);
+        let ranked = |name: &str, created: i64, rank: usize| Seat {
+            rank,
+            ..seat("a", name, created, false)
+        };
+        let all = vec![
+            seat("a", "r1", 1, true),
+            ranked("plain", 2, 2),
+            ranked("high", 3, 1),
+            ranked("critical", 4, 0),
+            ranked("critical-later", 5, 0),
+        ];
+        let position = |i: usize| c.admit(&all[i], &all).map(|q| q.position);
+        assert_eq!(
+            position(3),
+            Some(1),
+            "critical is first though created last but one"
+        );
+        assert_eq!(position(4), Some(2));
+        assert_eq!(position(2), Some(3));
+        assert_eq!(position(1), Some(4), "the oldest run, unranked, is last");
     }
 
     #[test]

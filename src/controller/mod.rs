@@ -304,7 +304,7 @@ pub async fn run(
         reconcile_timeout: scope.reconcile_timeout,
         leader: scope.leader.clone(),
         clock: scope.clock.clone(),
-        capacity: capacity::Capacity::new(scope.caps),
+        capacity: capacity::Capacity::new(scope.caps.clone()),
     });
 
     let run_stream = wake_queued(run_stream, runs_store.clone(), scope.caps);
@@ -420,7 +420,7 @@ fn wake_queued(
         if caps.any()
             && let Ok(guard) = &event
             && let Ok(run) = &guard.0
-            && capacity::Seat::of(run).gone
+            && capacity::Seat::of(run, &caps).gone
         {
             let ns = run.metadata.namespace.clone();
             out.extend(
@@ -429,7 +429,7 @@ fn wake_queued(
                     .iter()
                     .filter(|g| {
                         g.0.as_ref().is_ok_and(|r| {
-                            let s = capacity::Seat::of(r);
+                            let s = capacity::Seat::of(r, &caps);
                             !s.started
                                 && !s.gone
                                 && (caps.total.is_some() || r.metadata.namespace == ns)

@@ -172,15 +172,20 @@ async fn read_recorded_pods(
 /// Where a run that has not started waits, when the caps on active runs are
 /// reached ([`super::capacity`]); `None` lets it start.
 fn queued(run: &AgentRun, ctx: &Context) -> Option<engine::Queued> {
-    let seat = super::capacity::Seat::of(run);
-    if seat.started || seat.gone || !ctx.capacity.caps().any() {
+    let caps = ctx.capacity.caps();
+    let seat = super::capacity::Seat::of(run, caps);
+    if seat.started || seat.gone || !caps.any() {
         return None;
     }
     let all: Vec<super::capacity::Seat> = ctx
         .runs
         .state()
         .iter()
-        .filter_map(|g| g.0.as_ref().ok().map(super::capacity::Seat::of))
+        .filter_map(|g| {
+            g.0.as_ref()
+                .ok()
+                .map(|r| super::capacity::Seat::of(r, caps))
+        })
         .collect();
     ctx.capacity.admit(&seat, &all)
 }
