@@ -5,11 +5,15 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::kubeconfig;
-use agentrun_e2e::support::policies::{Policies, assert_refused, kubectl_as};
+use agentrun_e2e::support::policies::{
+    Policies, assert_admitted, assert_refused, kubectl_as, manifest, run_doc, wait_enforced,
+};
 use agentrun_e2e::support::processes::plugin_binary;
 use agentrun_e2e::support::scenario::{Scenario, field_managers, phase, sim_step, status};
-use agentrun_operator::api::{Approval, EffectOutcome, RunPhase, StepPhase};
+use agentrun_e2e::{kubeconfig, kubectl_ok};
+use agentrun_operator::api::{Approval, EffectOutcome, RunPhase, Signal, StepPhase};
+use agentrun_operator::labels;
+use kube::Api;
 use kube::api::DeleteParams;
 use serde_json::json;
 
@@ -51,8 +55,8 @@ fn gated(step: &str) -> serde_json::Value {
     s
 }
 
-/// With AGENTRUN_CAPTURE_FIXTURES=<dir>, writes the run and its Approvals
-/// as the API server returns them: the plugin's rendering tests
+/// With AGENTRUN_CAPTURE_FIXTURES=<dir>, writes the run, its Approvals and
+/// its Signals as the API server returns them: the plugin's rendering tests
 /// (plugin/tests/render.rs) use such captures as fixtures.
 async fn capture(s: &Scenario, run: &str, file: &str) {
     let Some(dir) = std::env::var_os("AGENTRUN_CAPTURE_FIXTURES") else {
@@ -69,9 +73,21 @@ async fn capture(s: &Scenario, run: &str, file: &str) {
         .into_iter()
         .filter(|a| a.spec.run_uid == uid)
         .collect();
-    let doc = json!({"run": r, "approvals": approvals});
+    let signals: Vec<Signal> = signals(s)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|g| g.spec.run_uid == uid)
+        .collect();
+    let doc = json!({"run": r, "approvals": approvals, "signals": signals});
     let path = std::path::Path::new(&dir).join(format!("{file}.json"));
     std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+}
+
+fn signals(s: &Scenario) -> Api<Signal> {
+    s.env().api()
 }
 
 /// approve releases the step and records the person; reject fails the run
@@ -392,5 +408,247 @@ async fn watch_follows_a_run_to_its_end_and_exits() {
         phase(&s.runs().get("follow").await.unwrap()),
         Some(RunPhase::Succeeded)
     );
+    s.finish().await;
+}
+
+/// `kubectl agentrun signal` sends a wait step's event as the user who runs
+/// it, under the chart's validating policy alone (no mutating policy stamps
+/// the sender, so the plugin names it and the API server checks it): the
+/// step succeeds with the data as its result and the next step's Pod runs;
+/// the same id again changes nothing; another id is the API server's
+/// refusal; data that is not a JSON object never reaches it.
+#[tokio::test]
+async fn signal_sends_as_the_user_once_and_a_repeat_changes_nothing() {
+    let s = Scenario::start("plugin-signal").await;
+    let ns = s.namespace().to_owned();
+    let p = Policies::install(&ns, &["--set", "admissionPolicies.mutating=false"]).await;
+    let signaler = format!("--clusterrole={}-signaler", p.release);
+    for args in [
+        vec![
+            "create",
+            "role",
+            "authors",
+            "--verb=create,get,list,watch",
+            "--resource=agentruns.agentrun.dev",
+        ],
+        vec![
+            "create",
+            "rolebinding",
+            "authors",
+            "--role=authors",
+            "--user=dave",
+        ],
+        vec![
+            "create",
+            "rolebinding",
+            "signalers",
+            &signaler,
+            "--user=ci-bot",
+        ],
+    ] {
+        let mut all = vec!["-n", ns.as_str()];
+        all.extend(args);
+        kubectl_ok(all).await;
+    }
+    wait_enforced(&ns, false).await;
+
+    let mut run = run_doc(
+        "pay",
+        vec![
+            json!({"name": "settle", "wait": {"signal": {
+                "description": "payment settled", "timeout": "10m",
+            }}}),
+            sim_step("b", "Idempotent", json!({"runMs": 50})),
+        ],
+        json!({}),
+    );
+    run["metadata"]["annotations"] = json!({labels::REQUESTED_BY: "dave"});
+    let created = kubectl_as(
+        "dave",
+        &[],
+        &ns,
+        &["create", "-f", &manifest(&format!("pay-{ns}"), &run)],
+    )
+    .await;
+    assert_admitted(&created, "dave's run");
+    let waiting = s
+        .wait_run("pay", "waiting for its signal", RUN_TIMEOUT, |r| {
+            status(r)
+                .steps
+                .iter()
+                .any(|c| c.name == "settle" && c.signal.is_some())
+        })
+        .await;
+    let name = status(&waiting)
+        .steps
+        .into_iter()
+        .find(|c| c.name == "settle")
+        .and_then(|c| c.signal)
+        .unwrap();
+    agentrun_e2e::wait_for(
+        &signals(&s),
+        &name,
+        |g: Option<&Signal>| g.is_some(),
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap_or_else(|| panic!("Signal {name} was not opened"));
+    capture(&s, "pay", "signal-waiting").await;
+
+    let described = plugin(&ns, None, &[], &["describe", "pay"]).await;
+    assert_eq!(described.code, 0, "{}", described.stderr);
+    for want in [
+        "Waiting for: signal on step settle, until ".to_owned(),
+        format!("      waits for signal (payment settled): Signal {name}\n"),
+        "      expires at ".to_owned(),
+        "      send with: kubectl agentrun signal pay settle --data '{…}'\n".to_owned(),
+    ] {
+        assert!(
+            described.stdout.contains(&want),
+            "{want:?} in\n{}",
+            described.stdout
+        );
+    }
+    let listed = plugin(&ns, None, &[], &["list"]).await;
+    let row = listed
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("pay "))
+        .unwrap_or("");
+    assert!(
+        row.contains("signal (payment settled)"),
+        "{}",
+        listed.stdout
+    );
+
+    // Data that is not an object is refused before any request: as a user
+    // who may not even read the run, the refusal is still about the data.
+    let bad = plugin(
+        &ns,
+        Some("nobody"),
+        &[],
+        &["signal", "pay", "settle", "--data", "[1]", "--id", "pay-1"],
+    )
+    .await;
+    assert_eq!(bad.code, 1, "{}{}", bad.stdout, bad.stderr);
+    assert_eq!(
+        bad.stderr,
+        "error: run pay, step settle: --data must be a JSON object, like '{\"amount\": 12}'; \
+         got an array\n"
+    );
+    assert_eq!(signals(&s).get(&name).await.unwrap().spec.id, None);
+
+    let sent = plugin(
+        &ns,
+        Some("ci-bot"),
+        &[],
+        &[
+            "signal",
+            "pay",
+            "settle",
+            "--data",
+            r#"{"amount":12}"#,
+            "--id",
+            "pay-1",
+        ],
+    )
+    .await;
+    assert_eq!(sent.code, 0, "{}", sent.stderr);
+    assert_eq!(sent.stdout, format!("signal {name} sent (id pay-1)\n"));
+    let done = s.wait_finished("pay", RUN_TIMEOUT).await;
+    assert_eq!(
+        phase(&done),
+        Some(RunPhase::Succeeded),
+        "{:#?}",
+        done.status
+    );
+    let settle = status(&done)
+        .steps
+        .into_iter()
+        .find(|c| c.name == "settle")
+        .unwrap();
+    assert_eq!(settle.phase, StepPhase::Succeeded);
+    assert_eq!(settle.result, Some(json!({"amount": 12})));
+    assert_eq!(settle.decided_by.as_deref(), Some("ci-bot"));
+    assert_eq!(s.ledger().starts("pay", "b", "step"), 1, "b's Pod ran once");
+    let received = signals(&s).get(&name).await.unwrap();
+    assert_eq!(received.spec.sent_by.as_deref(), Some("ci-bot"));
+    assert!(field_managers(&received.metadata).contains("kubectl-agentrun"));
+
+    let again = plugin(
+        &ns,
+        Some("ci-bot"),
+        &[],
+        &[
+            "signal",
+            "pay",
+            "settle",
+            "--data",
+            r#"{"amount": 12}"#,
+            "--id",
+            "pay-1",
+        ],
+    )
+    .await;
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(
+        again.stdout,
+        format!("signal {name} was already received with id pay-1; nothing changed\n")
+    );
+    let other = plugin(
+        &ns,
+        Some("ci-bot"),
+        &[],
+        &[
+            "signal",
+            "pay",
+            "settle",
+            "--data",
+            r#"{"amount":99}"#,
+            "--id",
+            "pay-2",
+        ],
+    )
+    .await;
+    assert_eq!(other.code, 1, "{}{}", other.stdout, other.stderr);
+    for want in [
+        format!("error: sending signal {name} (run pay, step settle): "),
+        "this signal was already received with id pay-1".to_owned(),
+    ] {
+        assert!(other.stderr.contains(&want), "{want:?} in {}", other.stderr);
+    }
+    assert_eq!(
+        signals(&s)
+            .get(&name)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        received.metadata.resource_version,
+        "neither the repeat nor the refusal changed the Signal"
+    );
+    let not_a_signal = plugin(
+        &ns,
+        Some("ci-bot"),
+        &[],
+        &["signal", "pay", "b", "--data", "{}"],
+    )
+    .await;
+    assert_eq!(not_a_signal.code, 1);
+    assert_eq!(
+        not_a_signal.stderr,
+        "error: run pay, step b: the step does not wait for a signal (it is Succeeded)\n"
+    );
+
+    capture(&s, "pay", "signal-received").await;
+    let described = plugin(&ns, None, &[], &["describe", "pay"]).await;
+    assert!(
+        described
+            .stdout
+            .contains("      signal pay-1 from ci-bot\n"),
+        "{}",
+        described.stdout
+    );
+    drop(p);
     s.finish().await;
 }

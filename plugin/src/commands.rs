@@ -23,7 +23,7 @@ use crate::render::{self, Style};
 /// commands name theirs (`kubectl-patch`, `kubectl-edit`).
 const FIELD_MANAGER: &str = "kubectl-agentrun";
 
-fn patch_params() -> PatchParams {
+pub(crate) fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
@@ -159,6 +159,9 @@ pub enum Command {
         #[arg(long, requires = "read_only")]
         listen: Option<std::net::IpAddr>,
     },
+    /// Send the event a wait step waits for (its Signal's id and data), as
+    /// yourself; sending the same id and data again changes nothing.
+    Signal(crate::signal::SignalArgs),
     /// Print the plugin's version and the API it speaks.
     Version,
     /// Shell completion script.
@@ -185,6 +188,9 @@ pub enum Error {
     Usage(String),
     #[error("{0}")]
     Refused(String),
+    /// Input the command cannot use (exit 1, checked before any request).
+    #[error("{0}")]
+    Invalid(String),
     #[error("{what}: {source}")]
     Api {
         what: String,
@@ -351,13 +357,17 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Describe { run, full, output } => {
             let (r, approvals) = run_and_approvals(&client, &ns, &run).await?;
+            let signals = crate::signal::signals_of(&client, &ns, &r).await;
             if let Some(o) = output {
-                return print_as(o, &json!({"run": r, "approvals": approvals}));
+                return print_as(
+                    o,
+                    &json!({"run": r, "approvals": approvals, "signals": signals}),
+                );
             }
             let events = events_of(&client, &ns, &run).await?;
             print!(
                 "{}",
-                render::describe(&r, &approvals, &events, now, full, style())
+                render::describe(&r, &approvals, &signals, &events, now, full, style())
             );
         }
         Command::Pending {
@@ -427,6 +437,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         } => logs(&client, &ns, &run, step.as_deref(), attempt, follow).await?,
         Command::Watch { run } => watch(&client, &ns, &run).await?,
         Command::Retry(args) => crate::retry::retry(&client, &ns, &args).await?,
+        Command::Signal(args) => crate::signal::signal(&client, &ns, &args).await?,
         Command::Console {
             port,
             open,
@@ -790,7 +801,8 @@ async fn watch(client: &Client, ns: &str, run: &str) -> Result<(), Error> {
             .and_then(|s| s.phase)
             .is_some_and(RunPhase::is_terminal);
         if tty {
-            let view = render::describe(&r, &approvals, &[], now, false, style());
+            let signals = crate::signal::signals_of(client, ns, &r).await;
+            let view = render::describe(&r, &approvals, &signals, &[], now, false, style());
             print!("\x1b[2J\x1b[H{view}");
             std::io::stdout().flush()?;
         } else {

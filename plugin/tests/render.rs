@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use agentrun_operator::api::{AgentRun, Approval};
+use agentrun_operator::api::{AgentRun, Approval, Signal};
 use jiff::{SignedDuration, Timestamp};
 use kubectl_agentrun::identity::Identity;
 use kubectl_agentrun::render::{self, Style};
@@ -25,6 +25,13 @@ fn fixture(name: &str) -> (AgentRun, Vec<Approval>) {
         serde_json::from_value(v["run"].clone()).unwrap(),
         serde_json::from_value(v["approvals"].clone()).unwrap(),
     )
+}
+
+/// The run's Signals in a fixture (none in captures from before Signals).
+fn signals(name: &str) -> Vec<Signal> {
+    let text = std::fs::read_to_string(dir("fixtures").join(format!("{name}.json"))).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    serde_json::from_value(v["signals"].clone()).unwrap_or_default()
 }
 
 /// Five minutes after the run was created: ages and expiries stay fixed.
@@ -110,7 +117,15 @@ fn list_shows_phase_step_progress_tokens_and_who_may_decide() {
 #[test]
 fn describe_a_run_waiting_for_approval() {
     let (run, approvals) = fixture("refund-waiting");
-    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    let out = render::describe(
+        &run,
+        &approvals,
+        &[],
+        &[],
+        now(&run),
+        false,
+        Style::default(),
+    );
     golden("describe-waiting", &out);
     fits_80_columns(&out);
     assert!(out.contains("Waiting for: Approval"), "{out}");
@@ -119,7 +134,15 @@ fn describe_a_run_waiting_for_approval() {
 #[test]
 fn describe_an_approved_run_names_the_decider() {
     let (run, approvals) = fixture("refund-approved");
-    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    let out = render::describe(
+        &run,
+        &approvals,
+        &[],
+        &[],
+        now(&run),
+        false,
+        Style::default(),
+    );
     golden("describe-approved", &out);
     fits_80_columns(&out);
     assert!(out.contains("decision Approved by alice"), "{out}");
@@ -128,7 +151,15 @@ fn describe_an_approved_run_names_the_decider() {
 #[test]
 fn describe_a_rejected_run_shows_its_compensation() {
     let (run, approvals) = fixture("charge-rejected");
-    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    let out = render::describe(
+        &run,
+        &approvals,
+        &[],
+        &[],
+        now(&run),
+        false,
+        Style::default(),
+    );
     golden("describe-rejected", &out);
     fits_80_columns(&out);
     assert!(out.contains("Compensations:\n  ✓ undo reserve"), "{out}");
@@ -165,6 +196,7 @@ fn colour_only_when_asked() {
         &run,
         &approvals,
         &[],
+        &[],
         now(&run),
         false,
         Style { color: false },
@@ -173,6 +205,7 @@ fn colour_only_when_asked() {
     let coloured = render::describe(
         &run,
         &approvals,
+        &[],
         &[],
         now(&run),
         false,
@@ -191,7 +224,15 @@ fn describe_says_whether_the_approvers_were_told() {
         "lastTransitionTime": "2026-12-02T01:00:00Z",
     }))
     .unwrap()];
-    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    let out = render::describe(
+        &run,
+        &approvals,
+        &[],
+        &[],
+        now(&run),
+        false,
+        Style::default(),
+    );
     assert!(
         out.contains("      not notified (ChannelUnknown): requested notification to channel pay"),
         "{out}"
@@ -203,7 +244,15 @@ fn describe_says_whether_the_approvers_were_told() {
         "id": "u.requested.team", "channel": "team", "event": "Requested", "state": "Delivered", "attempts": 1,
     }))
     .unwrap()];
-    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    let out = render::describe(
+        &run,
+        &approvals,
+        &[],
+        &[],
+        now(&run),
+        false,
+        Style::default(),
+    );
     assert!(out.contains("      notified: 1 delivered\n"), "{out}");
 }
 
@@ -223,7 +272,15 @@ fn describe_shows_why_a_result_was_refused() {
         "attempt 1 returned a result that does not match its resultSchema: at /: \"orderId\" is a required property; at /total: value is less than the minimum of 0; retry 1 of 2 after 1s"
             .into(),
     );
-    let out = render::describe(&run, &approvals, &[], now(&run), false, Style::default());
+    let out = render::describe(
+        &run,
+        &approvals,
+        &[],
+        &[],
+        now(&run),
+        false,
+        Style::default(),
+    );
     fits_80_columns(&out);
     let at = out.find(&format!(" {name} ")).expect("the step's line");
     let block: String = out[at..].lines().take(8).collect::<Vec<_>>().join("\n");
@@ -237,7 +294,15 @@ fn describe_shows_why_a_result_was_refused() {
         block.contains("value is less than the minimum of 0"),
         "{block}"
     );
-    let full = render::describe(&run, &approvals, &[], now(&run), true, Style::default());
+    let full = render::describe(
+        &run,
+        &approvals,
+        &[],
+        &[],
+        now(&run),
+        true,
+        Style::default(),
+    );
     assert!(full.contains("retry 1 of 2 after 1s"), "{full}");
 }
 
@@ -270,7 +335,7 @@ fn describe_shows_when_a_wait_wakes() {
         )),
         ..StepCheckpoint::default()
     });
-    let out = render::describe(&run, &approvals, &[], now, false, Style::default());
+    let out = render::describe(&run, &approvals, &[], &[], now, false, Style::default());
     fits_80_columns(&out);
     let wake = now + SignedDuration::from_mins(90);
     assert!(out.contains("◷ cool-off"), "{out}");
@@ -295,11 +360,96 @@ fn describe_says_where_a_queued_run_waits() {
         c.reason = "Queued".into();
         c.message = "queued at position 2: 5 of 5 runs active in namespace payments (maxActiveRunsPerNamespace)".into();
     }
-    let out = render::describe(&run, &approvals, &[], now, false, Style::default());
+    let out = render::describe(&run, &approvals, &[], &[], now, false, Style::default());
     fits_80_columns(&out);
     let text = out.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         text.contains("Waiting for: a place to start, queued at position 2: 5 of 5 runs active in namespace payments"),
         "{out}"
     );
+}
+
+/// A run waiting on a signal says for what, until when, and the command
+/// that sends it; the list says it waits for a signal.
+#[test]
+fn describe_a_run_waiting_for_a_signal() {
+    let (run, approvals) = fixture("signal-waiting");
+    let sigs = signals("signal-waiting");
+    assert_eq!(sigs.len(), 1, "the fixture holds the run's Signal");
+    let out = render::describe(
+        &run,
+        &approvals,
+        &sigs,
+        &[],
+        now(&run),
+        false,
+        Style::default(),
+    );
+    golden("describe-signal-waiting", &out);
+    fits_80_columns(&out);
+    for want in [
+        "Waiting for: signal on step settle, until 2026-12-04T06:31:54Z (in 4m)\n",
+        "      waits for signal (payment settled): Signal pay-settle-3329c0-r1-signal\n",
+        "      expires at 2026-12-04T06:31:54Z (in 4m)\n",
+        "      send with: kubectl agentrun signal pay settle --data '{…}'\n",
+    ] {
+        assert!(out.contains(want), "{want:?} in\n{out}");
+    }
+    assert!(
+        !out.contains("wakes at"),
+        "a signal expires, it does not wake:\n{out}"
+    );
+    let listed = render::list(
+        std::slice::from_ref(&run),
+        &approvals,
+        false,
+        now(&run),
+        Style::default(),
+    );
+    golden("list-signal", &listed);
+    assert!(
+        listed.contains("   signal (payment settled)   "),
+        "{listed}"
+    );
+}
+
+/// Once received: the id and the sender, from the Signal; without the
+/// Signal (gone, or not readable) the step's message still names the id.
+#[test]
+fn describe_a_received_signal_names_its_id_and_sender() {
+    let (run, approvals) = fixture("signal-received");
+    let sigs = signals("signal-received");
+    let out = render::describe(
+        &run,
+        &approvals,
+        &sigs,
+        &[],
+        now(&run),
+        false,
+        Style::default(),
+    );
+    golden("describe-signal-received", &out);
+    fits_80_columns(&out);
+    assert!(
+        out.contains("      result {\"amount\":12}\n      signal pay-1 from ci-bot\n"),
+        "{out}"
+    );
+    assert!(!out.contains("released by"), "{out}");
+    assert!(!out.contains("Waiting for"), "{out}");
+
+    let bare = render::describe(
+        &run,
+        &approvals,
+        &[],
+        &[],
+        now(&run),
+        false,
+        Style::default(),
+    );
+    for want in [
+        "      signal from ci-bot\n",
+        "      Signal pay-settle-3329c0-r1-signal: pay-1 from ci-bot\n",
+    ] {
+        assert!(bare.contains(want), "{want:?} in\n{bare}");
+    }
 }

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use agentrun_operator::api::{
     AgentRun, AgentRunStatus, Approval, ApprovalKind, ApprovalPhase, EffectOutcome, RunPhase,
-    StepCheckpoint, StepPhase, StepRole,
+    Signal, StepCheckpoint, StepPhase, StepRole,
 };
 use agentrun_operator::engine::human_duration;
 use jiff::{SignedDuration, Timestamp};
@@ -14,7 +14,9 @@ use k8s_openapi::api::events::v1::Event;
 use crate::identity::Identity;
 
 mod plan;
+mod signal;
 pub use plan::{graph_lines, lineage_line};
+pub use signal::{SignalStep, deadline, signal_step, waiting_signal, waits_for_signal};
 
 /// Colours for a terminal; none when not a TTY or with `NO_COLOR`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -133,14 +135,18 @@ pub fn waiting_for(run: &AgentRun, approvals: &[Approval]) -> Option<String> {
     Some(format!("{apv}{who}"))
 }
 
-/// For the list: `approval (user alice)`, or `approval (anyone)`; the
-/// Approval's name is in `describe` and `pending`.
+/// For the list: `approval (user alice)`, `approval (anyone)`, or
+/// `signal (payment settled)`; the Approval's or Signal's name is in
+/// `describe` and `pending`.
 pub fn waiting_who(run: &AgentRun, approvals: &[Approval]) -> Option<String> {
     let status = run.status.as_ref()?;
-    let cp = status
+    let Some(cp) = status
         .steps
         .iter()
-        .find(|c| c.phase == StepPhase::WaitingForApproval)?;
+        .find(|c| c.phase == StepPhase::WaitingForApproval)
+    else {
+        return waiting_signal(run).map(|(_, s)| truncate(&s.what(), 40));
+    };
     let apv = cp.approval.as_deref()?;
     let a = approvals
         .iter()
@@ -239,7 +245,13 @@ fn mark(phase: StepPhase) -> &'static str {
     }
 }
 
-fn step_line(cp: &StepCheckpoint, now: Timestamp, full: bool, style: Style) -> String {
+fn step_line(
+    cp: &StepCheckpoint,
+    sig: Option<&SignalStep>,
+    now: Timestamp,
+    full: bool,
+    style: Style,
+) -> String {
     let mut s = String::new();
     let role = match cp.role {
         StepRole::Step => String::new(),
@@ -268,7 +280,27 @@ fn step_line(cp: &StepCheckpoint, now: Timestamp, full: bool, style: Style) -> S
     if let Some(pod) = &cp.pod {
         let _ = writeln!(s, "      {}", style.dim(&format!("pod {pod}")));
     }
-    if let (StepPhase::Waiting, Some(wake)) = (cp.phase, &cp.wake_at) {
+    // What a signal step's message would say, said more plainly: what it
+    // waits for and how to send it, or what came.
+    let mut said = false;
+    match (cp.phase, sig) {
+        (StepPhase::Waiting, Some(g)) => {
+            let _ = writeln!(s, "      waits for {}: Signal {}", g.what(), g.name);
+            match g.expires {
+                Some(t) => {
+                    let _ = writeln!(s, "      expires at {}", deadline(t, now));
+                }
+                None => {
+                    let _ = writeln!(s, "      no deadline: it waits until the signal comes");
+                }
+            }
+            let _ = writeln!(s, "      send with: {}", g.command(None));
+            said = true;
+        }
+        (StepPhase::Succeeded, Some(g)) => said = g.id.is_some(),
+        _ => {}
+    }
+    if let (StepPhase::Waiting, None, Some(wake)) = (cp.phase, sig, &cp.wake_at) {
         let left = if wake.0 > now {
             format!("in {}", short(wake.0.duration_since(now)))
         } else {
@@ -287,10 +319,16 @@ fn step_line(cp: &StepCheckpoint, now: Timestamp, full: bool, style: Style) -> S
     } else if cp.result_truncated {
         let _ = writeln!(s, "      result not kept in status");
     }
-    if let Some(by) = &cp.decided_by {
-        let _ = writeln!(s, "      released by {by}");
+    match (sig, &cp.decided_by) {
+        (Some(g), _) if cp.phase == StepPhase::Succeeded => {
+            let _ = writeln!(s, "      {}", g.received());
+        }
+        (_, Some(by)) => {
+            let _ = writeln!(s, "      released by {by}");
+        }
+        _ => {}
     }
-    if let Some(m) = &cp.message {
+    if let Some(m) = cp.message.as_ref().filter(|_| !said) {
         // What went wrong is often past the first line (a result's
         // mismatches, a Reconcile question): three lines before it is cut.
         let lines = if full {
@@ -352,10 +390,12 @@ pub fn run_duration(status: &AgentRunStatus, now: Timestamp) -> String {
     }
 }
 
-/// `kubectl agentrun describe RUN`: a readable tree of the run.
+/// `kubectl agentrun describe RUN`: a readable tree of the run. `signals`
+/// are the run's Signals where they could be read (none: what its status says).
 pub fn describe(
     run: &AgentRun,
     approvals: &[Approval],
+    signals: &[Signal],
     events: &[Event],
     now: Timestamp,
     full: bool,
@@ -417,10 +457,26 @@ pub fn describe(
             let _ = writeln!(s, "{line}");
         }
     }
-    if let Some(w) = status
+    for (c, g) in status
         .steps
         .iter()
         .filter(|c| c.phase == StepPhase::Waiting)
+        .filter_map(|c| Some((c, signal_step(run, c, signals)?)))
+    {
+        // What it is and how to send it are under the step.
+        let until = g
+            .expires
+            .map(|t| format!(", until {}", deadline(t, now)))
+            .unwrap_or_else(|| " (no deadline)".into());
+        let line = format!("Waiting for: signal on step {}{until}", c.name);
+        for line in wrap(&line, 78, 2) {
+            let _ = writeln!(s, "{line}");
+        }
+    }
+    if let Some(w) = status
+        .steps
+        .iter()
+        .filter(|c| c.phase == StepPhase::Waiting && c.signal.is_none())
         .filter_map(|c| Some((c, c.wake_at.as_ref()?)))
         .min_by_key(|(_, t)| t.0)
     {
@@ -436,7 +492,8 @@ pub fn describe(
     s.push_str(&graph_lines(run, &status));
     let _ = writeln!(s, "Steps:");
     for cp in &status.steps {
-        s.push_str(&step_line(cp, now, full, style));
+        let sig = signal_step(run, cp, signals);
+        s.push_str(&step_line(cp, sig.as_ref(), now, full, style));
     }
     if !status.compensations.is_empty() {
         let _ = writeln!(s, "Compensations:");
