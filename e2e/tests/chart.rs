@@ -720,6 +720,7 @@ fn chart_console_is_off_by_default_and_read_only_when_on() {
     let want = reads(&[
         ("agentrun.dev", "agentruns"),
         ("agentrun.dev", "approvals"),
+        ("agentrun.dev", "signals"),
         ("events.k8s.io", "events"),
     ]);
     let docs = render(

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use agentrun_operator::api::{AgentRun, Approval};
+use agentrun_operator::api::{AgentRun, Approval, Signal};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::events::v1::Event;
 use kubectl_agentrun::console::filter::RunFilter;
@@ -23,6 +23,16 @@ fn fixture(name: &str) -> (AgentRun, Vec<Approval>) {
         serde_json::from_value(v["run"].clone()).unwrap(),
         serde_json::from_value(v["approvals"].clone()).unwrap(),
     )
+}
+
+/// The run's Signals in a fixture.
+fn fixture_signals(name: &str) -> Vec<Signal> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(format!("{name}.json"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    serde_json::from_value(v["signals"].clone()).unwrap()
 }
 
 fn me(user: &str) -> Identity {
@@ -285,7 +295,7 @@ fn the_run_page_shows_steps_decider_and_events() {
         me: &alice,
         warnings: vec!["watching Approvals: forbidden".into()],
     };
-    let html = run_page::run_page(&frame, &run, &approvals, &[], now).into_string();
+    let html = run_page::run_page(&frame, &run, &approvals, &[], &[], now).into_string();
     for want in [
         r#"sse-connect="/events/ns/plugin-approve-uyx3za/runs/refund""#,
         r#"<tr data-step="refund">"#,
@@ -376,7 +386,7 @@ fn queued_runs_and_wait_steps_say_when_they_move() {
         table.contains(r#"<small class="queue">#3 in queue</small>"#),
         "{table}"
     );
-    let page = run_page::run_detail(&run, &approvals, &[], now).into_string();
+    let page = run_page::run_detail(&run, &approvals, &[], &[], now).into_string();
     assert!(
         page.contains("Waiting for a place to start: queued at position 3: 2 of 2 runs active"),
         "{page}"
@@ -393,9 +403,61 @@ fn queued_runs_and_wait_steps_say_when_they_move() {
         wake_at: Some(Time(now + SignedDuration::from_hours(3))),
         ..StepCheckpoint::default()
     });
-    let page = run_page::run_detail(&run, &approvals, &[], now).into_string();
+    let page = run_page::run_detail(&run, &approvals, &[], &[], now).into_string();
     assert!(
         page.contains(r#"Step <strong>cool-off</strong> wakes at <time datetime="2026-12-02T04:17:39Z">2026-12-02T04:17:39Z</time> (in 3h)"#),
         "{page}"
+    );
+}
+
+/// A step waiting on a signal shows what it waits for, its deadline and the
+/// exact command that sends it (with the namespace: a browser has no
+/// kubeconfig context); once received, the id and the sender.
+#[test]
+fn a_signal_wait_shows_how_to_send_it_and_then_who_sent_what() {
+    let (run, approvals) = fixture("signal-waiting");
+    let now: Timestamp = "2026-12-04T06:26:55Z".parse().unwrap();
+    let signals = fixture_signals("signal-waiting");
+    let page = run_page::run_detail(&run, &approvals, &signals, &[], now).into_string();
+    for want in [
+        r#"<div class="waiting signal" data-signal="pay-settle-3329c0-r1-signal">"#,
+        r#"Step <strong>settle</strong> waits for a signal: <span class="signal-what">payment settled</span>"#,
+        r#"expires at <time datetime="2026-12-04T06:31:54Z">2026-12-04T06:31:54Z</time> (in 4m)"#,
+        "Send it with: <code class=\"send\">kubectl agentrun signal pay settle -n plugin-signal-s4rff6 --data '{…}'</code>",
+    ] {
+        assert!(page.contains(want), "the run page lacks {want}:\n{page}");
+    }
+    let table = pages::runs_table(
+        std::slice::from_ref(&run),
+        &approvals,
+        &RunFilter::default(),
+        now,
+    )
+    .into_string();
+    assert!(table.contains("signal (payment settled)"), "{table}");
+
+    let (run, approvals) = fixture("signal-received");
+    let signals = fixture_signals("signal-received");
+    let page = run_page::run_detail(&run, &approvals, &signals, &[], now).into_string();
+    assert!(
+        page.contains(r#"<div class="decided signal-received">signal <code>pay-1</code> from <strong>ci-bot</strong></div>"#),
+        "{page}"
+    );
+    assert!(!page.contains("Send it with"), "{page}");
+    assert!(!page.contains("released by"), "{page}");
+    let tl = timeline::build(&run, &approvals, &[], now);
+    let settle = &tl.lanes[0];
+    assert_eq!(settle.label, "settle r1");
+    assert_eq!(
+        settle
+            .bars
+            .iter()
+            .map(|b| (b.kind, b.label.as_str()))
+            .collect::<Vec<_>>(),
+        [(
+            BarKind::Signal,
+            "signal: Signal pay-settle-3329c0-r1-signal: pay-1 from ci-bot"
+        )],
+        "a signal wait, not an approval"
     );
 }

@@ -7,6 +7,7 @@
 //!   browser ──HTTP/SSE──▶ console (127.0.0.1) ──watch/patch as the user──▶ kube-apiserver
 //!                           ├─ reflector AgentRuns  ─┐
 //!                           ├─ reflector Approvals  ─┴─▶ change counter ─▶ SSE streams
+//!                           ├─ per run page: its Events and Signals (a list each)
 //!                           └─ decisions: commands::send_decision (the CLI's own write)
 //! ```
 //!
@@ -405,10 +406,12 @@ async fn run_page(State(c): State<Shared>, Path((ns, name)): Path<(String, Strin
         frame.warnings.push(e.to_string());
         Vec::new()
     });
+    let signals = crate::signal::signals_of(&c.client, &ns, &run).await;
     page(run_page::run_page(
         &frame,
         &run,
         &approvals,
+        &signals,
         &events,
         Timestamp::now(),
     ))

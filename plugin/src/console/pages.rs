@@ -95,6 +95,7 @@ fn help() -> Markup {
                 span class="key bar-disrupted" {} " disrupted "
                 span class="key bar-timedout" {} " timed out "
                 span class="key bar-approval" {} " waiting for a decision "
+                span class="key bar-signal" {} " waiting for a signal "
                 span class="key bar-skipped" {} " skipped (its condition was false) "
                 span class="key fresh" {} " fresh result." }
             form method="dialog" { button { "Close" } }

@@ -1,8 +1,11 @@
 //! The run page (`/ns/NS/runs/RUN`): the timeline, the step table with each
-//! result as JSON, compensations, approvals, plan revision history and the
-//! run's Events. Pure: a function of the objects and `now`.
+//! result as JSON, compensations, approvals, what a wait step waits for (a
+//! signal: the command that sends it), plan revision history and the run's
+//! Events. Pure: a function of the objects and `now`.
 
-use agentrun_operator::api::{AgentRun, Approval, EffectOutcome, StepCheckpoint, StepPhase};
+use agentrun_operator::api::{
+    AgentRun, Approval, EffectOutcome, Signal, StepCheckpoint, StepPhase,
+};
 use agentrun_operator::engine::reasons::Reason;
 use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
@@ -16,6 +19,7 @@ pub fn run_page(
     frame: &Frame<'_>,
     run: &AgentRun,
     approvals: &[Approval],
+    signals: &[Signal],
     events: &[Event],
     now: Timestamp,
 ) -> Markup {
@@ -28,7 +32,7 @@ pub fn run_page(
             span aria-current="page" { (name) }
         }
         div id="run" hx-ext="sse" sse-connect=(format!("/events/ns/{ns}/runs/{name}")) sse-swap="run" {
-            (run_detail(run, approvals, events, now))
+            (run_detail(run, approvals, signals, events, now))
         }
     };
     layout(&name, frame, "run", body)
@@ -62,14 +66,17 @@ fn event_time(e: &Event) -> Option<Timestamp> {
 }
 
 /// Everything below the breadcrumbs (the fragment the stream sends again).
+/// `signals` are the run's Signals where they could be read.
 pub fn run_detail(
     run: &AgentRun,
     approvals: &[Approval],
+    signals: &[Signal],
     events: &[Event],
     now: Timestamp,
 ) -> Markup {
     let status = run.status.clone().unwrap_or_default();
     let name = run.metadata.name.clone().unwrap_or_default();
+    let ns = run.metadata.namespace.clone().unwrap_or_default();
     let phase = status
         .phase
         .map(|p| format!("{p:?}"))
@@ -103,7 +110,20 @@ pub fn run_detail(
                 }
             }
             @for cp in status.steps.iter().filter(|c| c.phase == StepPhase::Waiting) {
-                @if let Some(t) = &cp.wake_at {
+                @if let Some(g) = render::signal_step(run, cp, signals) {
+                    div class="waiting signal" data-signal=(g.name) {
+                        p {
+                            "Step " strong { (cp.name) } " waits for a signal"
+                            @if let Some(d) = &g.description { ": " span class="signal-what" { (d) } }
+                            " · Signal " code { (g.name) } " · "
+                            @if let Some(t) = g.expires {
+                                "expires at " time datetime=(t.to_string()) { (t) }
+                                " (" @if t > now { "in " (render::short(t.duration_since(now))) } @else { "now" } ")"
+                            } @else { "no deadline" }
+                        }
+                        p { "Send it with: " code class="send" { (g.command(Some(&ns))) } }
+                    }
+                } @else if let Some(t) = &cp.wake_at {
                     p class="waiting wait" {
                         "Step " strong { (cp.name) } " wakes at "
                         time datetime=(t.0.to_string()) { (t.0) }
@@ -139,7 +159,16 @@ pub fn run_detail(
                                     @if let Some(r) = &cp.result {
                                         details { summary { (render::truncate(&r.to_string(), 40)) } (json_view(r)) }
                                     } @else if cp.result_truncated { "not kept in status" } @else { "-" }
-                                    @if let Some(by) = &cp.decided_by { div class="decided" { "released by " strong { (by) } } }
+                                    @match (render::signal_step(run, cp, signals), &cp.decided_by) {
+                                        (Some(g), _) if cp.phase == StepPhase::Succeeded => {
+                                            div class="decided signal-received" {
+                                                "signal " @if let Some(id) = &g.id { code { (id) } " " }
+                                                @if let Some(by) = &g.sender { "from " strong { (by) } }
+                                            }
+                                        }
+                                        (_, Some(by)) => { div class="decided" { "released by " strong { (by) } } }
+                                        _ => {}
+                                    }
                                     @if let Some(u) = &cp.fresh_until {
                                         div class="fresh-note" { "fresh until " time datetime=(u.0.to_string()) { (u.0) } @if u.0 <= now { " (stale)" } }
                                     }

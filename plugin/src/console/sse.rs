@@ -73,7 +73,8 @@ pub async fn run(
             match c.run(&ns, &name) {
                 Some((r, approvals)) => {
                     let events = events_of(&c.client, &ns, &name).await.unwrap_or_default();
-                    run_page::run_detail(&r, &approvals, &events, Timestamp::now())
+                    let signals = crate::signal::signals_of(&c.client, &ns, &r).await;
+                    run_page::run_detail(&r, &approvals, &signals, &events, Timestamp::now())
                 }
                 None => {
                     maud::html! { p class="empty" { "The run is gone (deleted, or its TTL passed)." } }

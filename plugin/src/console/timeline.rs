@@ -30,6 +30,8 @@ pub enum BarKind {
     TimedOut,
     /// Waiting for a person's decision.
     Approval,
+    /// Waiting for a signal from outside (a wait step's `Signal`).
+    Signal,
     /// Not run: its `when` was false (a mark at the time it was decided).
     Skipped,
 }
@@ -43,6 +45,7 @@ impl BarKind {
             BarKind::Disrupted => "bar-disrupted",
             BarKind::TimedOut => "bar-timedout",
             BarKind::Approval => "bar-approval",
+            BarKind::Signal => "bar-signal",
             BarKind::Skipped => "bar-skipped",
         }
     }
@@ -54,6 +57,7 @@ impl BarKind {
             BarKind::Disrupted => "disrupted",
             BarKind::TimedOut => "timed out",
             BarKind::Approval => "approval",
+            BarKind::Signal => "signal",
             BarKind::Skipped => "skipped",
         }
     }
@@ -237,7 +241,26 @@ pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Time
                 label: format!("approval: {label}"),
             });
         }
-        if bars.iter().all(|b| b.kind == BarKind::Approval)
+        if cp.signal.is_some()
+            && let Some(start) = rec.started
+        {
+            // From when the step began to wait until the signal came (or
+            // its deadline passed); the step's message says which.
+            let end = rec.finished.unwrap_or(now);
+            let what = match cp.phase {
+                StepPhase::Waiting => "waiting".to_owned(),
+                _ => cp
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| format!("{:?}", cp.phase)),
+            };
+            bars.push(Bar {
+                start,
+                end: end.max(start),
+                kind: BarKind::Signal,
+                label: format!("signal: {what}"),
+            });
+        } else if bars.iter().all(|b| b.kind == BarKind::Approval)
             && let (Some(by), Some(f)) = (&cp.decided_by, rec.finished)
         {
             // Released by a person without an Approval object left.
@@ -391,7 +414,7 @@ impl Timeline {
                         }
                         @for bar in &lane.bars {
                             @let (x0, x1) = (self.x(bar.start), self.x(bar.end));
-                            @let inset = if bar.kind == BarKind::Approval { 9.0 } else { 5.0 };
+                            @let inset = if matches!(bar.kind, BarKind::Approval | BarKind::Signal) { 9.0 } else { 5.0 };
                             rect class=(format!("bar {}", bar.kind.class())) x=(fmt(x0)) y=(fmt(y + inset))
                                 width=(fmt((x1 - x0).max(3.0))) height=(fmt(LANE - 2.0 * inset)) rx="2"
                                 data-kind=(bar.kind.word()) {
