@@ -4,8 +4,8 @@
 //! after status writes, a kube-apiserver restart, bulk evictions and Pod
 //! deletes, on the standard e2e plane in a namespace of its own. Fails on any
 //! duplicate or unapproved execution, lost, stuck or unobserved run, watch
-//! failure, unexpected Reconcile approval, result finalizer left behind, or
-//! too few faults.
+//! failure, unexpected Reconcile approval, result finalizer left behind, a
+//! repeated signal refused, or too few faults.
 
 use agentrun_e2e::chaos::{self, ChaosConfig};
 
@@ -38,6 +38,10 @@ async fn short_chaos_run_has_no_duplicates_lost_or_stuck_runs() {
     assert_eq!(v.reconcile_unexpected, 0, "{}", report.summary());
     assert_eq!(v.early_wakes, 0, "{}", report.summary());
     assert_eq!(report.finalizers_held, Ok(0), "{}", report.summary());
+    // Waits for a signal, each sent twice by the driver: taken once, and
+    // every repeat admitted.
+    assert!(report.signals_sent >= 3, "{}", report.details());
+    assert_eq!(report.signal_repeats_refused, 0, "{}", report.details());
     assert!(
         report.apiserver_restart_failures.is_empty(),
         "{}",

@@ -134,6 +134,18 @@ pub fn desired_status(
     let on_timeout = s.spec.on_timeout;
     let (phase, message) = match (answer(s, now), waiting) {
         (Answer::Expired { .. } | Answer::Superseded, _) => return None,
+        // Opened and not written yet: say what it waits for, so `kubectl
+        // get signals` shows it.
+        (Answer::Pending { expires_at }, true) if s.status.is_none() => (
+            SignalPhase::Waiting,
+            match expires_at {
+                Some(at) => format!(
+                    "step {} waits for this signal until {at}; onTimeout {on_timeout:?}",
+                    s.spec.step
+                ),
+                None => format!("step {} waits for this signal", s.spec.step),
+            },
+        ),
         // Sent while the step waits: the step takes it in this decision,
         // and the next one says so here.
         (Answer::Pending { .. } | Answer::Sent { .. }, true) => return None,

@@ -32,6 +32,7 @@ pub mod operators;
 pub mod proxy;
 mod report;
 pub mod rng;
+mod signaler;
 pub mod verdict;
 pub mod workload;
 
@@ -181,6 +182,10 @@ struct Shared {
     observer: Mutex<Observer>,
     disrupted_keys: Mutex<BTreeSet<String>>,
     approvals_answered: Mutex<u64>,
+    signals_sent: Mutex<u64>,
+    signals_repeated: Mutex<u64>,
+    /// A repeat of a signal (same id and data) the API server refused.
+    signal_repeats_refused: Mutex<u64>,
     /// While kube-apiserver restarts (and a little after), watch errors are expected.
     apiserver_unsettled: Mutex<Option<Instant>>,
 }
@@ -254,6 +259,11 @@ pub async fn run(cfg: ChaosConfig) -> Report {
     let approvals_api: Api<Approval> = Api::namespaced(client.clone(), &ns);
 
     let watch_task = tokio::spawn(watch_runs(runs_api.clone(), shared.clone()));
+    let signaler_task = tokio::spawn(signaler::send(
+        Api::namespaced(client.clone(), &ns),
+        shared.clone(),
+        cfg.seed,
+    ));
     let approver_task = tokio::spawn(approver::approve(
         approvals_api.clone(),
         ledger_path.clone(),
@@ -427,6 +437,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
     )
     .await;
     approver_task.abort();
+    signaler_task.abort();
     operators.stop().await;
     simkubelet.kill().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -467,6 +478,9 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         edits_missed: std::mem::take(&mut editor.missed),
         clock_skew: cfg.clock_skew.clone().filter(|_| cfg.operators > 1),
         approvals_answered: *lock(&shared.approvals_answered),
+        signals_sent: *lock(&shared.signals_sent),
+        signals_repeated: *lock(&shared.signals_repeated),
+        signal_repeats_refused: *lock(&shared.signal_repeats_refused),
         status_versions: observer.versions,
         finalizers_held,
         watch_errors: observer.watch_errors,

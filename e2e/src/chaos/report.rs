@@ -29,6 +29,12 @@ pub struct Report {
     /// `AGENTRUN_CLOCK_SKEW` of the second operator, if any.
     pub clock_skew: Option<String>,
     pub approvals_answered: u64,
+    /// Signals the scripted sender sent, sent again (same id and data), and
+    /// repeats the API server refused while the Signal still waited or had
+    /// been received: a signal must be received once, its repeats admitted.
+    pub signals_sent: u64,
+    pub signals_repeated: u64,
+    pub signal_repeats_refused: u64,
     pub status_versions: u64,
     /// Step Pods still holding `agentrun.dev/result` 30 s after the last run
     /// finished, or why they could not be counted.
@@ -86,7 +92,7 @@ impl Report {
             Err(e) => format!("unknown ({e})"),
         };
         let mut out = format!(
-            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nduplicates: after_commit={} second_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={}",
+            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} signals_sent={} (again {}, refused {}) status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nduplicates: after_commit={} second_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={}",
             self.namespace,
             self.wall_time.as_secs_f64(),
             self.fault_phase.as_secs_f64(),
@@ -105,6 +111,9 @@ impl Report {
             self.edits_missed.len(),
             self.clock_skew.as_deref().unwrap_or("none"),
             self.approvals_answered,
+            self.signals_sent,
+            self.signals_repeated,
+            self.signal_repeats_refused,
             self.status_versions,
             self.watch_errors,
             self.watch_errors_expected,
@@ -169,6 +178,7 @@ impl Report {
         self.verdict.passed()
             && self.finalizers_held == Ok(0)
             && self.apiserver_restart_failures.is_empty()
+            && self.signal_repeats_refused == 0
             && self.faults() >= self.faults_min
             && self.enough_of_each_fault()
     }
@@ -206,6 +216,9 @@ mod tests {
             edits_missed: vec![],
             clock_skew: Some("+20s".into()),
             approvals_answered: 0,
+            signals_sent: 0,
+            signals_repeated: 0,
+            signal_repeats_refused: 0,
             status_versions: 0,
             finalizers_held: Ok(0),
             watch_errors: 0,

@@ -16,7 +16,9 @@
 //!   evictions    a step whose Pods stay Pending 1 s; the driver evicts three in a row
 //!                (`disruptions.rs`): backoff and `Stalled`, then it runs
 //!   wait         a wait step (`wait: {for: 1500ms}`, no Pod): operator kills, paused
-//!                leaders and a skewed clock must neither lose it nor wake it early
+//!                leaders and a skewed clock must neither lose it nor wake it early;
+//!                in every other run with a wait, a wait for a signal instead, which
+//!                the driver sends twice (`signaler.rs`): taken once, with its data
 //! ```
 //!
 //! Every step's result is `{"run": <run>, "step": <step>}` on every attempt, so
@@ -59,6 +61,8 @@ pub struct StepPlan {
     pub pending_ms: u64,
     /// A wait step of this long (no container).
     pub wait_ms: Option<u64>,
+    /// The wait is for a signal instead (sent by the driver), not a timer.
+    pub signal: bool,
 }
 
 /// One generated run.
@@ -153,12 +157,14 @@ pub fn generate(rng: &mut Rng, index: usize) -> RunPlan {
         s.evictions = 3;
         s.pending_ms = 1000;
     }
-    if let Some(i) = pick_free(rng, &mut used, 0.2) {
+    if let Some(i) = pick_free(rng, &mut used, 0.3) {
         let s = &mut steps[i];
         plain(s, 0);
         s.effect = "None";
         s.compensate = false;
         s.wait_ms = Some(1500);
+        // Half the waits wait for a signal (by the run's index).
+        s.signal = index % 2 == 0;
     }
     RunPlan {
         name: format!("c{index:03}"),
@@ -201,6 +207,7 @@ fn base_step(rng: &mut Rng, i: usize) -> StepPlan {
         evictions: 0,
         pending_ms: 0,
         wait_ms: None,
+        signal: false,
     }
 }
 
@@ -275,7 +282,12 @@ pub fn spec(plan: &RunPlan) -> Value {
         .iter()
         .map(|s| {
             if let Some(w) = s.wait_ms {
-                let mut step = json!({"name": s.name, "wait": {"for": ms(w)}});
+                let wait = if s.signal {
+                    json!({"signal": {"description": "an event the chaos driver sends"}})
+                } else {
+                    json!({"for": ms(w)})
+                };
+                let mut step = json!({"name": s.name, "wait": wait});
                 if !s.depends_on.is_empty() {
                     step["dependsOn"] = json!(s.depends_on);
                 }
@@ -371,7 +383,8 @@ mod tests {
         let timeouts = steps().filter(|s| s.timeout_ms.is_some()).count();
         let edits = steps().filter(|s| s.edit_in_backoff).count();
         let evicted = steps().filter(|s| s.evictions > 0).count();
-        let waits = steps().filter(|s| s.wait_ms.is_some()).count();
+        let waits = steps().filter(|s| s.wait_ms.is_some() && !s.signal).count();
+        let signals = steps().filter(|s| s.signal).count();
         let asks = steps()
             .filter(|s| s.effect == "NonIdempotent" && s.fail_times > 0 && !s.fails_not_applied)
             .count();
@@ -384,6 +397,7 @@ mod tests {
             ("edits", edits),
             ("repeated evictions", evicted),
             ("waits", waits),
+            ("signals", signals),
             ("failures that may have acted", asks),
         ] {
             assert!(n >= 3, "{what}: {n}");

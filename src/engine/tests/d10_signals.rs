@@ -76,6 +76,18 @@ fn a_signal_ends_the_wait_with_its_data_as_the_result() {
     );
     assert_eq!(s.spec.expires_at.as_ref().map(|t| t.0), Some(t(3600)));
     assert_eq!(s.spec.description.as_deref(), Some("payment settled"));
+    let st = s.status.as_ref().expect("the Signal says it waits");
+    assert_eq!(st.phase, SignalPhase::Waiting);
+    assert_eq!(
+        st.message.as_deref(),
+        Some(
+            format!(
+                "step settle waits for this signal until {}; onTimeout Fail",
+                t(3600)
+            )
+            .as_str()
+        )
+    );
     let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
         (owner.uid.as_str(), owner.controller),
@@ -251,7 +263,7 @@ fn a_signal_sent_before_the_deadline_wins_over_an_expiry_decided_on_a_stale_copy
     w.commit(&d);
     assert_eq!(
         signal_phase(&w),
-        None,
+        Some(SignalPhase::Waiting),
         "the expiry, decided on the old resourceVersion, is refused"
     );
     w.settle();

@@ -1,9 +1,10 @@
 //! *Early wake* (D10 for time): no step that comes after a wait step starts
 //! before the wait's `wakeAt` — whatever operator died, paused or ran a
-//! skewed clock meanwhile. The steps after a wait are the next one in a
-//! sequence, or those that name it in `dependsOn`. An execution of such a
-//! step that started after the wait started and before its wake is a
-//! finding.
+//! skewed clock meanwhile — and none after a wait for a signal starts before
+//! the signal was recorded (its `finishedAt`; its `wakeAt` is a deadline).
+//! The steps after a wait are the next one in a sequence, or those that name
+//! it in `dependsOn`. An execution of such a step that started after the
+//! wait started and before its end is a finding.
 
 use agentrun_operator::api::StepSpec;
 use kube::ResourceExt;
@@ -41,7 +42,13 @@ pub(super) fn check(f: &Facts<'_>) -> Vec<String> {
             .filter(|p| !p.steps.is_empty())
             .map_or(run.spec.steps.as_slice(), |p| p.steps.as_slice());
         for c in status.steps.iter().filter(|c| c.role.is_step()) {
-            let (Some(from), Some(wake)) = (c.started_at.as_ref(), c.wake_at.as_ref()) else {
+            // A timer ends at its wake; a signal when it was recorded.
+            let end = if c.signal.is_some() {
+                c.finished_at.as_ref()
+            } else {
+                c.wake_at.as_ref()
+            };
+            let (Some(from), Some(wake)) = (c.started_at.as_ref(), end) else {
                 continue;
             };
             let Some(i) = planned.iter().position(|s| s.name == c.name) else {
@@ -54,8 +61,12 @@ pub(super) fn check(f: &Facts<'_>) -> Vec<String> {
                 for x in steps.iter().map(|&k| &f.executions[k]) {
                     if x.started_at >= from.0 && x.started_at < wake.0 {
                         out.push(format!(
-                            "early: run {name} step {next} started at {} (pod {}), before the wait {} woke at {}",
-                            x.started_at, x.pod, c.name, wake.0
+                            "early: run {name} step {next} started at {} (pod {}), before the wait {} {} at {}",
+                            x.started_at,
+                            x.pod,
+                            c.name,
+                            if c.signal.is_some() { "received its signal" } else { "woke" },
+                            wake.0
                         ));
                     }
                 }
@@ -110,7 +121,11 @@ mod tests {
     }
 
     fn findings(start: i64) -> Vec<String> {
-        let runs = [waited()];
+        findings_in(waited(), start)
+    }
+
+    fn findings_in(run: AgentRun, start: i64) -> Vec<String> {
+        let runs = [run];
         let ledger = Ledger {
             entries: exec("1", "k", start, Outcome::Succeeded, start + 1).to_vec(),
         };
@@ -135,6 +150,28 @@ mod tests {
         assert!(
             findings(5).is_empty(),
             "before the wait began: another revision"
+        );
+    }
+
+    /// A wait for a signal ends when the signal was recorded, long before
+    /// its deadline (`wakeAt`): a step after it is on time from then on, and
+    /// early before it.
+    #[test]
+    fn a_step_after_a_signal_is_judged_by_when_the_signal_was_recorded() {
+        let mut r = waited();
+        let cp = &mut r.status.as_mut().unwrap().steps[0];
+        cp.signal = Some("r-w-1a2b3c-r1-signal".into());
+        cp.wake_at = Some(at(3600));
+        cp.finished_at = Some(at(14));
+        assert!(
+            findings_in(r.clone(), 15).is_empty(),
+            "after the signal, before the deadline"
+        );
+        let f = findings_in(r, 12);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(
+            f[0].contains("before the wait w received its signal at"),
+            "{f:?}"
         );
     }
 }
