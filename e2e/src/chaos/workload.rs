@@ -164,7 +164,7 @@ pub fn generate(rng: &mut Rng, index: usize) -> RunPlan {
         s.compensate = false;
         s.wait_ms = Some(1500);
         // Half the waits wait for a signal (by the run's index).
-        s.signal = index % 2 == 0;
+        s.signal = index.is_multiple_of(2);
     }
     RunPlan {
         name: format!("c{index:03}"),
