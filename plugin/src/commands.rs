@@ -3,7 +3,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use agentrun_operator::api::{AgentRun, Approval, ApprovalKind, Decision, RunPhase, StepRole};
+use agentrun_operator::api::{AgentRun, Approval, Decision, RunPhase, StepRole};
 use agentrun_operator::labels;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use futures::{AsyncBufReadExt, TryStreamExt};
@@ -396,8 +396,8 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             }
             print!("{}", render::pending(&approvals, &me, now, all_namespaces));
         }
-        Command::Approve(a) => decide(&client, &ns, &a, Decision::Approved).await?,
-        Command::Reject(a) => decide(&client, &ns, &a, Decision::Rejected).await?,
+        Command::Approve(a) => crate::decide::decide(&client, &ns, &a, Decision::Approved).await?,
+        Command::Reject(a) => crate::decide::decide(&client, &ns, &a, Decision::Rejected).await?,
         Command::Reconcile {
             target,
             retry,
@@ -414,7 +414,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
                     ));
                 }
             };
-            decide(&client, &ns, &target, d).await?;
+            crate::decide::decide(&client, &ns, &target, d).await?;
         }
         Command::Suspend { run } => {
             set_spec(&client, &ns, &run, json!({"suspend": true}), "suspended").await?
@@ -460,7 +460,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     Ok(())
 }
 
-async fn run_and_approvals(
+pub(crate) async fn run_and_approvals(
     client: &Client,
     ns: &str,
     run: &str,
@@ -508,7 +508,7 @@ pub(crate) async fn events_of(client: &Client, ns: &str, run: &str) -> Result<Ve
     Ok(events)
 }
 
-fn confirm(yes: bool, prompt: &str) -> Result<(), Error> {
+pub(crate) fn confirm(yes: bool, prompt: &str) -> Result<(), Error> {
     if yes {
         return Ok(());
     }
@@ -525,145 +525,6 @@ fn confirm(yes: bool, prompt: &str) -> Result<(), Error> {
         Ok(())
     } else {
         Err(Error::Refused("not confirmed; nothing was changed".into()))
-    }
-}
-
-/// Finds the run's pending approval of `kind` (the only one, or the one for
-/// `step`), checks the user may decide it, confirms, and decides or votes.
-async fn decide(client: &Client, ns: &str, a: &DecideArgs, d: Decision) -> Result<(), Error> {
-    let kind = match d {
-        Decision::Approved | Decision::Rejected => ApprovalKind::Approve,
-        _ => ApprovalKind::Reconcile,
-    };
-    let (_, approvals) = run_and_approvals(client, ns, &a.run).await?;
-    let of_kind: Vec<&Approval> = approvals
-        .iter()
-        .filter(|x| x.spec.kind == kind)
-        .filter(|x| a.step.as_deref().is_none_or(|s| x.spec.step == s))
-        .collect();
-    let pending: Vec<&Approval> = of_kind
-        .iter()
-        .copied()
-        .filter(|x| render::is_pending(x))
-        .collect();
-    let target = match pending.as_slice() {
-        [one] => *one,
-        [] => {
-            let me = whoami(client).await?;
-            let why = of_kind.iter().rev().find_map(|x| {
-                me.may_decide_as(x, false)
-                    .err()
-                    .map(|r| r.explain(&me, x.metadata.name.as_deref().unwrap_or("")))
-            });
-            let what = match kind {
-                ApprovalKind::Approve => "approval",
-                ApprovalKind::Reconcile => "Reconcile question",
-            };
-            let step = a
-                .step
-                .as_deref()
-                .map(|s| format!(" for step {s}"))
-                .unwrap_or_default();
-            return Err(Error::Refused(match why {
-                Some(w) => format!("run {} has no pending {what}{step}: {w}", a.run),
-                None => format!(
-                    "run {} has no pending {what}{step}; see kubectl agentrun describe {}",
-                    a.run, a.run
-                ),
-            }));
-        }
-        several => {
-            let names: Vec<String> = several
-                .iter()
-                .map(|x| format!("{} (step {})", x.name_any(), x.spec.step))
-                .collect();
-            return Err(Error::Usage(format!(
-                "run {} waits on several approvals: {}; name the step: kubectl agentrun {} {} STEP",
-                a.run,
-                names.join(", "),
-                if kind == ApprovalKind::Approve {
-                    "approve"
-                } else {
-                    "reconcile"
-                },
-                a.run
-            )));
-        }
-    };
-    let name = target.name_any();
-    let me = whoami(client).await?;
-    let approving = matches!(
-        d,
-        Decision::Approved | Decision::Retry | Decision::MarkSucceeded
-    );
-    me.may_decide_as(target, approving && kind == ApprovalKind::Approve)
-        .map_err(|r| Error::Refused(r.explain(&me, &name)))?;
-    print!("{}", render::question(target));
-    confirm(a.yes, &format!("Answer {d:?} as {}?", me.user))?;
-    println!(
-        "{}",
-        send_decision(client, target, &me, d, a.comment.as_deref()).await?
-    );
-    Ok(())
-}
-
-/// The API write of a decision on `target` as `me`: `spec.decision` with who
-/// decided, or one vote more where a quorum is needed. The one place both
-/// `approve`/`reject`/`reconcile` and the console decide; the API server's
-/// refusal comes back with its own message. Returns what was recorded.
-pub async fn send_decision(
-    client: &Client,
-    target: &Approval,
-    me: &Identity,
-    d: Decision,
-    comment: Option<&str>,
-) -> Result<String, Error> {
-    let name = target.name_any();
-    let ns = target.metadata.namespace.clone().unwrap_or_default();
-    let api_: Api<Approval> = Api::namespaced(client.clone(), &ns);
-    let by_votes = target.spec.kind == ApprovalKind::Approve && target.spec.quorum > 1;
-    if by_votes {
-        // The whole list with one vote more, under the resourceVersion read:
-        // a vote that lands meanwhile makes this a conflict, never a loss.
-        let mut votes = serde_json::to_value(&target.spec.votes).unwrap_or_else(|_| json!([]));
-        if let Some(list) = votes.as_array_mut() {
-            let mut vote = json!({"user": me.user, "decision": d});
-            if let Some(c) = comment {
-                vote["comment"] = json!(c);
-            }
-            list.push(vote);
-        }
-        let patch = json!({
-            "metadata": {"resourceVersion": target.metadata.resource_version},
-            "spec": {"votes": votes},
-        });
-        api_.patch(&name, &patch_params(), &Patch::Merge(&patch))
-            .await
-            .map_err(api(format!("voting on approval {name}")))?;
-        let have = target
-            .spec
-            .votes
-            .iter()
-            .filter(|v| v.decision == Decision::Approved)
-            .count()
-            + usize::from(d == Decision::Approved);
-        Ok(format!(
-            "approval {name}: {:?} vote by {} recorded ({have}/{} approvals)",
-            d, me.user, target.spec.quorum
-        ))
-    } else {
-        let mut spec = json!({"decision": d, "decidedBy": me.user, "decidedByGroups": me.groups});
-        if let Some(c) = comment {
-            spec["comment"] = json!(c);
-        }
-        api_.patch(
-            &name,
-            &patch_params(),
-            &Patch::Merge(&json!({"spec": spec})),
-        )
-        .await
-        .map_err(api(format!("deciding approval {name}")))?;
-        Ok(format!("approval {name}: {d:?} by {}", me.user))
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod commands;
 pub mod console;
+pub mod decide;
 pub mod identity;
 pub mod render;
 pub mod retry;

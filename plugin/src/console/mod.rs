@@ -8,7 +8,7 @@
 //!                           ├─ reflector AgentRuns  ─┐
 //!                           ├─ reflector Approvals  ─┴─▶ change counter ─▶ SSE streams
 //!                           ├─ per run page: its Events and Signals (a list each)
-//!                           └─ decisions: commands::send_decision (the CLI's own write)
+//!                           └─ decisions: decide::send_decision (the CLI's own write)
 //! ```
 //!
 //! `pages`, `run_page` and `timeline` are pure renderings; `sse` turns the
@@ -38,7 +38,8 @@ use kube::{Api, Client};
 use maud::Markup;
 use serde::Deserialize;
 
-use crate::commands::{Error, events_of, send_decision, whoami};
+use crate::commands::{Error, events_of, whoami};
+use crate::decide::send_decision;
 use crate::identity::Identity;
 use filter::RunFilter;
 

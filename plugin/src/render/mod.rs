@@ -11,7 +11,6 @@ use agentrun_operator::engine::human_duration;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::events::v1::Event;
 
-
 mod approval;
 mod plan;
 mod signal;
