@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
+use agentrun_e2e::kubeconfig;
 use agentrun_e2e::support::policies::{
     Policies, assert_admitted, assert_refused, kubectl_as, manifest, run_doc, wait_enforced,
 };
 use agentrun_e2e::support::processes::plugin_binary;
 use agentrun_e2e::support::scenario::{Scenario, field_managers, phase, sim_step, status};
-use agentrun_e2e::{kubeconfig, kubectl_ok};
 use agentrun_operator::api::{Approval, EffectOutcome, RunPhase, Signal, StepPhase};
 use agentrun_operator::labels;
 use kube::Api;
@@ -422,34 +422,8 @@ async fn signal_sends_as_the_user_once_and_a_repeat_changes_nothing() {
     let s = Scenario::start("plugin-signal").await;
     let ns = s.namespace().to_owned();
     let p = Policies::install(&ns, &["--set", "admissionPolicies.mutating=false"]).await;
-    let signaler = format!("--clusterrole={}-signaler", p.release);
-    for args in [
-        vec![
-            "create",
-            "role",
-            "authors",
-            "--verb=create,get,list,watch",
-            "--resource=agentruns.agentrun.dev",
-        ],
-        vec![
-            "create",
-            "rolebinding",
-            "authors",
-            "--role=authors",
-            "--user=dave",
-        ],
-        vec![
-            "create",
-            "rolebinding",
-            "signalers",
-            &signaler,
-            "--user=ci-bot",
-        ],
-    ] {
-        let mut all = vec!["-n", ns.as_str()];
-        all.extend(args);
-        kubectl_ok(all).await;
-    }
+    p.grant_authors(&ns, &["dave"]).await;
+    p.grant_role(&ns, "signaler", &["ci-bot"]).await;
     wait_enforced(&ns, false).await;
 
     let mut run = run_doc(

@@ -96,53 +96,32 @@ fn settle_then_ship(timeout: &str, on_timeout: &str) -> Vec<Value> {
 /// that the policy and not RBAC keeps it from sending); mallory may create
 /// Signals, to show that only the operator opens one.
 async fn grant(ns: &str, p: &Policies) {
-    let signaler = format!("--clusterrole={}-signaler", p.release);
+    p.grant_authors(ns, &["dave"]).await;
     let sa = format!(
         "--serviceaccount={}",
         p.operator(ns).trim_start_matches("system:serviceaccount:")
     );
-    for args in [
-        vec![
-            "create",
-            "role",
-            "authors",
-            "--verb=create,get,list,watch",
-            "--resource=agentruns.agentrun.dev",
-        ],
-        vec![
-            "create",
-            "rolebinding",
-            "authors",
-            "--role=authors",
-            "--user=dave",
-        ],
-        vec![
-            "create",
-            "rolebinding",
-            "signalers",
-            &signaler,
-            "--user=ci-bot",
-            &sa,
-        ],
-        vec![
-            "create",
-            "role",
-            "planters",
-            "--verb=create,patch",
-            "--resource=signals.agentrun.dev",
-        ],
-        vec![
-            "create",
-            "rolebinding",
-            "planters",
-            "--role=planters",
-            "--user=mallory",
-        ],
-    ] {
-        let mut all = vec!["-n", ns];
-        all.extend(args);
-        kubectl_ok(all).await;
-    }
+    p.grant_role(ns, "signaler", &["ci-bot", &sa]).await;
+    kubectl_ok([
+        "-n",
+        ns,
+        "create",
+        "role",
+        "planters",
+        "--verb=create,patch",
+        "--resource=signals.agentrun.dev",
+    ])
+    .await;
+    kubectl_ok([
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "planters",
+        "--role=planters",
+        "--user=mallory",
+    ])
+    .await;
 }
 
 /// A signaler's signal ends the wait with its data as the step's result,

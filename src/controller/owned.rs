@@ -119,33 +119,47 @@ pub(super) fn not_this_runs_approval(
     wanted: &Approval,
     run_uid: &str,
 ) -> Option<String> {
-    let owners = existing.owner_references();
+    let (e, w) = (&existing.spec, &wanted.spec);
+    not_the_runs(
+        existing.owner_references(),
+        run_uid,
+        [
+            ("runUid", e.run_uid != w.run_uid),
+            ("runName", e.run_name != w.run_name),
+            ("step", e.step != w.step),
+            ("planRevision", e.plan_revision != w.plan_revision),
+            ("kind", e.kind != w.kind),
+            ("stepDigest", e.step_digest != w.step_digest),
+            ("question", e.question != w.question),
+            ("approvers", e.approvers != w.approvers),
+            ("quorum", e.quorum != w.quorum),
+            (
+                "separateFromRequester",
+                e.separate_from_requester != w.separate_from_requester,
+            ),
+            ("requestedBy", e.requested_by != w.requested_by),
+            ("onTimeout", e.on_timeout != w.on_timeout),
+            ("expiresAt", e.expires_at != w.expires_at),
+        ],
+    )
+}
+
+/// Why an object with these owners and these fields (name, differs from
+/// what the run asks) is not the run's; `None` when its controller is the
+/// run and no field differs.
+fn not_the_runs<const N: usize>(
+    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    run_uid: &str,
+    fields: [(&str, bool); N],
+) -> Option<String> {
     let controller = owners.iter().find(|o| o.controller == Some(true));
     if controller.is_none_or(|o| o.uid != run_uid) {
         return Some(held_by(owners));
     }
-    let (e, w) = (&existing.spec, &wanted.spec);
-    let differs: Vec<&str> = [
-        ("runUid", e.run_uid != w.run_uid),
-        ("runName", e.run_name != w.run_name),
-        ("step", e.step != w.step),
-        ("planRevision", e.plan_revision != w.plan_revision),
-        ("kind", e.kind != w.kind),
-        ("stepDigest", e.step_digest != w.step_digest),
-        ("question", e.question != w.question),
-        ("approvers", e.approvers != w.approvers),
-        ("quorum", e.quorum != w.quorum),
-        (
-            "separateFromRequester",
-            e.separate_from_requester != w.separate_from_requester,
-        ),
-        ("requestedBy", e.requested_by != w.requested_by),
-        ("onTimeout", e.on_timeout != w.on_timeout),
-        ("expiresAt", e.expires_at != w.expires_at),
-    ]
-    .into_iter()
-    .filter_map(|(field, differs)| differs.then_some(field))
-    .collect();
+    let differs: Vec<&str> = fields
+        .into_iter()
+        .filter_map(|(field, differs)| differs.then_some(field))
+        .collect();
     (!differs.is_empty()).then(|| {
         format!(
             "it names this run as its controller, but its spec differs from what the run asks in {}",
@@ -177,31 +191,21 @@ pub(super) fn not_this_runs_signal(
     wanted: &Signal,
     run_uid: &str,
 ) -> Option<String> {
-    let owners = existing.owner_references();
-    let controller = owners.iter().find(|o| o.controller == Some(true));
-    if controller.is_none_or(|o| o.uid != run_uid) {
-        return Some(held_by(owners));
-    }
     let (e, w) = (&existing.spec, &wanted.spec);
-    let differs: Vec<&str> = [
-        ("runUid", e.run_uid != w.run_uid),
-        ("runName", e.run_name != w.run_name),
-        ("step", e.step != w.step),
-        ("planRevision", e.plan_revision != w.plan_revision),
-        ("description", e.description != w.description),
-        ("expiresAt", e.expires_at != w.expires_at),
-        ("onTimeout", e.on_timeout != w.on_timeout),
-        ("requestedBy", e.requested_by != w.requested_by),
-    ]
-    .into_iter()
-    .filter_map(|(field, differs)| differs.then_some(field))
-    .collect();
-    (!differs.is_empty()).then(|| {
-        format!(
-            "it names this run as its controller, but its spec differs from what the run asks in {}",
-            differs.join(", ")
-        )
-    })
+    not_the_runs(
+        existing.owner_references(),
+        run_uid,
+        [
+            ("runUid", e.run_uid != w.run_uid),
+            ("runName", e.run_name != w.run_name),
+            ("step", e.step != w.step),
+            ("planRevision", e.plan_revision != w.plan_revision),
+            ("description", e.description != w.description),
+            ("expiresAt", e.expires_at != w.expires_at),
+            ("onTimeout", e.on_timeout != w.on_timeout),
+            ("requestedBy", e.requested_by != w.requested_by),
+        ],
+    )
 }
 
 #[cfg(test)]

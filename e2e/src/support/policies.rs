@@ -59,6 +59,47 @@ impl Policies {
         p
     }
 
+    /// RBAC in `namespace`: `users` may create and read AgentRuns there.
+    pub async fn grant_authors(&self, namespace: &str, users: &[&str]) {
+        kubectl_ok([
+            "-n",
+            namespace,
+            "create",
+            "role",
+            "authors",
+            "--verb=create,get,list,watch",
+            "--resource=agentruns.agentrun.dev",
+        ])
+        .await;
+        self.bind(namespace, "authors", "--role=authors", users)
+            .await;
+    }
+
+    /// Binds the release's people's role `<release>-<role>` (`approver`,
+    /// `signaler`, `viewer`) in `namespace` to `subjects`, kubectl's own
+    /// flags (`--user=ci-bot`, `--serviceaccount=ns:sa`, `--group=g`).
+    pub async fn grant_role(&self, namespace: &str, role: &str, subjects: &[&str]) {
+        let cluster_role = format!("--clusterrole={}-{role}", self.release);
+        self.bind(namespace, &format!("{role}s"), &cluster_role, subjects)
+            .await;
+    }
+
+    async fn bind(&self, namespace: &str, name: &str, role: &str, subjects: &[&str]) {
+        let users: Vec<String> = subjects
+            .iter()
+            .map(|s| {
+                if s.starts_with("--") {
+                    (*s).to_owned()
+                } else {
+                    format!("--user={s}")
+                }
+            })
+            .collect();
+        let mut args = vec!["-n", namespace, "create", "rolebinding", name, role];
+        args.extend(users.iter().map(String::as_str));
+        kubectl_ok(args).await;
+    }
+
     fn path(&self) -> &str {
         self.file.to_str().expect("utf-8 path")
     }
