@@ -3,7 +3,9 @@
 //! kubelet: the runs over the cap wait in `Queued` with their positions,
 //! start one at a time in creation order as places free, and an operator
 //! killed and started again meanwhile neither starts a second run early nor
-//! repeats a step. The ledger says what really ran, and when.
+//! repeats a step; a cap raised while the operator is down starts the queued
+//! runs once; a PriorityClass the platform team ranks first queues first.
+//! The ledger says what really ran, and when.
 
 use std::time::Duration;
 
@@ -156,5 +158,70 @@ async fn a_run_of_a_listed_priority_class_starts_first() {
         "p1, then urgent, then p2 and p3 in creation order: {order:?}"
     );
     agentrun_e2e::kubectl_ok(["delete", "priorityclass", &class]).await;
+    s.finish().await;
+}
+
+/// The cap is raised while the operator is down (a `helm upgrade` of
+/// `queue.maxActiveRunsPerNamespace`): the operator that starts with the new
+/// cap starts the queued runs together, each once, and stops none that ran.
+#[tokio::test]
+async fn a_cap_raised_during_a_restart_starts_the_queued_runs_once() {
+    let mut s = Scenario::start_without_operator("queue-raise").await;
+    let cap = |n: &str| {
+        (
+            "AGENTRUN_MAX_ACTIVE_RUNS_PER_NAMESPACE".to_owned(),
+            n.to_owned(),
+        )
+    };
+    s.operator_config.extra_env.push(cap("1"));
+    s.start_operator(None);
+    let work = json!([sim_step("work", "Idempotent", json!({"runMs": 4000}))]);
+    for name in ["r1", "r2", "r3"] {
+        s.create_run(name, json!({"steps": work})).await;
+    }
+    s.wait_run("r1", "running", RUN_TIMEOUT, |r| {
+        phase(r) == Some(RunPhase::Running)
+    })
+    .await;
+    s.wait_run("r3", "queued", RUN_TIMEOUT, |r| {
+        status(r).queue_position == Some(2)
+    })
+    .await;
+    s.kill_operator().await;
+    s.operator_config
+        .extra_env
+        .retain(|(k, _)| !k.starts_with("AGENTRUN_MAX_ACTIVE"));
+    s.operator_config.extra_env.push(cap("3"));
+    s.start_operator(None);
+    for name in ["r2", "r3"] {
+        s.wait_run(name, "started under the raised cap", RUN_TIMEOUT, |r| {
+            status(r).started_at.is_some()
+        })
+        .await;
+    }
+    let r1 = s.runs().get("r1").await.unwrap();
+    assert_ne!(
+        phase(&r1),
+        Some(RunPhase::Queued),
+        "a started run is never queued again"
+    );
+    for name in ["r1", "r2", "r3"] {
+        let run = s.wait_finished(name, RUN_TIMEOUT).await;
+        assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{name}");
+        assert_eq!(
+            entries(&s, name, LedgerEvent::Started).len(),
+            1,
+            "{name} ran once"
+        );
+    }
+    // r2 and r3 ran side by side: the second started before the first ended.
+    let started = entries(&s, "r3", LedgerEvent::Started)[0].started_at;
+    let r2_end = entries(&s, "r2", LedgerEvent::Finished)[0]
+        .finished_at
+        .expect("a finish time");
+    assert!(
+        started < r2_end,
+        "r3 started {started:?}, r2 ended {r2_end:?}"
+    );
     s.finish().await;
 }
