@@ -153,7 +153,26 @@ fn cases() -> Vec<Case> {
             run(
                 json!({ "steps": [{ "name": "w", "wait": { "for": "1m", "until": "2030-01-01T00:00:00Z" } }] }),
             ),
-            &["wait: set exactly one of for and until"],
+            &["wait: set exactly one of for, until and signal"],
+        ),
+        refused(
+            "a wait for a signal and a time",
+            run(
+                json!({ "steps": [{ "name": "w", "wait": { "for": "1m", "signal": { "timeout": "1h" } } }] }),
+            ),
+            &["wait: set exactly one of for, until and signal"],
+        ),
+        refused(
+            "a signal that times out at once",
+            run(json!({ "steps": [{ "name": "w", "wait": { "signal": { "timeout": "0s" } } }] })),
+            &["wait.signal.timeout must be longer than 0s"],
+        ),
+        refused(
+            "a signal with an unknown onTimeout",
+            run(
+                json!({ "steps": [{ "name": "w", "wait": { "signal": { "onTimeout": "Approve" } } }] }),
+            ),
+            &["Unsupported value: \"Approve\"", "\"Fail\"", "\"Skip\""],
         ),
         refused(
             "a wait of 0s",
