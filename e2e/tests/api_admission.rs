@@ -145,7 +145,7 @@ fn cases() -> Vec<Case> {
                 json!({ "steps": [{ "name": "w", "wait": { "for": "1m" }, "retry": { "limit": 1 } }] }),
             ),
             &[
-                "a wait step runs no container: retry, timeout, approval, compensate, verify, resultSchema and freshFor do not apply to it",
+                "a wait step runs no container: retry, timeout, approval, compensate, verify and freshFor do not apply to it, and resultSchema only to a wait for a signal",
             ],
         ),
         refused(

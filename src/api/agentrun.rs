@@ -139,7 +139,7 @@ pub struct AgentRunSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("has(self.container) != has(self.wait)").message("a step has a container or a wait, exactly one of them").reason(Reason::FieldValueRequired),
-    validation = Rule::new("!has(self.wait) || !(has(self.retry) || has(self.timeout) || has(self.approval) || has(self.compensate) || has(self.verify) || has(self.resultSchema) || has(self.freshFor))").message("a wait step runs no container: retry, timeout, approval, compensate, verify, resultSchema and freshFor do not apply to it").reason(Reason::FieldValueForbidden)
+    validation = Rule::new("!has(self.wait) || !(has(self.retry) || has(self.timeout) || has(self.approval) || has(self.compensate) || has(self.verify) || has(self.freshFor) || (has(self.resultSchema) && !has(self.wait.signal)))").message("a wait step runs no container: retry, timeout, approval, compensate, verify and freshFor do not apply to it, and resultSchema only to a wait for a signal").reason(Reason::FieldValueForbidden)
 )]
 pub struct StepSpec {
     /// Unique within the plan; a DNS label of at most 48 characters.

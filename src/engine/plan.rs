@@ -152,12 +152,15 @@ fn validate_wait(step: &StepSpec, w: &WaitSpec, at: &str) -> Result<(), String> 
         ("approval", step.approval.is_some()),
         ("compensate", step.compensate.is_some()),
         ("verify", step.verify.is_some()),
-        ("resultSchema", step.result_schema.is_some()),
+        (
+            "resultSchema",
+            step.result_schema.is_some() && w.signal.is_none(),
+        ),
         ("freshFor", step.fresh_for.is_some()),
     ];
     if let Some((field, _)) = container_only.iter().find(|(_, set)| *set) {
         return Err(format!(
-            "{at}.{field}: a wait step runs no container: retry, timeout, approval, compensate, verify, resultSchema and freshFor do not apply to it"
+            "{at}.{field}: a wait step runs no container: retry, timeout, approval, compensate, verify and freshFor do not apply to it, and resultSchema only to a wait for a signal"
         ));
     }
     Ok(())

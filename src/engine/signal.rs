@@ -118,12 +118,14 @@ pub fn sent_by(s: &Signal) -> Option<String> {
 }
 
 /// The status a Signal should show, if it differs from what it shows.
-/// `step`: the phase of the checkpoint that waits on it, if any. One the run
-/// does not wait on is superseded, saying `why`.
+/// `step`: the phase of the checkpoint that waits on it, if any; `rejected`:
+/// that step failed on the signal's data. One the run does not wait on is
+/// superseded, saying `why`.
 pub fn desired_status(
     s: &Signal,
     now: Timestamp,
     step: Option<StepPhase>,
+    rejected: bool,
     why: &str,
 ) -> Option<SignalStatus> {
     let current = s.status.clone().unwrap_or_default();
@@ -168,6 +170,15 @@ pub fn desired_status(
             SignalPhase::Received,
             format!(
                 "signal {id} received; step {} succeeded with its data",
+                s.spec.step
+            ),
+        ),
+        // Taken, and the step failed on it (its data did not match the
+        // step's resultSchema): received all the same, never applied.
+        (Answer::Sent { id, .. }, false) if step == Some(StepPhase::Failed) && rejected => (
+            SignalPhase::Received,
+            format!(
+                "signal {id} received; its data did not match step {}'s resultSchema, so the step failed",
                 s.spec.step
             ),
         ),

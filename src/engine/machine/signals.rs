@@ -132,7 +132,34 @@ impl<'a> Machine<'a> {
             // the watch brings the run back once it is.
             Answer::Expiring { .. } => {}
             Answer::Sent { id, data, by } => {
-                let (result, truncated) = self.cap_result(data.unwrap_or_default());
+                let data = data.unwrap_or_default();
+                // D7 at the boundary: data from outside that does not match
+                // the step's resultSchema is never committed as its result.
+                // The signal cannot be sent again, so the step fails.
+                let schema = plan
+                    .steps
+                    .iter()
+                    .find(|s| s.name == step)
+                    .and_then(|s| s.result_schema.clone());
+                if let Some(e) =
+                    schema.and_then(|sc| crate::engine::schema::mismatches(&sc, &data).err())
+                {
+                    let from = by
+                        .as_deref()
+                        .map(|b| format!(" from {b}"))
+                        .unwrap_or_default();
+                    let why = format!(
+                        "signal {id}{from} on Signal {name} carries data that does not match the step's resultSchema: {e}"
+                    );
+                    self.event(
+                        EventType::Warning,
+                        Reason::ResultInvalid,
+                        format!("step {step}: {why}"),
+                    );
+                    self.status.steps[c].decided_by = by;
+                    return self.refuse_step(c, Reason::ResultInvalid, why);
+                }
+                let (result, truncated) = self.cap_result(data);
                 let from = by
                     .as_deref()
                     .map(|b| format!(" from {b}"))
@@ -207,18 +234,21 @@ impl<'a> Machine<'a> {
             let Some(name) = s.metadata.name.clone() else {
                 continue;
             };
-            let step = self
-                .status
-                .steps
-                .iter()
-                .find(|c| c.signal.as_deref() == Some(&name) && c.phase != StepPhase::Superseded)
-                .map(|c| c.phase);
+            let cp =
+                self.status.steps.iter().find(|c| {
+                    c.signal.as_deref() == Some(&name) && c.phase != StepPhase::Superseded
+                });
+            let step = cp.map(|c| c.phase);
+            // A step that failed on its signal's data records the sender
+            // (`observe_signal`); one a failing run stopped does not.
+            let rejected =
+                cp.is_some_and(|c| c.phase == StepPhase::Failed && c.decided_by.is_some());
             let why = if terminal {
                 "the run has finished"
             } else {
                 "the run no longer waits on it"
             };
-            if let Some(status) = signal::desired_status(s, self.now, step, why) {
+            if let Some(status) = signal::desired_status(s, self.now, step, rejected, why) {
                 self.actions.push(Action::SetSignalStatus {
                     name,
                     resource_version: s.metadata.resource_version.clone(),

@@ -335,3 +335,67 @@ fn a_refused_signal_stalls_the_run_visibly() {
         stalled.message
     );
 }
+
+/// D7 at the boundary: a signal whose data does not match the step's
+/// resultSchema is never committed as its result. It cannot be sent again,
+/// so the step fails (reason ResultInvalid, the mismatch by JSON pointer,
+/// never the values) and the Signal says it was received and not applied.
+#[test]
+fn a_signal_whose_data_does_not_match_the_result_schema_fails_the_step() {
+    let mut w = settle(SignalTimeout::Fail);
+    w.run.spec.steps[1].result_schema = Some(Box::new(json!({
+        "type": "object",
+        "required": ["amount"],
+        "properties": {"amount": {"type": "number", "minimum": 0}},
+    })));
+    let name = signal_of(&w);
+    assert!(w.send_signal(
+        &name,
+        "pay-1",
+        json!({"amount": -5, "card": "4111"}),
+        "ci-bot"
+    ));
+    let d = w.step();
+    assert!(
+        events(&d).contains(&Reason::ResultInvalid),
+        "{:?}",
+        events(&d)
+    );
+    let c = cp(&w, "settle", 1);
+    assert_eq!((c.phase, c.result.clone()), (StepPhase::Failed, None));
+    let message = c.message.unwrap();
+    assert!(
+        message.contains("does not match the step's resultSchema: at /amount"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("4111") && !message.contains("-5"),
+        "{message}"
+    );
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Failed));
+    assert_eq!(
+        condition(&w, ConditionType::Succeeded).reason,
+        Reason::ResultInvalid
+    );
+    let st = w.signals[&name].status.clone().unwrap();
+    assert_eq!(st.phase, SignalPhase::Received);
+    assert!(
+        st.message
+            .unwrap()
+            .contains("did not match step settle's resultSchema")
+    );
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"], "b never started");
+}
+
+#[test]
+fn a_signal_whose_data_matches_the_result_schema_is_committed() {
+    let mut w = settle(SignalTimeout::Fail);
+    w.run.spec.steps[1].result_schema =
+        Some(Box::new(json!({"type": "object", "required": ["amount"]})));
+    let name = signal_of(&w);
+    assert!(w.send_signal(&name, "pay-1", json!({"amount": 5}), "ci-bot"));
+    w.settle();
+    assert_eq!(cp(&w, "settle", 1).result, Some(json!({"amount": 5})));
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1", "run-b-59c772-r1-a1"]);
+}
