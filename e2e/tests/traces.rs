@@ -92,9 +92,17 @@ async fn a_run_is_one_trace_across_a_retry_an_approval_and_an_operator_kill() {
         .and_then(|c| c.approval.clone())
         .expect("deploy waits on an Approval");
     tokio::time::sleep(Duration::from_millis(1500)).await; // one batch out
+    // Both instances append to one log (same identity): what the first
+    // wrote ends where the kill leaves it.
+    let log_path = s.operator.as_ref().unwrap().log_path().to_owned();
     s.kill_operator().await;
     let killed_at = jiff::Timestamp::now();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first_instance_bytes = std::fs::metadata(&log_path).map_or(0, |m| m.len()) as usize;
+    // The operator's clock is never ahead of the API server's and may read up
+    // to a second behind it (its `Date` header has whole seconds), so the
+    // span the next instance ends reads up to a second early: it starts more
+    // than a second after the kill, so its end still says it outlived it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     s.start_operator(None);
     s.decide(&approval, "Approved", "ship it").await;
     let done = s.wait_finished("traced", RUN_TIMEOUT).await;
@@ -285,18 +293,31 @@ async fn a_run_is_one_trace_across_a_retry_an_approval_and_an_operator_kill() {
     assert!(by_id.values().any(|s| s["operationName"] == "status write"));
     assert!(by_id.values().any(|s| s["operationName"] == "reconcile"));
 
-    // The logs of both operator instances carry the run's trace id, and the
-    // span ids of reconciles that Jaeger holds.
-    let log = std::fs::read_to_string(s.operator.as_ref().unwrap().log_path()).unwrap();
-    let traced: Vec<Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l["span"]["trace_id"] == trace_id.as_str())
-        .collect();
+    // The logs of both operator instances carry the run's trace id — the
+    // second one's too, which took the run's trace context from its status
+    // after the first was killed — and the span ids of reconciles that
+    // Jaeger holds.
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let mut split = first_instance_bytes.min(log.len());
+    while !log.is_char_boundary(split) {
+        split -= 1;
+    }
+    let traced_in = |part: &str| -> Vec<Value> {
+        part.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["span"]["trace_id"] == trace_id.as_str())
+            .collect()
+    };
+    let (first, second) = (traced_in(&log[..split]), traced_in(&log[split..]));
     assert!(
-        traced.len() >= 2,
-        "no JSON log line carries trace_id {trace_id}"
+        !first.is_empty(),
+        "no log line of the first instance carries trace_id {trace_id}"
     );
+    assert!(
+        !second.is_empty(),
+        "no log line of the instance started after the kill carries trace_id {trace_id}"
+    );
+    let traced: Vec<Value> = first.into_iter().chain(second).collect();
     let reconcile_ids: BTreeSet<&str> = by_id
         .values()
         .filter(|s| s["operationName"] == "reconcile")
