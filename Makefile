@@ -99,6 +99,7 @@ check-crds:
 # benchmark whose setup no longer works fails here rather than in `make bench`.
 unit:
 	$(CARGO) test --workspace --lib --bins --benches --locked
+	$(CARGO) test --workspace --doc --locked
 
 cluster-build:
 	$(CLUSTER) build
