@@ -1341,3 +1341,61 @@ async fn a_step_pod_the_api_server_refuses_fails_the_step_with_its_message() {
     );
     s.finish().await;
 }
+
+/// The Rust step SDK reads what the operator really gives a step Pod — its
+/// `AGENTRUN_*` environment and the context annotation mounted as the
+/// context file — not a hand-written context: the second step sees the
+/// first one's result, its own idempotency key, and sends them on.
+#[tokio::test]
+async fn the_step_sdk_reads_the_context_the_operator_writes() {
+    let s = Scenario::start("sdk-context").await;
+    s.create_run(
+        "sdk",
+        json!({"steps": [
+            sim_step("lookup", "None", json!({"runMs": 50, "result": {"orderId": "4711", "amount": "12.00 EUR"}})),
+            sim_step("refund", "Idempotent", json!({"runMs": 3000})),
+        ]}),
+    )
+    .await;
+    let (run, pod_name) = s.wait_step_running("sdk", "refund", RUN_TIMEOUT).await;
+    let pod = s.pods().get(&pod_name).await.expect("the refund Pod");
+    let container = &pod.spec.as_ref().unwrap().containers[0];
+    let mut env: std::collections::HashMap<String, String> = container
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+        .collect();
+    let context = pod
+        .annotations()
+        .get(labels::CONTEXT)
+        .expect("the context annotation")
+        .clone();
+    let file = agentrun_e2e::support::processes::log_dir(s.namespace()).join("context.json");
+    std::fs::write(&file, &context).expect("writing the context file");
+    env.insert(
+        agentrun_step::ENV_CONTEXT_FILE.into(),
+        file.to_string_lossy().into_owned(),
+    );
+    let step = agentrun_step::Step::from_env(&env)
+        .unwrap_or_else(|e| panic!("the SDK refused the operator's context: {e}\n{context}"));
+    assert_eq!(
+        step.result_of("lookup").expect("lookup's result"),
+        &json!({"orderId": "4711", "amount": "12.00 EUR"})
+    );
+    let key = status(&run)
+        .steps
+        .iter()
+        .find(|c| c.name == "refund")
+        .map(|c| c.idempotency_key.clone())
+        .unwrap();
+    assert!(
+        step.headers()
+            .iter()
+            .any(|(h, v)| h.eq_ignore_ascii_case("idempotency-key") && *v == key),
+        "{:?}",
+        step.headers()
+    );
+    s.wait_finished("sdk", RUN_TIMEOUT).await;
+    s.finish().await;
+}
