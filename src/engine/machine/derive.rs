@@ -32,14 +32,15 @@ impl<'a> Machine<'a> {
             .steps
             .iter()
             .any(|c| c.phase == StepPhase::Running);
-        // The wait step that wakes first.
+        // The wait step that ends first (a wait for a signal without a
+        // deadline last): its name, its wake or deadline, its Signal.
         let timer = self
             .status
             .steps
             .iter()
             .filter(|c| c.phase == StepPhase::Waiting)
-            .min_by_key(|c| c.wake_at.as_ref().map(|t| t.0))
-            .map(|c| (c.name.clone(), c.wake_at.clone()));
+            .min_by_key(|c| c.wake_at.as_ref().map_or(jiff::Timestamp::MAX, |t| t.0))
+            .map(|c| (c.name.clone(), c.wake_at.clone(), c.signal.clone()));
         // The steps under way, in the plan's order: one name for a sequence,
         // the names of the parallel branches for a graph.
         let mut active: Vec<String> = plan
@@ -140,8 +141,19 @@ impl<'a> Machine<'a> {
                     _ => Reason::Running,
                 };
                 let mut message = format!("{done}/{} steps done", plan.steps.len());
-                if let (RunPhase::Waiting, Some((name, Some(at)))) = (p, &timer) {
-                    message.push_str(&format!("; step {name} waits until {}", at.0));
+                if let (RunPhase::Waiting, Some((name, at, signal))) = (p, &timer) {
+                    let until = at.as_ref().map(|t| format!(" until {}", t.0));
+                    match signal {
+                        Some(sig) => message.push_str(&format!(
+                            "; step {name} waits for Signal {sig}{}",
+                            until.unwrap_or_default()
+                        )),
+                        None => {
+                            if let Some(until) = until {
+                                message.push_str(&format!("; step {name} waits{until}"));
+                            }
+                        }
+                    }
                 }
                 cond::set(conds, ConditionType::Succeeded, UNKNOWN, r, message, g, now)
             }

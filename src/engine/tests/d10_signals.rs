@@ -65,6 +65,16 @@ fn a_signal_ends_the_wait_with_its_data_as_the_result() {
     );
     assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"], "no Pod for a signal");
     assert_eq!(w.status().phase, Some(RunPhase::Waiting));
+    let cond = condition(&w, ConditionType::Succeeded);
+    assert_eq!(cond.reason, Reason::Waiting);
+    assert!(
+        cond.message.ends_with(&format!(
+            "step settle waits for Signal {name} until {}",
+            t(3600)
+        )),
+        "{}",
+        cond.message
+    );
     let s = &w.signals[&name];
     assert_eq!(
         (
