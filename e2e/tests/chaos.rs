@@ -39,8 +39,9 @@ async fn short_chaos_run_has_no_duplicates_lost_or_stuck_runs() {
     assert_eq!(v.early_wakes, 0, "{}", report.summary());
     assert_eq!(report.finalizers_held, Ok(0), "{}", report.summary());
     // Waits for a signal, each sent twice by the driver: taken once, and
-    // every repeat admitted.
-    assert!(report.signals_sent >= 3, "{}", report.details());
+    // every repeat admitted. (Two runs wait for one; a run that fails
+    // before its wait never opens it.)
+    assert!(report.signals_sent >= 1, "{}", report.details());
     assert_eq!(report.signal_repeats_refused, 0, "{}", report.details());
     assert!(
         report.apiserver_restart_failures.is_empty(),
