@@ -26,6 +26,7 @@ mod orphans;
 mod owned;
 mod queue;
 mod reconcile;
+mod step_pod;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
