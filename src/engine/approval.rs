@@ -293,16 +293,26 @@ pub fn desired_status(
     })
 }
 
+/// The managedFields entries that own `spec.<field>` (`f:decision`): who
+/// wrote it, and when the API server stored it.
+pub(super) fn spec_field_owners<'m>(
+    meta: &'m k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    field: &'m str,
+) -> impl Iterator<Item = &'m k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> + 'm
+{
+    meta.managed_fields.iter().flatten().filter(move |m| {
+        m.fields_v1
+            .as_ref()
+            .and_then(|f| f.0.get("f:spec")?.get(field))
+            .is_some()
+    })
+}
+
 /// The managedFields entry that owns `spec.decision`.
 fn decision_entry(
     a: &Approval,
 ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> {
-    a.metadata.managed_fields.iter().flatten().find(|m| {
-        m.fields_v1
-            .as_ref()
-            .and_then(|f| f.0.get("f:spec")?.get("f:decision"))
-            .is_some()
-    })
+    spec_field_owners(&a.metadata, "f:decision").next()
 }
 
 /// Who decided: the person the API server recorded (`spec.decidedBy`), or
@@ -319,16 +329,7 @@ fn decided_by(a: &Approval) -> Option<String> {
 /// that owns `spec.votes`. Later than the vote that reached the quorum if
 /// more came after it, never earlier.
 fn votes_at(a: &Approval) -> Option<Timestamp> {
-    a.metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|m| {
-            m.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:spec")?.get("f:votes"))
-                .is_some()
-        })
+    spec_field_owners(&a.metadata, "f:votes")
         .filter_map(|m| m.time.as_ref().map(|t| t.0))
         .max()
 }

@@ -92,12 +92,7 @@ pub fn answer(s: &Signal, now: Timestamp) -> Answer {
 fn id_entry(
     s: &Signal,
 ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> {
-    s.metadata.managed_fields.iter().flatten().find(|m| {
-        m.fields_v1
-            .as_ref()
-            .and_then(|f| f.0.get("f:spec")?.get("f:id"))
-            .is_some()
-    })
+    super::approval::spec_field_owners(&s.metadata, "f:id").next()
 }
 
 /// When the API server stored the signal. A later write by the same manager

@@ -12,10 +12,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::{
-    CheckpointState, EffectOutcome, RunPhase, SignalTimeout, StepCheckpoint, StepPhase, StepRole,
-};
-use crate::engine::names::{self, PodRole};
+use crate::api::{CheckpointState, EffectOutcome, RunPhase, SignalTimeout, StepPhase};
+use crate::engine::names;
 use crate::engine::plan::{self, Plan};
 use crate::engine::reasons::Reason;
 use crate::engine::signal::{self, Answer};
@@ -35,8 +33,7 @@ impl<'a> Machine<'a> {
         let now = whole_seconds(self.now);
         let expires = plan::duration(wait.timeout.as_ref())
             .map(|t| now.checked_add(t).unwrap_or(jiff::Timestamp::MAX));
-        let name = step.name.clone();
-        let signal = names::signal_name(self.name, self.uid, &name, plan.revision);
+        let signal = names::signal_name(self.name, self.uid, &step.name, plan.revision);
         let what = wait
             .description
             .as_deref()
@@ -44,23 +41,7 @@ impl<'a> Machine<'a> {
             .unwrap_or_default();
         let until = expires.map(|t| format!(" until {t}")).unwrap_or_default();
         let message = format!("waits for Signal {signal}{what}{until}");
-        self.event(
-            EventType::Normal,
-            Reason::StepWaiting,
-            format!("step {name} {message}"),
-        );
-        self.status.steps.push(StepCheckpoint {
-            idempotency_key: self.key(PodRole::Step, &name, plan.revision),
-            name,
-            role: StepRole::Step,
-            plan_revision: plan.revision,
-            phase: StepPhase::Waiting,
-            started_at: Some(Time(now)),
-            wake_at: expires.map(Time),
-            signal: Some(signal),
-            message: Some(message),
-            ..StepCheckpoint::default()
-        });
+        self.open_wait(plan, i, now, expires, Some(signal), message);
         let c = self.status.steps.len() - 1;
         self.open_signal(plan, i, c);
     }

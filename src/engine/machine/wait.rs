@@ -41,8 +41,29 @@ impl<'a> Machine<'a> {
             (None, Some(t)) => t.0,
             (None, None) => now,
         };
-        let name = step.name.clone();
-        let message = format!("waits until {wake}");
+        self.open_wait(
+            plan,
+            i,
+            now,
+            Some(wake),
+            None,
+            format!("waits until {wake}"),
+        );
+    }
+
+    /// Records that wait step `i` started at `now`: its checkpoint
+    /// (`Waiting`, until `wake`, on `signal` if it waits for one) and a
+    /// `StepWaiting` Event saying `message`; the run is requeued for `wake`.
+    pub(super) fn open_wait(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        now: jiff::Timestamp,
+        wake: Option<jiff::Timestamp>,
+        signal: Option<String>,
+        message: String,
+    ) {
+        let name = plan.steps[i].name.clone();
         self.event(
             EventType::Normal,
             Reason::StepWaiting,
@@ -55,11 +76,12 @@ impl<'a> Machine<'a> {
             plan_revision: plan.revision,
             phase: StepPhase::Waiting,
             started_at: Some(Time(now)),
-            wake_at: Some(Time(wake)),
+            wake_at: wake.map(Time),
+            signal,
             message: Some(message),
             ..StepCheckpoint::default()
         });
-        self.deadlines.push(wake);
+        self.deadlines.extend(wake);
     }
 
     /// Ends the waits whose time came (a failing run ended its waits when
