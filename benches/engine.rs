@@ -75,6 +75,7 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
             refused: &[],
             source: None,
             queued: None,
+            history: agentrun_operator::engine::History::On,
             now,
         });
         run.status = Some(d.status);
@@ -124,6 +125,7 @@ fn bench(c: &mut Criterion) {
         refused: &[],
         source: None,
         queued: None,
+        history: agentrun_operator::engine::History::On,
         now,
     };
     let d = decide(&observed);

@@ -37,6 +37,12 @@ pub const STEP_POD_SELECTOR: &str = "agentrun.dev/run,!agentrun.dev/released";
 /// by its validating policy. An approval gate with `separateFromRequester`
 /// refuses this user's approval.
 pub const REQUESTED_BY: &str = "agentrun.dev/requested-by";
+/// Annotation on an AgentRun: running the same manifest again on purpose.
+/// A run created with the namespace, name and spec of a run recorded within
+/// the retention window runs nothing (phase `AlreadyRan`, D18) unless this
+/// annotation names a value that run did not have. Set at creation only: the
+/// chart's validating policy refuses adding or changing it later.
+pub const RERUN: &str = "agentrun.dev/rerun";
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "agentrun-operator";
 /// Annotation on a step Pod: the identity of the leader that created it. With

@@ -113,6 +113,25 @@ struct RunArgs {
     )]
     queue_priority_classes: Vec<String>,
 
+    /// Where finished runs are recorded (D18): `api` keeps a RunRecord per
+    /// run through the API server; `off` keeps no history (runs are neither
+    /// recorded nor recognised when created again).
+    #[arg(long, env = "AGENTRUN_HISTORY_STORE", value_enum, default_value = "api")]
+    history_store: HistoryStore,
+
+    /// How long a finished run's record is kept (and a run created again
+    /// with its name and spec runs nothing), e.g. `720h`.
+    #[arg(long, env = "AGENTRUN_HISTORY_RETENTION", default_value = "720h", value_parser = parse_retention)]
+    history_retention: jiff::SignedDuration,
+
+    /// Most records one namespace keeps; the oldest go first.
+    #[arg(long, env = "AGENTRUN_HISTORY_MAX_PER_NAMESPACE", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    history_max_per_namespace: u32,
+
+    /// Seconds between two prunings of the records past their retention.
+    #[arg(long, env = "AGENTRUN_HISTORY_PRUNE_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    history_prune_seconds: u64,
+
     /// Log format.
     #[arg(long, env = "AGENTRUN_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -295,6 +314,7 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
                 .filter(|c| !c.is_empty())
                 .collect(),
         },
+        history: history_settings(&args, &client),
         leader: args
             .leader_elect
             .then(|| agentrun_operator::controller::Leader {
@@ -382,6 +402,41 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
     info!("releasing the leader lease");
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     Ok(())
+}
+
+/// Where finished runs are recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum HistoryStore {
+    /// RunRecord objects through the API server.
+    Api,
+    /// No history.
+    Off,
+}
+
+fn parse_retention(s: &str) -> Result<jiff::SignedDuration, String> {
+    let d = agentrun_operator::api::Duration::from(s)
+        .parse()
+        .map_err(|e| e.to_string())?;
+    if d <= jiff::SignedDuration::ZERO {
+        return Err("the retention must be longer than 0s".into());
+    }
+    Ok(d)
+}
+
+fn history_settings(args: &RunArgs, client: &kube::Client) -> Option<agentrun_operator::history::Settings> {
+    use agentrun_operator::history::{ApiStore, Retention, Settings, Store};
+    let store = match args.history_store {
+        HistoryStore::Off => return None,
+        HistoryStore::Api => Store::Api(ApiStore::new(client.clone(), args.namespace.clone())),
+    };
+    Some(Settings {
+        store: std::sync::Arc::new(store),
+        retention: Retention {
+            max_age: args.history_retention,
+            max_per_namespace: args.history_max_per_namespace as usize,
+        },
+        prune_every: Duration::from_secs(args.history_prune_seconds),
+    })
 }
 
 #[tokio::main]

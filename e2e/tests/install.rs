@@ -54,6 +54,7 @@ async fn kustomize_default_applies_on_the_server() {
         "customresourcedefinition.apiextensions.k8s.io/agentruns.agentrun.dev",
         "customresourcedefinition.apiextensions.k8s.io/approvals.agentrun.dev",
         "customresourcedefinition.apiextensions.k8s.io/signals.agentrun.dev",
+        "customresourcedefinition.apiextensions.k8s.io/runrecords.agentrun.dev",
         "serviceaccount/agentrun-operator",
         "clusterrole.rbac.authorization.k8s.io/agentrun-operator",
         "clusterrolebinding.rbac.authorization.k8s.io/agentrun-operator",
@@ -225,6 +226,9 @@ const NEVER: &[(&str, &str, &str)] = &[
     ("patch", "agentrun.dev", "signals"),
     ("update", "agentrun.dev", "signals"),
     ("delete", "agentrun.dev", "signals"),
+    // A record is history: written once, never changed.
+    ("update", "agentrun.dev", "runrecords"),
+    ("patch", "agentrun.dev", "runrecords"),
     ("delete", "events.k8s.io", "events"),
 ];
 

@@ -283,6 +283,12 @@ fn argo_cd_health_of_runs_and_approvals_from_real_status() {
         (&run, "agentrun-stalled.json", "Degraded", "exceeded quota"),
         (
             &run,
+            "agentrun-already-ran.json",
+            "Healthy",
+            "already ran: Succeeded",
+        ),
+        (
+            &run,
             "agentrun-waiting-for-approval.json",
             "Suspended",
             "waits for Approval",
@@ -336,6 +342,7 @@ fn run_status_is_kstatus_compatible() {
         "agentrun-failed.json",
         "agentrun-stalled.json",
         "agentrun-waiting-for-approval.json",
+        "agentrun-already-ran.json",
     ] {
         let run = fixture(file);
         let generation = &run["metadata"]["generation"];
@@ -349,7 +356,9 @@ fn run_status_is_kstatus_compatible() {
             .iter()
             .find(|c| c["type"] == "Ready")
             .unwrap_or_else(|| panic!("{file}: no Ready condition"));
-        let want = if file == "agentrun-succeeded.json" {
+        // A run created again that already ran is done as intended: Ready,
+        // so a Flux Kustomization settles instead of waiting on it.
+        let want = if file == "agentrun-succeeded.json" || file == "agentrun-already-ran.json" {
             "True"
         } else {
             "False"

@@ -1,11 +1,12 @@
-//! The API of agentrun-operator: the `AgentRun`, `Approval` and `Signal`
-//! custom resources (`agentrun.dev/v1alpha1`).
+//! The API of agentrun-operator: the `AgentRun`, `Approval`, `Signal` and
+//! `RunRecord` custom resources (`agentrun.dev/v1alpha1`).
 //!
 //! ```text
 //!   AgentRun ──owns──▶ step Pod (one per attempt, finalizer agentrun.dev/result)
 //!      │  ├──owns──▶ Approval (Approve before a gated step, Reconcile after a lost NonIdempotent one)
 //!      │  └──owns──▶ Signal (a wait step's event from outside: id + data, sent once)
 //!      └─ status: plan, one StepCheckpoint per (step, plan revision), tokens, conditions
+//!   RunRecord (not owned: outlives the run) — what a finished run did (D18)
 //! ```
 //!
 //! The CRDs in `crds/` are generated from these types (`agentrun-operator crd`).
@@ -15,6 +16,7 @@ mod approval;
 mod approvers;
 mod duration;
 mod notify;
+mod record;
 mod run_status;
 mod signal;
 
@@ -23,6 +25,7 @@ pub use approval::*;
 pub use approvers::*;
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
 pub use notify::*;
+pub use record::*;
 pub use run_status::*;
 pub use signal::*;
 
@@ -35,7 +38,12 @@ pub const GROUP: &str = "agentrun.dev";
 
 /// The CRDs, in the order they are installed.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![AgentRun::crd(), Approval::crd(), Signal::crd()]
+    vec![
+        AgentRun::crd(),
+        Approval::crd(),
+        Signal::crd(),
+        RunRecord::crd(),
+    ]
 }
 
 /// The CRDs as one multi-document YAML stream, as checked in under `crds/`.

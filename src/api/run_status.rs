@@ -60,10 +60,39 @@ pub struct AgentRunStatus {
     /// (`3m12s`); set when the run finishes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration: Option<String>,
+    /// The sha256 (128 bits, hex) of each version of the spec the operator
+    /// saw, `suspend` and `cancel` left out: the first is the spec the run
+    /// was created with, an edit adds one (at most 16). The run's record
+    /// keeps them, so a run created again from any of them is recognised (D18).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub spec_digests: Vec<String>,
+    /// The RunRecord written for this run once it finished (D18): set only
+    /// after the record was stored, and the TTL deletes the run only then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<String>,
+    /// Phase `AlreadyRan`: the earlier run of this name and spec whose record
+    /// was found; nothing of this one ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub already_ran: Option<AlreadyRan>,
     /// Standard conditions: Succeeded, Progressing, AwaitingApproval, BudgetExceeded, Stale.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// The earlier run a run created again was recognised as (D18).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AlreadyRan {
+    /// The RunRecord of the earlier run.
+    pub record: String,
+    /// The earlier run's UID.
+    pub run_uid: String,
+    /// How it ended: `Succeeded`, `Failed` or `Cancelled`.
+    pub outcome: String,
+    /// When the earlier run finished.
+    pub completed_at: Time,
 }
 
 /// The lineage of a fork, as the operator read it from the source run.
@@ -98,11 +127,24 @@ pub enum RunPhase {
     Succeeded,
     Failed,
     Cancelled,
+    /// A run of this namespace, name and spec already ran within the
+    /// retention window (its RunRecord is named in `status.alreadyRan`):
+    /// nothing of this one runs (D18). What a GitOps re-sync after the TTL
+    /// creates; the `agentrun.dev/rerun` annotation runs it again on purpose.
+    AlreadyRan,
 }
 
 impl RunPhase {
     /// Terminal phases are sticky: nothing moves a run out of them.
     pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunPhase::Succeeded | RunPhase::Failed | RunPhase::Cancelled | RunPhase::AlreadyRan
+        )
+    }
+
+    /// A run that ran and finished: it leaves a record (D18).
+    pub fn is_finished(self) -> bool {
         matches!(
             self,
             RunPhase::Succeeded | RunPhase::Failed | RunPhase::Cancelled

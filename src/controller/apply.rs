@@ -76,9 +76,11 @@ pub(super) async fn apply(
     runs: &Api<AgentRun>,
     run: &AgentRun,
     world: &World,
-    decision: Decision,
+    mut decision: Decision,
     ctx: &Context,
 ) -> Result<Applied, Outcome> {
+    // D18: a finished run's record is stored before any status names it.
+    super::history::record(run, &mut decision.status, world, ctx).await;
     let name = run.name_any();
     let ns = run.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let run_ref = format!("{ns}/{name}");

@@ -21,6 +21,7 @@ mod error;
 mod events;
 mod expectations;
 mod failpoints;
+mod history;
 mod index;
 mod orphans;
 mod owned;
@@ -75,6 +76,9 @@ pub struct Scope {
     /// Caps on the runs active at once (`--max-active-runs-per-namespace`,
     /// `--max-active-runs`); the rest queue ([`capacity`]).
     pub caps: capacity::Caps,
+    /// The run history (D18): finished runs are recorded, runs created again
+    /// recognised. `None`: no history (`--history-store=off`).
+    pub history: Option<crate::history::Settings>,
 }
 
 /// This instance's place in leader election.
@@ -95,6 +99,7 @@ impl Default for Scope {
             leader: None,
             clock: clock::Clock::default(),
             caps: capacity::Caps::default(),
+            history: None,
         }
     }
 }
@@ -141,6 +146,8 @@ pub struct Context {
     pub clock: clock::Clock,
     /// The caps on active runs, and the admissions the run cache may not show yet.
     capacity: capacity::Capacity,
+    /// The run history (D18), when kept.
+    history: Option<crate::history::Settings>,
 }
 
 /// Reconciles that do work at once, granted first come, first served
@@ -306,7 +313,15 @@ pub async fn run(
         leader: scope.leader.clone(),
         clock: scope.clock.clone(),
         capacity: capacity::Capacity::new(scope.caps.clone()),
+        history: scope.history.clone(),
     });
+    if let Some(history) = scope.history.clone() {
+        tokio::spawn(history::prune_now_and_then(
+            history,
+            scope.clock.clone(),
+            synced_rx.clone(),
+        ));
+    }
 
     let run_stream = wake_queued(run_stream, runs_store.clone(), scope.caps);
     let triggers = triggers(

@@ -302,6 +302,7 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
         let now = ctx.clock.now();
         read_recorded_pods(&current, &mut world, ctx, now).await?;
         let source = fork_source(&current, ctx);
+        let history = super::history::look_up(&current, now, ctx).await;
         let decision = engine::decide(&Observed {
             run: &current,
             pods: &world.pods,
@@ -310,6 +311,7 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
             refused: &refused,
             source: source.as_ref(),
             queued: queued(&current, ctx),
+            history,
             now,
         });
         let creates = decision

@@ -79,7 +79,44 @@ pub struct Observed<'a> {
     /// For a run not yet started: where it waits when the operator's cap on
     /// active runs is reached (`None`: it may start).
     pub queued: Option<Queued>,
+    /// What the run history says (D18).
+    pub history: History,
     pub now: Timestamp,
+}
+
+/// What the run history says of the run (D18), as the controller read it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum History {
+    /// No history is kept: no record is written or looked for, and the TTL
+    /// deletes a finished run without one.
+    #[default]
+    Off,
+    /// Kept, and nothing earlier to know: the run has started, or its lookup
+    /// ([`needs_lookup`]) found no earlier run of its name and spec.
+    On,
+    /// A run of this namespace, name and spec already ran within the window.
+    AlreadyRan(crate::api::AlreadyRan),
+    /// The lookup failed (the API server's or the database's message).
+    Unavailable(String),
+}
+
+impl History {
+    pub fn is_on(&self) -> bool {
+        !matches!(self, History::Off)
+    }
+}
+
+/// Whether the controller must look the run up in the history before its
+/// next decision: it has not started, and no lookup let it start yet (a run
+/// that passed one has its spec digest noted).
+pub fn needs_lookup(run: &AgentRun) -> bool {
+    let Some(s) = run.status.as_ref() else {
+        return true;
+    };
+    !s.phase.is_some_and(crate::api::RunPhase::is_terminal)
+        && s.spec_digests.is_empty()
+        && s.started_at.is_none()
+        && s.plan.is_none()
 }
 
 /// Where a run waits for a place under the caps on active runs.

@@ -189,5 +189,13 @@ vocabulary! {
         Unreadable,
         /// A stall cleared: what was refused now exists.
         Unblocked,
+        /// A run of this name and spec already ran within the retention
+        /// window: nothing of this one runs (D18).
+        AlreadyRan,
+        /// The run history cannot be read: a run not started waits, since it
+        /// may be one that already ran (D18).
+        HistoryUnavailable,
+        /// A finished run's record could not be stored; its TTL waits (D18).
+        RecordFailed,
     }
 }

@@ -264,6 +264,8 @@ pub struct World {
     pub source: Option<AgentRun>,
     /// Where the run waits under the caps on active runs, as the controller says.
     pub queued: Option<super::Queued>,
+    /// What the run history says, as the controller says.
+    pub history: super::History,
     next_uid: u64,
 }
 
@@ -280,6 +282,7 @@ impl World {
             created: Vec::new(),
             source: None,
             queued: None,
+            history: super::History::Off,
             next_uid: 0,
         }
     }
@@ -305,6 +308,7 @@ impl World {
             refused: &self.refused,
             source: self.source.as_ref(),
             queued: self.queued.clone(),
+            history: self.history.clone(),
             now: self.now,
         })
     }

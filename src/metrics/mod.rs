@@ -119,6 +119,10 @@ pub struct Metrics {
     pub replans: Counter,
     pub tokens: Family<NamespaceLabel, Counter>,
     pub duplicate_creates_suppressed: Counter,
+    /// Finished runs whose record was stored (D18).
+    pub history_records: Counter,
+    /// Reads or writes of the run history that failed.
+    pub history_errors: Counter,
     pub status_writes: Family<ResultLabel, Counter>,
     pub step_duration: HistogramFamily<AttemptLabels>,
     pub handoff_latency: Histogram,
@@ -154,6 +158,8 @@ impl Metrics {
             replans: Counter::default(),
             tokens: Family::default(),
             duplicate_creates_suppressed: Counter::default(),
+            history_records: Counter::default(),
+            history_errors: Counter::default(),
             status_writes: Family::default(),
             step_duration: Family::new_with_constructor(long_durations),
             handoff_latency: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
@@ -284,6 +290,16 @@ impl Metrics {
             "duplicate_creates_suppressed",
             "Creates that found the object already there (ours): no duplicate was made",
             m.duplicate_creates_suppressed.clone(),
+        );
+        r.register(
+            "history_records",
+            "Finished runs whose record was stored (RunRecord or PostgreSQL)",
+            m.history_records.clone(),
+        );
+        r.register(
+            "history_errors",
+            "Reads or writes of the run history that failed",
+            m.history_errors.clone(),
         );
         r.register(
             "runs",

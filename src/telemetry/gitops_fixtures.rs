@@ -79,6 +79,19 @@ fn fixtures() -> BTreeMap<&'static str, Value> {
     w.step();
     out.insert("agentrun-stalled.json", run_json(&w));
 
+    // D18: created again by a re-sync after the TTL deleted the run that ran.
+    let mut w = World::new(two());
+    w.history = crate::engine::History::AlreadyRan(crate::api::AlreadyRan {
+        record: "run-0ld0uid0".into(),
+        run_uid: "0ld0uid0-1".into(),
+        outcome: "Succeeded".into(),
+        completed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            crate::engine::testing::t(-600),
+        ),
+    });
+    w.settle();
+    out.insert("agentrun-already-ran.json", run_json(&w));
+
     let gated = || {
         AgentRun::test().with_steps([step("deploy").with_approval(Some("1h"), OnTimeout::Reject)])
     };
@@ -159,6 +172,7 @@ fn the_fixtures_show_each_state_they_are_named_for() {
     assert_eq!(phase("agentrun-running.json"), "Running");
     assert_eq!(phase("agentrun-succeeded.json"), "Succeeded");
     assert_eq!(phase("agentrun-failed.json"), "Failed");
+    assert_eq!(phase("agentrun-already-ran.json"), "AlreadyRan");
     assert_eq!(
         phase("agentrun-waiting-for-approval.json"),
         "WaitingForApproval"

@@ -50,6 +50,13 @@ pub const OPERATOR_RULES: &[(&str, &str, &[&str])] = &[
     ),
     // Received / Expired / Superseded phase by server-side apply
     ("agentrun.dev", "signals/status", &["patch"]),
+    // run records (D18): look a new run up; record a finished one; replace
+    // one no status named yet; prune past the retention
+    (
+        "agentrun.dev",
+        "runrecords",
+        &["get", "list", "create", "delete"],
+    ),
     // watch, read, create step Pods; delete retired attempts; release the result finalizer (D5)
     (
         "",

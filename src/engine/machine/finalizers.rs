@@ -178,7 +178,8 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// Terminal phases are sticky: only cleanup and TTL remain.
+    /// Terminal phases are sticky: only cleanup and TTL remain; the TTL
+    /// waits for the run's record (D18).
     pub(super) fn terminal(&mut self) {
         // Once terminal no outcome can change the run, so every Pod may go;
         // all attempts were accounted for before the run became terminal.
@@ -187,8 +188,9 @@ impl<'a> Machine<'a> {
         self.sync_signals();
         if let (Some(ttl), Some(done)) = (
             self.run.spec.ttl_seconds_after_finished,
-            &self.status.completed_at,
-        ) {
+            self.status.completed_at.clone(),
+        ) && self.recorded_for_ttl()
+        {
             let at = done
                 .0
                 .checked_add(SignedDuration::from_secs(ttl.max(0).into()))

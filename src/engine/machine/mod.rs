@@ -1,7 +1,8 @@
 //! The decision itself: one fixed order of stages over the facts of one run,
 //! like the Job controller's sync.
 //!
-//! 1. terminal runs: release finalizers, TTL (D12) — nothing else moves them;
+//! 1. terminal runs: release finalizers, TTL once recorded (D12, D18) — nothing
+//!    else moves them; a run not started that already ran stops here (D18);
 //! 2. plan: validate the spec, start plan revision 1 (D13);
 //! 3. release finalizers of Pods whose outcome the input status holds (D5);
 //! 4. observe the running attempt: record its outcome (D3, D6, D7, D9);
@@ -18,7 +19,7 @@
 //!
 //! One `Machine` holds the facts of one decision; its stages live in the
 //! files beside this one: `finalizers` (stages 1 and 3), `running` (4),
-//! `limits` (5), `wait` and `signals` (wait steps, after 5), `advance` and `approvals`
+//! `history` (1, D18), `limits` (5), `wait` and `signals` (wait steps, after 5), `advance` and `approvals`
 //! (6), `saga` (the wind-down),
 //! `derive` (7).
 
@@ -28,6 +29,7 @@ mod attempt;
 mod derive;
 mod finalizers;
 mod gate;
+mod history;
 mod limits;
 mod queued;
 mod running;
@@ -85,6 +87,8 @@ struct Machine<'a> {
     source: Option<&'a AgentRun>,
     /// Where the run waits for a place under the caps on active runs.
     queued: Option<&'a super::Queued>,
+    /// What the run history says (D18).
+    history: &'a super::History,
     approvals: &'a [crate::api::Approval],
     signals: &'a [crate::api::Signal],
     name: &'a str,
@@ -135,6 +139,7 @@ impl<'a> Machine<'a> {
             run,
             source: obs.source,
             queued: obs.queued.as_ref(),
+            history: &obs.history,
             approvals: obs.approvals,
             signals: obs.signals,
             name: run.metadata.name.as_deref().unwrap_or(""),
@@ -180,6 +185,12 @@ impl<'a> Machine<'a> {
             self.terminal();
             return;
         }
+        // D18: a run not started that already ran, or whose history cannot
+        // be read, starts nothing.
+        if super::needs_lookup(self.run) && !self.recognise() {
+            return;
+        }
+        self.note_spec();
         if self.status.phase.is_none() {
             self.status.phase = Some(RunPhase::Pending);
         }

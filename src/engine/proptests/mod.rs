@@ -310,6 +310,7 @@ impl Sim {
             refused: &[],
             source: None,
             queued: None,
+            history: crate::engine::History::Off,
             now: self.w.now,
         })
     }

@@ -32,6 +32,7 @@ mod d12_d13_lifecycle;
 mod d12_queued;
 mod d14_fork;
 mod d16_stalls;
+mod d18_history;
 
 /// The idempotency key of step `a` at plan revision 1 of the test run (UID
 /// `run-uid`), computed outside the code under test:

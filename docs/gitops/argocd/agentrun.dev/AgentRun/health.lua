@@ -1,5 +1,7 @@
 -- Argo CD health of an agentrun.dev AgentRun (docs/gitops/README.md).
--- Healthy: it succeeded. Degraded: it failed, was cancelled, or cannot
+-- Healthy: it succeeded, or it is a run created again (a re-sync after its
+-- TTL) that found the record of the run that already ran, and ran nothing
+-- (phase AlreadyRan, D18). Degraded: it failed, was cancelled, or cannot
 -- progress by itself (Stalled=True). Suspended: it waits for a person
 -- (an Approval) or spec.suspend is set. Progressing: anything else,
 -- including a spec change the operator has not seen yet.
@@ -33,6 +35,12 @@ local phase = status.phase
 if phase == "Succeeded" then
   hs.status = "Healthy"
   hs.message = (succeeded and succeeded.message ~= "" and succeeded.message) or "Succeeded"
+  return hs
+end
+if phase == "AlreadyRan" then
+  local ready = condition(status, "Ready")
+  hs.status = "Healthy"
+  hs.message = (ready and ready.message ~= "" and ready.message) or "Already ran"
   return hs
 end
 if phase == "Failed" or phase == "Cancelled" then

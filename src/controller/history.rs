@@ -1,0 +1,104 @@
+//! The run history around a decision (D18): what the history says of a run
+//! not yet started, the record of a run that finished, stored before the
+//! status names it, and the pruning of records past their retention.
+
+use jiff::Timestamp;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType};
+use tracing::{debug, warn};
+
+use super::Context;
+use super::clock::Clock;
+use super::reconcile::World;
+use crate::api::{AgentRun, AgentRunStatus};
+use crate::engine::{self, Reason};
+use crate::history::{self, Settings};
+
+/// What the history says of `run` before its decision: a run not started is
+/// looked up (by namespace and name: one indexed list); any other is `On`.
+pub(super) async fn look_up(run: &AgentRun, now: Timestamp, ctx: &Context) -> engine::History {
+    let Some(settings) = &ctx.history else {
+        return engine::History::Off;
+    };
+    if !engine::needs_lookup(run) {
+        return engine::History::On;
+    }
+    let (Some(ns), Some(name)) = (
+        run.metadata.namespace.as_deref(),
+        run.metadata.name.as_deref(),
+    ) else {
+        return engine::History::On;
+    };
+    match settings.store.find(ns, name).await {
+        Ok(records) => match history::recognise(&records, run, now, &settings.retention) {
+            Some(prior) => engine::History::AlreadyRan(prior),
+            None => engine::History::On,
+        },
+        Err(err) => {
+            warn!(run = name, error = %err, "the run history cannot be read");
+            ctx.metrics.history_errors.inc();
+            engine::History::Unavailable(err.to_string())
+        }
+    }
+}
+
+/// Before the status write that says `status` (or after one that said it
+/// finished without a record): stores the run's record and names it in the
+/// status, so no status names a record that is not stored and the TTL
+/// (which waits for `status.record`) never deletes an unrecorded run. A
+/// store that fails leaves the status without it; the engine looks again.
+pub(super) async fn record(
+    run: &AgentRun,
+    status: &mut AgentRunStatus,
+    world: &World,
+    ctx: &Context,
+) {
+    let Some(settings) = &ctx.history else {
+        return;
+    };
+    if status.record.is_some() || !status.phase.is_some_and(|p| p.is_finished()) {
+        return;
+    }
+    let record = history::build(run, status, &world.approvals, &world.signals);
+    match settings.store.put(&record).await {
+        Ok(name) => {
+            debug!(record = %name, store = settings.store.kind(), "recorded the finished run");
+            ctx.metrics.history_records.inc();
+            status.record = Some(name);
+        }
+        Err(err) => {
+            warn!(error = %err, "could not store the finished run's record");
+            ctx.metrics.history_errors.inc();
+            ctx.events.publish(
+                Event {
+                    type_: EventType::Warning,
+                    reason: Reason::RecordFailed.into(),
+                    note: Some(format!(
+                        "the run's record could not be stored ({err}); its TTL waits until it is"
+                    )),
+                    action: "Record".into(),
+                    secondary: None,
+                },
+                run.object_ref(&()),
+            );
+        }
+    }
+}
+
+/// Removes records past the retention once the caches are synced, then
+/// every `prune_every`. Runs where the controller runs: on the leader.
+pub(super) async fn prune_now_and_then(
+    settings: Settings,
+    clock: Clock,
+    mut synced: tokio::sync::watch::Receiver<u8>,
+) {
+    if synced.wait_for(|m| *m == super::SYNCED_ALL).await.is_err() {
+        return;
+    }
+    loop {
+        if let Err(err) = settings.store.prune(clock.now(), &settings.retention).await {
+            warn!(error = %err, "pruning the run history failed; trying again later");
+        }
+        tokio::time::sleep(settings.prune_every).await;
+    }
+}

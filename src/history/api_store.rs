@@ -1,0 +1,183 @@
+//! The default store: one `RunRecord` per finished run, in the run's
+//! namespace, through the API server. Nothing new to run; the namespace's
+//! deletion takes its records along; RBAC decides who reads them.
+//!
+//! Records are labelled with the run's name (`agentrun.dev/run`, a run name
+//! is at most 63 characters), so the records of one name are one indexed
+//! list, and pruning lists metadata only.
+
+use jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use kube::{Api, Client, ResourceExt};
+use std::collections::BTreeMap;
+use tracing::{debug, info};
+
+use super::{Error, Pruned, Query, Retention, record_name, to_prune};
+use crate::api::{RunRecord, RunRecordSpec};
+use crate::labels;
+
+/// RunRecords through the API server.
+#[derive(Clone)]
+pub struct ApiStore {
+    client: Client,
+    /// The one namespace the operator watches, if it watches one.
+    namespace: Option<String>,
+}
+
+impl ApiStore {
+    /// Records in every namespace, or in `namespace` only (an operator
+    /// scoped to one namespace has no rights elsewhere).
+    pub fn new(client: Client, namespace: Option<String>) -> Self {
+        ApiStore { client, namespace }
+    }
+
+    /// Every record this store may see.
+    fn all(&self) -> Api<RunRecord> {
+        match &self.namespace {
+            Some(ns) => self.api(ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    fn api(&self, namespace: &str) -> Api<RunRecord> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    pub(super) async fn put(&self, record: &RunRecordSpec) -> Result<String, Error> {
+        let name = record_name(&record.run.name, &record.run.uid);
+        let api = self.api(&record.run.namespace);
+        let object = RunRecord {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(record.run.namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    labels::RUN.to_owned(),
+                    record.run.name.clone(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            spec: record.clone(),
+        };
+        let pp = PostParams {
+            field_manager: Some(labels::FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
+        match api.create(&pp, &object).await {
+            Ok(_) => return Ok(name),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(err) => return Err(err.into()),
+        }
+        let existing = api.get(&name).await?;
+        if existing.spec.run.uid != record.run.uid {
+            return Err(Error::NameTaken {
+                name,
+                held_by: existing.spec.run.uid,
+            });
+        }
+        if existing.spec == *record {
+            return Ok(name);
+        }
+        // Written by a decision that met a conflict before its status named
+        // the record: what the status is about to say replaces it.
+        debug!(record = %name, "replacing a record no status named yet");
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: existing.uid(),
+                resource_version: existing.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        api.delete(&name, &dp).await?;
+        api.create(&pp, &object).await?;
+        Ok(name)
+    }
+
+    pub(super) async fn list(&self, q: &Query) -> Result<Vec<RunRecordSpec>, Error> {
+        let api: Api<RunRecord> = match &q.namespace {
+            Some(ns) => self.api(ns),
+            None => self.all(),
+        };
+        let lp = match &q.run {
+            Some(run) => ListParams::default().labels(&format!("{}={run}", labels::RUN)),
+            None => ListParams::default(),
+        };
+        let records = api
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .map(|r| r.spec)
+            .collect();
+        Ok(q.arrange(records))
+    }
+
+    pub(super) async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<RunRecordSpec>, Error> {
+        Ok(self.api(namespace).get_opt(name).await?.map(|r| r.spec))
+    }
+
+    pub(super) async fn prune(&self, now: Timestamp, keep: &Retention) -> Result<Pruned, Error> {
+        let listed = self
+            .all()
+            .list_metadata(&ListParams::default()).await?;
+        let mut by_namespace: BTreeMap<String, Vec<(String, Timestamp, Option<String>)>> =
+            BTreeMap::new();
+        for m in listed.items {
+            let (Some(ns), Some(name)) = (m.metadata.namespace.clone(), m.metadata.name.clone())
+            else {
+                continue;
+            };
+            // Written when the run finished, and never changed after.
+            let created = m
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(now, |t| t.0);
+            by_namespace
+                .entry(ns)
+                .or_default()
+                .push((name, created, m.metadata.uid.clone()));
+        }
+        let mut pruned = Pruned::default();
+        for (ns, records) in by_namespace {
+            let uids: BTreeMap<String, Option<String>> = records
+                .iter()
+                .map(|(n, _, u)| (n.clone(), u.clone()))
+                .collect();
+            let (expired, over) = to_prune(
+                records.into_iter().map(|(n, t, _)| (n, t)).collect(),
+                now,
+                keep,
+            );
+            let api = self.api(&ns);
+            for (names, count) in [(expired, &mut pruned.expired), (over, &mut pruned.over_count)]
+            {
+                for name in names {
+                    let dp = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: uids.get(&name).cloned().flatten(),
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(&name, &dp).await {
+                        Ok(_) => *count += 1,
+                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                        Err(err) => return Err(err.into()),
+                    }
+                }
+            }
+        }
+        if pruned != Pruned::default() {
+            info!(
+                expired = pruned.expired,
+                over_count = pruned.over_count,
+                "removed run records past their retention"
+            );
+        }
+        Ok(pruned)
+    }
+}

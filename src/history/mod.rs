@@ -1,0 +1,458 @@
+//! History that outlives the TTL, and a re-sync that is not a re-run (D18).
+//!
+//! ```text
+//!   run finishes ──▶ record stored ──▶ status.record set ──▶ TTL may delete the run
+//!                    (before the status says so: a crash in between writes it again)
+//!   run created  ──▶ records of (namespace, name) ──▶ same spec, same rerun token,
+//!                    within the window?  yes: phase AlreadyRan, nothing runs
+//!                                        no:  the run starts (its spec digest noted)
+//! ```
+//!
+//! One interface, [`Store`], two stores: RunRecord objects through the API
+//! server ([`api_store`], the default: nothing new to run), and PostgreSQL
+//! for teams that keep months of history. Both answer the same questions
+//! with the same filter ([`Query::admits`]), and the same tests run on both.
+
+pub mod api_store;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::api::{
+    AgentRun, AgentRunSpec, AgentRunStatus, AlreadyRan, Approval, RecordedApproval,
+    RecordedOutcome, RecordedRun, RecordedSignal, RecordedStep, RunPhase, RunRecordSpec, Signal,
+};
+use crate::engine::ConditionType;
+use crate::labels;
+
+pub use api_store::ApiStore;
+
+/// Hex characters of a spec digest: 128 bits.
+const DIGEST_LEN: usize = 32;
+/// Most spec digests a run (and its record) keeps: the first and the latest.
+pub const MAX_SPEC_DIGESTS: usize = 16;
+/// Most of each list a record keeps (steps, approvals, signals): a run's
+/// status holds at most 520 checkpoints, so this bounds nothing a run can
+/// reach, and keeps a record under 200 KiB.
+const MAX_LISTED: usize = 600;
+
+/// Why the history could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the API server: {0}")]
+    Api(#[from] kube::Error),
+    #[error("PostgreSQL: {0}")]
+    Database(String),
+    #[error("record {name} is held by another run's record (run UID {held_by})")]
+    NameTaken { name: String, held_by: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// How long records are kept, and how many per namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Records of runs that finished longer ago than this are removed; a
+    /// run created again after it runs again.
+    pub max_age: SignedDuration,
+    /// Most records a namespace keeps; the oldest go first.
+    pub max_per_namespace: usize,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            max_age: SignedDuration::from_hours(30 * 24),
+            max_per_namespace: 1000,
+        }
+    }
+}
+
+/// What the pruning removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Past the retention window.
+    pub expired: u64,
+    /// Past the count a namespace keeps.
+    pub over_count: u64,
+}
+
+/// Which records to list. Every store filters with [`Query::admits`] (the
+/// database also in SQL), so both answer the same.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Query {
+    /// `None`: every namespace.
+    pub namespace: Option<String>,
+    pub run: Option<String>,
+    pub outcome: Option<RunPhase>,
+    pub requested_by: Option<String>,
+    /// Finished at or after.
+    pub since: Option<Timestamp>,
+    /// Finished before.
+    pub until: Option<Timestamp>,
+    /// Most records returned, newest first.
+    pub limit: Option<usize>,
+}
+
+impl Query {
+    pub fn admits(&self, r: &RunRecordSpec) -> bool {
+        let done = r.outcome.completed_at.0;
+        self.namespace.as_ref().is_none_or(|n| *n == r.run.namespace)
+            && self.run.as_ref().is_none_or(|n| *n == r.run.name)
+            && self.outcome.is_none_or(|p| p == r.outcome.phase)
+            && self
+                .requested_by
+                .as_ref()
+                .is_none_or(|u| Some(u) == r.run.requested_by.as_ref())
+            && self.since.is_none_or(|t| done >= t)
+            && self.until.is_none_or(|t| done < t)
+    }
+
+    /// Newest first, at most `limit`.
+    pub fn arrange(&self, mut records: Vec<RunRecordSpec>) -> Vec<RunRecordSpec> {
+        records.retain(|r| self.admits(r));
+        records.sort_by(|a, b| {
+            b.outcome
+                .completed_at
+                .0
+                .cmp(&a.outcome.completed_at.0)
+                .then_with(|| a.run.name.cmp(&b.run.name))
+        });
+        if let Some(n) = self.limit {
+            records.truncate(n);
+        }
+        records
+    }
+}
+
+/// The history as the operator keeps it (`--history-store`, `--history-retention`,
+/// `--history-max-per-namespace`).
+#[derive(Clone)]
+pub struct Settings {
+    pub store: std::sync::Arc<Store>,
+    pub retention: Retention,
+    /// How often records past the retention are removed.
+    pub prune_every: std::time::Duration,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("store", &self.store.kind())
+            .field("retention", &self.retention)
+            .field("prune_every", &self.prune_every)
+            .finish()
+    }
+}
+
+/// Where records are kept.
+pub enum Store {
+    /// RunRecord objects through the API server.
+    Api(ApiStore),
+}
+
+impl Store {
+    /// What the store is, for logs and `status.record`'s readers.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Store::Api(_) => "RunRecord",
+        }
+    }
+
+    /// Stores `record` under [`record_name`], once: a record already there
+    /// for the same run stands if it says the same, and is replaced if not
+    /// (a decision made again after a conflict, before any status named it).
+    pub async fn put(&self, record: &RunRecordSpec) -> Result<String, Error> {
+        match self {
+            Store::Api(s) => s.put(record).await,
+        }
+    }
+
+    /// The records of runs named `run` in `namespace`, newest first.
+    pub async fn find(&self, namespace: &str, run: &str) -> Result<Vec<RunRecordSpec>, Error> {
+        let q = Query {
+            namespace: Some(namespace.to_owned()),
+            run: Some(run.to_owned()),
+            ..Query::default()
+        };
+        self.list(&q).await
+    }
+
+    pub async fn list(&self, q: &Query) -> Result<Vec<RunRecordSpec>, Error> {
+        match self {
+            Store::Api(s) => s.list(q).await,
+        }
+    }
+
+    pub async fn get(&self, namespace: &str, name: &str) -> Result<Option<RunRecordSpec>, Error> {
+        match self {
+            Store::Api(s) => s.get(namespace, name).await,
+        }
+    }
+
+    /// Removes records past the window or past the count a namespace keeps.
+    pub async fn prune(&self, now: Timestamp, keep: &Retention) -> Result<Pruned, Error> {
+        match self {
+            Store::Api(s) => s.prune(now, keep).await,
+        }
+    }
+}
+
+/// Which records of one namespace the retention removes: those past the
+/// window, then the oldest past the count. `(name, finished)` in, names out.
+pub fn to_prune(
+    mut records: Vec<(String, Timestamp)>,
+    now: Timestamp,
+    keep: &Retention,
+) -> (Vec<String>, Vec<String>) {
+    records.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let horizon = now.checked_sub(keep.max_age).unwrap_or(Timestamp::MIN);
+    let (mut expired, mut over) = (Vec::new(), Vec::new());
+    let mut kept = 0usize;
+    for (name, done) in records {
+        if done < horizon {
+            expired.push(name);
+        } else if kept >= keep.max_per_namespace {
+            over.push(name);
+        } else {
+            kept += 1;
+        }
+    }
+    (expired, over)
+}
+
+/// The record of `run` in its namespace: `<run>-<first 8 of its UID>`, so
+/// two runs of one name never share one.
+pub fn record_name(run: &str, uid: &str) -> String {
+    let tag: String = uid.chars().filter(|c| *c != '-').take(8).collect();
+    format!("{run}-{tag}")
+}
+
+/// The digest of what a run runs: its spec without `suspend` and `cancel`
+/// (controls, which a person toggles while it runs), serialized as the
+/// operator reads it. Fields the API adds later serialize only when set, so a
+/// digest stays the same across operator versions (a test pins one).
+pub fn spec_digest(spec: &AgentRunSpec) -> String {
+    let mut spec = spec.clone();
+    spec.suspend = false;
+    spec.cancel = false;
+    // serde_json's maps are ordered by key: the same spec, the same bytes.
+    let value = serde_json::to_value(&spec).unwrap_or_default();
+    let bytes = serde_json::to_vec(&value).unwrap_or_default();
+    let digest = Sha256::digest(&bytes);
+    digest
+        .iter()
+        .take(DIGEST_LEN / 2)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The run's `agentrun.dev/rerun` annotation: running a manifest again on
+/// purpose names a new value.
+pub fn rerun_of(run: &AgentRun) -> Option<String> {
+    run.metadata
+        .annotations
+        .as_ref()?
+        .get(labels::RERUN)
+        .filter(|v| !v.is_empty())
+        .cloned()
+}
+
+/// Whether `run` (created, not started) is the run `record` recorded,
+/// created again: same namespace and name, another UID, a spec it ran (any
+/// version of it), the same rerun token, finished within the window.
+pub fn is_recreation(
+    record: &RunRecordSpec,
+    run: &AgentRun,
+    digest: &str,
+    now: Timestamp,
+    keep: &Retention,
+) -> bool {
+    let horizon = now.checked_sub(keep.max_age).unwrap_or(Timestamp::MIN);
+    record.run.namespace == run.metadata.namespace.as_deref().unwrap_or_default()
+        && record.run.name == run.metadata.name.as_deref().unwrap_or_default()
+        && record.run.uid != run.metadata.uid.as_deref().unwrap_or_default()
+        && record.run.spec_digests.iter().any(|d| d == digest)
+        && record.run.rerun == rerun_of(run)
+        && record.outcome.completed_at.0 >= horizon
+}
+
+/// The newest record `run` is a re-creation of, as the run's status names it.
+pub fn recognise(
+    records: &[RunRecordSpec],
+    run: &AgentRun,
+    now: Timestamp,
+    keep: &Retention,
+) -> Option<AlreadyRan> {
+    let digest = spec_digest(&run.spec);
+    records
+        .iter()
+        .filter(|r| is_recreation(r, run, &digest, now, keep))
+        .max_by_key(|r| r.outcome.completed_at.0)
+        .map(|r| AlreadyRan {
+            record: record_name(&r.run.name, &r.run.uid),
+            run_uid: r.run.uid.clone(),
+            outcome: word(&r.outcome.phase),
+            completed_at: r.outcome.completed_at.clone(),
+        })
+}
+
+/// An enum as the word it serializes to.
+fn word<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// The record of `run`, finished with `status` (the status about to be
+/// written), with the decisions on its Approvals and the Signals it got.
+pub fn build(
+    run: &AgentRun,
+    status: &AgentRunStatus,
+    approvals: &[Approval],
+    signals: &[Signal],
+) -> RunRecordSpec {
+    let meta = &run.metadata;
+    let mut digests = status.spec_digests.clone();
+    let now = spec_digest(&run.spec);
+    if !digests.contains(&now) {
+        digests.push(now);
+    }
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ConditionType::Succeeded.as_str());
+    let completed_at = status
+        .completed_at
+        .clone()
+        .unwrap_or_else(|| Time(Timestamp::now()));
+    let step = |c: &crate::api::StepCheckpoint| RecordedStep {
+        name: c.name.clone(),
+        role: c.role,
+        plan_revision: c.plan_revision,
+        attempt: c.attempt,
+        phase: c.phase,
+        effect: c.effect,
+        idempotency_key: c.idempotency_key.clone(),
+        provenance: c.provenance,
+        tokens: c.tokens.map_or(0, |t| t.total()),
+        started_at: c.started_at.clone(),
+        finished_at: c.finished_at.clone(),
+        decided_by: c.decided_by.clone(),
+    };
+    let mut approvals: Vec<&Approval> = approvals.iter().collect();
+    approvals.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut signals: Vec<&Signal> = signals.iter().collect();
+    signals.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    RunRecordSpec {
+        run: RecordedRun {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            spec_digests: digests,
+            rerun: rerun_of(run),
+            requested_by: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(labels::REQUESTED_BY))
+                .cloned(),
+            forked_from: run.spec.fork_of.as_ref().map(|f| f.run_name.clone()),
+            created_at: meta
+                .creation_timestamp
+                .clone()
+                .unwrap_or_else(|| completed_at.clone()),
+        },
+        outcome: RecordedOutcome {
+            phase: status.phase.unwrap_or(RunPhase::Failed),
+            reason: ready.map(|c| c.reason.clone()).filter(|r| !r.is_empty()),
+            message: ready
+                .map(|c| cut(&c.message, 1024))
+                .filter(|m| !m.is_empty()),
+            started_at: status.started_at.clone(),
+            completed_at,
+            duration: status.duration.clone(),
+            tokens_used: status.tokens_used,
+            step_executions: status.step_executions,
+            plan_revision: status.plan.as_ref().map_or(0, |p| p.revision),
+        },
+        steps: status.steps.iter().take(MAX_LISTED).map(step).collect(),
+        compensations: status
+            .compensations
+            .iter()
+            .take(MAX_LISTED)
+            .map(|c| RecordedStep {
+                name: c.name.clone(),
+                role: crate::api::StepRole::Step,
+                plan_revision: c.plan_revision,
+                attempt: c.attempt,
+                phase: c.phase,
+                effect: None,
+                idempotency_key: c.idempotency_key.clone(),
+                provenance: None,
+                tokens: 0,
+                started_at: c.started_at.clone(),
+                finished_at: c.finished_at.clone(),
+                decided_by: None,
+            })
+            .collect(),
+        approvals: approvals
+            .into_iter()
+            .take(MAX_LISTED)
+            .map(|a| {
+                let st = a.status.as_ref();
+                RecordedApproval {
+                    name: a.metadata.name.clone().unwrap_or_default(),
+                    step: a.spec.step.clone(),
+                    plan_revision: a.spec.plan_revision,
+                    kind: word(&a.spec.kind),
+                    phase: st.map_or_else(|| "Pending".to_owned(), |s| word(&s.phase)),
+                    decision: a.spec.decision.as_ref().map(word),
+                    decided_by: st
+                        .and_then(|s| s.decided_by.clone())
+                        .or_else(|| a.spec.decided_by.clone()),
+                    decided_at: st.and_then(|s| s.decided_at.clone()),
+                    comment: a.spec.comment.as_deref().map(|c| cut(c, 1024)),
+                    votes: a
+                        .spec
+                        .votes
+                        .iter()
+                        .map(|v| format!("{}={}", v.user, word(&v.decision)))
+                        .collect(),
+                    step_digest: a.spec.step_digest.clone(),
+                }
+            })
+            .collect(),
+        signals: signals
+            .into_iter()
+            .take(MAX_LISTED)
+            .map(|s| RecordedSignal {
+                name: s.metadata.name.clone().unwrap_or_default(),
+                step: s.spec.step.clone(),
+                phase: s
+                    .status
+                    .as_ref()
+                    .map_or_else(|| "Waiting".to_owned(), |st| word(&st.phase)),
+                id: s.spec.id.clone(),
+                sent_by: s.spec.sent_by.clone(),
+                recorded_at: s.status.as_ref().and_then(|st| st.recorded_at.clone()),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

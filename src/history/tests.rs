@@ -1,0 +1,196 @@
+//! The history's pure parts: the spec digest (pinned), which records a run
+//! created again matches, what the retention removes, the shared filter,
+//! and what a record keeps of a finished run.
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::*;
+use crate::api::{AgentRunSpec, RunPhase};
+use crate::engine::testing::{World, step, t};
+
+fn run(name: &str, uid: &str, spec: AgentRunSpec) -> AgentRun {
+    let mut r = AgentRun::new(name, spec);
+    r.metadata.namespace = Some("team-a".into());
+    r.metadata.uid = Some(uid.into());
+    r
+}
+
+fn spec() -> AgentRunSpec {
+    AgentRunSpec {
+        steps: vec![step("refund")],
+        ..AgentRunSpec::default()
+    }
+}
+
+fn record_of(r: &AgentRun, phase: RunPhase, done: Timestamp) -> RunRecordSpec {
+    let status = AgentRunStatus {
+        phase: Some(phase),
+        completed_at: Some(Time(done)),
+        ..AgentRunStatus::default()
+    };
+    build(r, &status, &[], &[])
+}
+
+const DAY: SignedDuration = SignedDuration::from_hours(24);
+
+/// The digest a record is matched by must not change when the operator
+/// does: a change here means runs recorded by the previous version would
+/// run again when re-created. Computed outside the code under test:
+/// `python3 -c "import hashlib,json; print(hashlib.sha256(json.dumps({'steps':[{'name':'refund','container':{'image':'tool:1'},'effect':'Idempotent'}]},separators=(',',':'),sort_keys=True).encode()).hexdigest()[:32])"`.
+#[test]
+fn the_spec_digest_is_pinned_and_leaves_out_the_controls() {
+    let s = spec();
+    assert_eq!(spec_digest(&s), "9e192b8624214fba49c6410dad95627b");
+    let mut controlled = s.clone();
+    controlled.suspend = true;
+    controlled.cancel = true;
+    assert_eq!(spec_digest(&controlled), spec_digest(&s));
+    let mut edited = s.clone();
+    edited.steps[0].container.as_mut().unwrap().image = "refund:2".into();
+    assert_ne!(spec_digest(&edited), spec_digest(&s));
+}
+
+#[test]
+fn a_run_created_again_is_recognised_by_namespace_name_spec_and_rerun_token() {
+    let keep = Retention::default();
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let first = run("refund-4711", "uid-1", spec());
+    let rec = record_of(&first, RunPhase::Succeeded, now - DAY);
+    let again = run("refund-4711", "uid-2", spec());
+    let found = recognise(std::slice::from_ref(&rec), &again, now, &keep).expect("recognised");
+    assert_eq!(found.record, "refund-4711-uid1");
+    assert_eq!((found.run_uid.as_str(), found.outcome.as_str()), ("uid-1", "Succeeded"));
+
+    // The same run (its own record) is not a re-creation.
+    assert!(recognise(std::slice::from_ref(&rec), &first, now, &keep).is_none());
+    // Another spec under the same name is a new run.
+    let mut other = spec();
+    other.steps[0].container.as_mut().unwrap().image = "refund:2".into();
+    assert!(recognise(std::slice::from_ref(&rec), &run("refund-4711", "uid-3", other), now, &keep).is_none());
+    // Another namespace, another name: new runs.
+    let mut elsewhere = run("refund-4711", "uid-4", spec());
+    elsewhere.metadata.namespace = Some("team-b".into());
+    assert!(recognise(std::slice::from_ref(&rec), &elsewhere, now, &keep).is_none());
+    assert!(recognise(std::slice::from_ref(&rec), &run("refund-4712", "uid-5", spec()), now, &keep).is_none());
+    // Past the window it runs again.
+    let later = now + SignedDuration::from_hours(31 * 24);
+    assert!(recognise(std::slice::from_ref(&rec), &again, later, &keep).is_none());
+    // A new rerun token is a deliberate new run; the same token again is not.
+    let mut rerun = run("refund-4711", "uid-6", spec());
+    rerun
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(labels::RERUN.into(), "2".into());
+    assert!(recognise(std::slice::from_ref(&rec), &rerun, now, &keep).is_none());
+    let rec2 = record_of(&rerun, RunPhase::Failed, now - SignedDuration::from_hours(1));
+    let mut rerun_again = rerun.clone();
+    rerun_again.metadata.uid = Some("uid-7".into());
+    let found = recognise(&[rec.clone(), rec2], &rerun_again, now, &keep).expect("recognised");
+    assert_eq!((found.run_uid.as_str(), found.outcome.as_str()), ("uid-6", "Failed"));
+}
+
+#[test]
+fn a_run_edited_while_it_ran_is_recognised_from_its_first_manifest() {
+    let keep = Retention::default();
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let mut w = World::new(run("refund-4711", "uid-1", spec()));
+    w.run.metadata.generation = Some(1);
+    w.history = crate::engine::History::On;
+    w.settle();
+    w.run.spec.steps[0].container.as_mut().unwrap().image = "refund:2".into();
+    w.run.metadata.generation = Some(2);
+    w.settle();
+    let rec = build(&w.run, &w.status(), &[], &[]);
+    assert_eq!(rec.run.spec_digests.len(), 2);
+    let mut rec = rec;
+    rec.outcome.completed_at = Time(now - DAY);
+    // Git still holds the first manifest: a re-sync creates that one.
+    let again = run("refund-4711", "uid-2", spec());
+    assert!(recognise(&[rec], &again, now, &keep).is_some());
+}
+
+#[test]
+fn retention_removes_records_past_the_window_then_the_oldest_past_the_count() {
+    let now = t(100 * 86_400);
+    let keep = Retention {
+        max_age: SignedDuration::from_hours(10 * 24),
+        max_per_namespace: 2,
+    };
+    let records = vec![
+        ("new".to_owned(), now - DAY),
+        ("old".to_owned(), now - SignedDuration::from_hours(11 * 24)),
+        ("mid".to_owned(), now - DAY * 2),
+        ("older".to_owned(), now - DAY * 3),
+    ];
+    let (expired, over) = to_prune(records, now, &keep);
+    assert_eq!(expired, ["old"]);
+    assert_eq!(over, ["older"]);
+}
+
+#[test]
+fn the_query_filters_and_orders_the_same_for_every_store() {
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let mut a = record_of(&run("a", "u-a", spec()), RunPhase::Succeeded, now - DAY * 2);
+    a.run.requested_by = Some("alice".into());
+    let b = record_of(&run("b", "u-b", spec()), RunPhase::Failed, now - DAY);
+    let mut c = record_of(&run("c", "u-c", spec()), RunPhase::Succeeded, now);
+    c.run.namespace = "team-b".into();
+    let all = vec![a.clone(), b.clone(), c.clone()];
+    let names = |q: &Query| -> Vec<String> {
+        q.arrange(all.clone()).into_iter().map(|r| r.run.name).collect()
+    };
+    assert_eq!(names(&Query::default()), ["c", "b", "a"], "newest first");
+    let ns = Query { namespace: Some("team-a".into()), ..Query::default() };
+    assert_eq!(names(&ns), ["b", "a"]);
+    let ok = Query { outcome: Some(RunPhase::Succeeded), ..Query::default() };
+    assert_eq!(names(&ok), ["c", "a"]);
+    let alice = Query { requested_by: Some("alice".into()), ..Query::default() };
+    assert_eq!(names(&alice), ["a"]);
+    let window = Query { since: Some(now - DAY), until: Some(now), ..Query::default() };
+    assert_eq!(names(&window), ["b"]);
+    let one = Query { limit: Some(1), ..Query::default() };
+    assert_eq!(names(&one), ["c"]);
+}
+
+#[test]
+fn a_record_keeps_each_step_s_effect_key_and_provenance_and_who_decided() {
+    use crate::engine::testing::ok_message;
+    let mut w = World::new(
+        run("refund-4711", "uid-1", spec()),
+    );
+    w.run.metadata.generation = Some(1);
+    w.run
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(labels::REQUESTED_BY.into(), "alice".into());
+    w.run.spec.steps[0] = step("refund").with_approval(None, crate::api::OnTimeout::Reject);
+    w.history = crate::engine::History::On;
+    w.settle();
+    let approval = w.approvals.keys().next().cloned().expect("asked");
+    assert!(w.decide_approval(&approval, crate::api::Decision::Approved, "bob"));
+    w.settle();
+    let pod = w.created[0].clone();
+    w.succeed(&pod, &ok_message(serde_json::json!({"refund": "r-1"}), 42));
+    w.settle();
+    let status = w.status();
+    assert_eq!(status.phase, Some(RunPhase::Succeeded));
+    let approvals: Vec<_> = w.approvals.values().cloned().collect();
+    let rec = build(&w.run, &status, &approvals, &[]);
+    assert_eq!(rec.run.requested_by.as_deref(), Some("alice"));
+    assert_eq!(rec.outcome.phase, RunPhase::Succeeded);
+    assert_eq!(rec.outcome.tokens_used, 42);
+    let s = &rec.steps[0];
+    assert_eq!(s.name, "refund");
+    assert_eq!(s.idempotency_key, status.steps[0].idempotency_key);
+    assert_eq!(s.effect, status.steps[0].effect);
+    assert_eq!(s.tokens, 42);
+    let a = &rec.approvals[0];
+    assert_eq!(a.phase, "Approved");
+    assert_eq!(a.decided_by.as_deref(), Some("bob"));
+    assert!(a.step_digest.is_some());
+    let bytes = serde_json::to_vec(&rec).unwrap().len();
+    assert!(bytes < 2048, "a one-step record is small: {bytes} bytes");
+}
