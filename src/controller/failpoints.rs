@@ -12,6 +12,7 @@
 //! checked), `after-create-pod` (a step Pod was just created),
 //! `after-checkpoint` (a status write that commits a step outcome succeeded,
 //! before any finalizer is released), `after-status-write` (any status write),
+//! `after-record` (a finished run's record was stored, its status not yet written),
 //! `after-proof-read` (a read that proves a run current before a Pod create
 //! returned: the fence of a decision that writes no status, or the read again
 //! before a create once the proof is older than a second), `after-notify-send` (a notification was sent, its

@@ -63,6 +63,7 @@ pub(super) async fn record(
     match settings.store.put(&record).await {
         Ok(name) => {
             debug!(record = %name, store = settings.store.kind(), "recorded the finished run");
+            super::failpoints::hit("after-record");
             ctx.metrics.history_records.inc();
             status.record = Some(name);
         }

@@ -1,0 +1,209 @@
+//! D18 on the real control plane, with the operator and the simulated
+//! kubelet: a finished run leaves a RunRecord that outlives its TTL; a
+//! GitOps re-sync that applies the same manifest again after the TTL deleted
+//! the run (server-side, under Argo CD's field manager) runs nothing; running
+//! it again on purpose takes a new `agentrun.dev/rerun` value; a crash
+//! between the record and the status loses nothing and writes no second one.
+
+use std::time::Duration;
+
+use agentrun_e2e::ledger::LedgerEvent;
+use agentrun_e2e::support::kubectl::kubectl_ok;
+use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_operator::api::{AgentRun, EffectOutcome, RunPhase, RunRecord};
+use kube::Api;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+/// Argo CD's field manager for server-side apply.
+const ARGO_CD: &str = "argocd-controller";
+
+/// Executions of `run`'s steps the kubelet started, in order.
+fn executions(s: &Scenario, run: &str) -> Vec<String> {
+    s.ledger()
+        .entries
+        .into_iter()
+        .filter(|e| e.event == LedgerEvent::Started && e.run.as_deref() == Some(run))
+        .filter_map(|e| e.step)
+        .collect()
+}
+
+fn manifest(s: &Scenario, name: &str, rerun: Option<&str>) -> Value {
+    let mut metadata = json!({"name": name, "namespace": s.namespace()});
+    if let Some(token) = rerun {
+        metadata["annotations"] = json!({"agentrun.dev/rerun": token});
+    }
+    json!({
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": metadata,
+        "spec": {
+            "ttlSecondsAfterFinished": 2,
+            "steps": [sim_step("refund", "NonIdempotent", json!({"runMs": 50, "result": {"refund": "r-1"}}))],
+        },
+    })
+}
+
+/// What a GitOps controller does on every sync: a server-side apply of the
+/// manifest in Git under its own field manager.
+async fn sync(s: &Scenario, manifest: &Value) {
+    let dir = tempdir(s);
+    let path = dir.join(format!("{}.json", manifest["metadata"]["name"].as_str().unwrap()));
+    std::fs::write(&path, manifest.to_string()).unwrap();
+    kubectl_ok([
+        "apply",
+        "--server-side",
+        "--field-manager",
+        ARGO_CD,
+        "-f",
+        path.to_str().unwrap(),
+    ])
+    .await;
+}
+
+fn tempdir(s: &Scenario) -> std::path::PathBuf {
+    let dir = s.ledger_path.parent().unwrap().join("manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits until the TTL deleted the run `uid` (its name is free, or another run holds it).
+async fn wait_deleted(s: &Scenario, name: &str, uid: &str) {
+    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
+    loop {
+        match s.runs().get_opt(name).await.unwrap() {
+            Some(r) if r.uid().as_deref() == Some(uid) => {}
+            _ => return,
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "run {name} was not deleted by its TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn records(s: &Scenario) -> Api<RunRecord> {
+    s.env().api()
+}
+
+async fn records_of(s: &Scenario, run: &str) -> Vec<RunRecord> {
+    let mut out: Vec<RunRecord> = records(s)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|r| r.spec.run.name == run)
+        .collect();
+    out.sort_by_key(|r| r.spec.outcome.completed_at.0);
+    out
+}
+
+async fn finished(s: &Scenario, name: &str) -> AgentRun {
+    s.wait_run(name, "finished or already ran", RUN_TIMEOUT, |r| {
+        phase(r).is_some_and(RunPhase::is_terminal)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gitops_resync_after_the_ttl_runs_nothing_again() {
+    let s = Scenario::start("history-resync").await;
+    let name = "refund-order-4711";
+    sync(&s, &manifest(&s, name, None)).await;
+    let first = finished(&s, name).await;
+    assert_eq!(phase(&first), Some(RunPhase::Succeeded), "{:#?}", first.status);
+    let first_uid = first.uid().unwrap();
+    let key = status(&first).steps[0].idempotency_key.clone();
+    wait_deleted(&s, name, &first_uid).await;
+
+    // The record outlived the run.
+    let recs = records_of(&s, name).await;
+    assert_eq!(recs.len(), 1, "one record per finished run");
+    let rec = &recs[0].spec;
+    assert_eq!(rec.run.uid, first_uid);
+    assert_eq!(rec.outcome.phase, RunPhase::Succeeded);
+    assert_eq!(rec.steps[0].idempotency_key, key);
+    assert_eq!(rec.steps[0].effect, Some(EffectOutcome::Applied));
+    assert_eq!(
+        status(&first).record.as_deref(),
+        Some(recs[0].name_any().as_str()),
+        "the status that ended the run names its record"
+    );
+
+    // The next sync creates it again: it runs nothing and says why.
+    sync(&s, &manifest(&s, name, None)).await;
+    let again = finished(&s, name).await;
+    assert_ne!(again.uid().unwrap(), first_uid);
+    assert_eq!(phase(&again), Some(RunPhase::AlreadyRan), "{:#?}", again.status);
+    let prior = status(&again).already_ran.expect("names the earlier run");
+    assert_eq!(prior.run_uid, first_uid);
+    assert_eq!(prior.record, recs[0].name_any());
+    assert_eq!(prior.outcome, "Succeeded");
+    let ready = status(&again)
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "AlreadyRan"));
+    assert_eq!(executions(&s, name), ["refund"], "the refund was issued once");
+    // It stays (its TTL does not apply), so the next sync changes nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    sync(&s, &manifest(&s, name, None)).await;
+    let still = s.runs().get(name).await.unwrap();
+    assert_eq!(still.uid(), again.uid(), "a re-sync of a settled run is a no-op");
+    assert_eq!(executions(&s, name), ["refund"]);
+    assert_eq!(records_of(&s, name).await.len(), 1, "a run that ran nothing leaves no record");
+
+    // Running it again is a deliberate act: a new rerun value.
+    s.runs().delete(name, &Default::default()).await.unwrap();
+    wait_deleted(&s, name, &again.uid().unwrap()).await;
+    sync(&s, &manifest(&s, name, Some("incident-42"))).await;
+    let rerun = finished(&s, name).await;
+    assert_eq!(phase(&rerun), Some(RunPhase::Succeeded), "{:#?}", rerun.status);
+    assert_eq!(executions(&s, name), ["refund", "refund"]);
+    wait_deleted(&s, name, &rerun.uid().unwrap()).await;
+    let recs = records_of(&s, name).await;
+    assert_eq!(recs.len(), 2);
+    assert_eq!(recs[1].spec.run.rerun.as_deref(), Some("incident-42"));
+    // ... and syncing that manifest again does not run it a third time.
+    sync(&s, &manifest(&s, name, Some("incident-42"))).await;
+    let third = finished(&s, name).await;
+    assert_eq!(phase(&third), Some(RunPhase::AlreadyRan));
+    assert_eq!(
+        status(&third).already_ran.unwrap().run_uid,
+        rerun.uid().unwrap()
+    );
+    assert_eq!(executions(&s, name), ["refund", "refund"]);
+    s.finish().await;
+}
+
+/// The operator dies right after storing the record, before the status
+/// that names it: the next operator decides again, finds the record its
+/// predecessor stored, and the run is recorded once and deleted once.
+#[tokio::test]
+async fn a_crash_between_the_record_and_the_status_loses_nothing() {
+    let mut s = Scenario::start_without_operator("history-crash").await;
+    s.start_operator(Some("after-record"));
+    let name = "refund-order-4712";
+    sync(&s, &manifest(&s, name, None)).await;
+    s.wait_operator_crash(RUN_TIMEOUT).await;
+    let run = s.runs().get(name).await.unwrap();
+    assert!(
+        !phase(&run).is_some_and(RunPhase::is_terminal),
+        "the status write after the record never happened: {:#?}",
+        run.status
+    );
+    let recs = records_of(&s, name).await;
+    assert_eq!(recs.len(), 1, "the record was stored first");
+    s.start_operator(None);
+    wait_deleted(&s, name, &run.uid().unwrap()).await;
+    let recs = records_of(&s, name).await;
+    assert_eq!(recs.len(), 1, "one record, not two");
+    assert_eq!(recs[0].spec.run.uid, run.uid().unwrap());
+    assert_eq!(recs[0].spec.outcome.phase, RunPhase::Succeeded);
+    assert_eq!(executions(&s, name), ["refund"]);
+    s.finish().await;
+}
