@@ -116,7 +116,12 @@ struct RunArgs {
     /// Where finished runs are recorded (D18): `api` keeps a RunRecord per
     /// run through the API server; `off` keeps no history (runs are neither
     /// recorded nor recognised when created again).
-    #[arg(long, env = "AGENTRUN_HISTORY_STORE", value_enum, default_value = "api")]
+    #[arg(
+        long,
+        env = "AGENTRUN_HISTORY_STORE",
+        value_enum,
+        default_value = "api"
+    )]
     history_store: HistoryStore,
 
     /// How long a finished run's record is kept (and a run created again
@@ -423,7 +428,10 @@ fn parse_retention(s: &str) -> Result<jiff::SignedDuration, String> {
     Ok(d)
 }
 
-fn history_settings(args: &RunArgs, client: &kube::Client) -> Option<agentrun_operator::history::Settings> {
+fn history_settings(
+    args: &RunArgs,
+    client: &kube::Client,
+) -> Option<agentrun_operator::history::Settings> {
     use agentrun_operator::history::{ApiStore, Retention, Settings, Store};
     let store = match args.history_store {
         HistoryStore::Off => return None,

@@ -721,6 +721,7 @@ fn chart_console_is_off_by_default_and_read_only_when_on() {
         ("agentrun.dev", "agentruns"),
         ("agentrun.dev", "approvals"),
         ("agentrun.dev", "signals"),
+        ("agentrun.dev", "runrecords"),
         ("events.k8s.io", "events"),
     ]);
     let docs = render(

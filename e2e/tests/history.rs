@@ -49,7 +49,10 @@ fn manifest(s: &Scenario, name: &str, rerun: Option<&str>) -> Value {
 /// manifest in Git under its own field manager.
 async fn sync(s: &Scenario, manifest: &Value) {
     let dir = tempdir(s);
-    let path = dir.join(format!("{}.json", manifest["metadata"]["name"].as_str().unwrap()));
+    let path = dir.join(format!(
+        "{}.json",
+        manifest["metadata"]["name"].as_str().unwrap()
+    ));
     std::fs::write(&path, manifest.to_string()).unwrap();
     kubectl_ok([
         "apply",
@@ -114,7 +117,12 @@ async fn a_gitops_resync_after_the_ttl_runs_nothing_again() {
     let name = "refund-order-4711";
     sync(&s, &manifest(&s, name, None)).await;
     let first = finished(&s, name).await;
-    assert_eq!(phase(&first), Some(RunPhase::Succeeded), "{:#?}", first.status);
+    assert_eq!(
+        phase(&first),
+        Some(RunPhase::Succeeded),
+        "{:#?}",
+        first.status
+    );
     let first_uid = first.uid().unwrap();
     let key = status(&first).steps[0].idempotency_key.clone();
     wait_deleted(&s, name, &first_uid).await;
@@ -137,7 +145,12 @@ async fn a_gitops_resync_after_the_ttl_runs_nothing_again() {
     sync(&s, &manifest(&s, name, None)).await;
     let again = finished(&s, name).await;
     assert_ne!(again.uid().unwrap(), first_uid);
-    assert_eq!(phase(&again), Some(RunPhase::AlreadyRan), "{:#?}", again.status);
+    assert_eq!(
+        phase(&again),
+        Some(RunPhase::AlreadyRan),
+        "{:#?}",
+        again.status
+    );
     let prior = status(&again).already_ran.expect("names the earlier run");
     assert_eq!(prior.run_uid, first_uid);
     assert_eq!(prior.record, recs[0].name_any());
@@ -147,22 +160,42 @@ async fn a_gitops_resync_after_the_ttl_runs_nothing_again() {
         .into_iter()
         .find(|c| c.type_ == "Ready")
         .unwrap();
-    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "AlreadyRan"));
-    assert_eq!(executions(&s, name), ["refund"], "the refund was issued once");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "AlreadyRan")
+    );
+    assert_eq!(
+        executions(&s, name),
+        ["refund"],
+        "the refund was issued once"
+    );
     // It stays (its TTL does not apply), so the next sync changes nothing.
     tokio::time::sleep(Duration::from_secs(3)).await;
     sync(&s, &manifest(&s, name, None)).await;
     let still = s.runs().get(name).await.unwrap();
-    assert_eq!(still.uid(), again.uid(), "a re-sync of a settled run is a no-op");
+    assert_eq!(
+        still.uid(),
+        again.uid(),
+        "a re-sync of a settled run is a no-op"
+    );
     assert_eq!(executions(&s, name), ["refund"]);
-    assert_eq!(records_of(&s, name).await.len(), 1, "a run that ran nothing leaves no record");
+    assert_eq!(
+        records_of(&s, name).await.len(),
+        1,
+        "a run that ran nothing leaves no record"
+    );
 
     // Running it again is a deliberate act: a new rerun value.
     s.runs().delete(name, &Default::default()).await.unwrap();
     wait_deleted(&s, name, &again.uid().unwrap()).await;
     sync(&s, &manifest(&s, name, Some("incident-42"))).await;
     let rerun = finished(&s, name).await;
-    assert_eq!(phase(&rerun), Some(RunPhase::Succeeded), "{:#?}", rerun.status);
+    assert_eq!(
+        phase(&rerun),
+        Some(RunPhase::Succeeded),
+        "{:#?}",
+        rerun.status
+    );
     assert_eq!(executions(&s, name), ["refund", "refund"]);
     wait_deleted(&s, name, &rerun.uid().unwrap()).await;
     let recs = records_of(&s, name).await;

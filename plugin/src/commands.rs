@@ -159,6 +159,9 @@ pub enum Command {
         #[arg(long, requires = "read_only")]
         listen: Option<std::net::IpAddr>,
     },
+    /// The records finished runs left (kept after their TTL): a table, or
+    /// RUN's records in full (docs/cli.md).
+    History(crate::history::HistoryArgs),
     /// Send the event a wait step waits for (its Signal's id and data), as
     /// yourself; sending the same id and data again changes nothing.
     Signal(crate::signal::SignalArgs),
@@ -259,13 +262,13 @@ pub async fn connect(g: &Global) -> Result<(Client, String), Error> {
     Ok((client, namespace))
 }
 
-fn style() -> Style {
+pub(crate) fn style() -> Style {
     Style {
         color: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     }
 }
 
-fn print_as<T: serde::Serialize>(o: Output, v: &T) -> Result<(), Error> {
+pub(crate) fn print_as<T: serde::Serialize>(o: Output, v: &T) -> Result<(), Error> {
     let text = match o {
         Output::Json => serde_json::to_string_pretty(v).map_err(|e| Error::Usage(e.to_string()))?,
         Output::Yaml => serde_yaml::to_string(v).map_err(|e| Error::Usage(e.to_string()))?,
@@ -438,6 +441,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Watch { run } => watch(&client, &ns, &run).await?,
         Command::Retry(args) => crate::retry::retry(&client, &ns, &args).await?,
         Command::Signal(args) => crate::signal::signal(&client, &ns, &args).await?,
+        Command::History(args) => crate::history::history(&client, &ns, &args).await?,
         Command::Console {
             port,
             open,

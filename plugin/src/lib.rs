@@ -8,6 +8,7 @@
 pub mod commands;
 pub mod console;
 pub mod decide;
+pub mod history;
 pub mod identity;
 pub mod render;
 pub mod retry;

@@ -453,3 +453,75 @@ fn describe_a_received_signal_names_its_id_and_sender() {
         assert!(bare.contains(want), "{want:?} in\n{bare}");
     }
 }
+
+/// A record built from a captured run (D18), as the operator builds it.
+fn record_of(name: &str) -> agentrun_operator::api::RunRecordSpec {
+    let (run, approvals) = fixture(name);
+    let status = run.status.clone().unwrap();
+    agentrun_operator::history::build(&run, &status, &approvals, &signals(name))
+}
+
+#[test]
+fn history_lists_records_newest_first_and_shows_one_in_full() {
+    let (run, _) = fixture("refund-approved");
+    let approved = record_of("refund-approved");
+    let rejected = record_of("charge-rejected");
+    let later = approved
+        .outcome
+        .completed_at
+        .0
+        .max(rejected.outcome.completed_at.0);
+    let now = later + SignedDuration::from_hours(2);
+    let q = agentrun_operator::history::Query::default();
+    let listed = q.arrange(vec![approved.clone(), rejected.clone()]);
+    golden("history-list", &render::history_table(&listed, true, now));
+    let detail = render::record_detail(&approved, now, Style::default());
+    // Every step's idempotency key and effect, and who approved: the audit's questions.
+    for c in &run.status.as_ref().unwrap().steps {
+        assert!(detail.contains(&c.idempotency_key), "{detail}");
+    }
+    assert!(detail.contains("Approved by"), "{detail}");
+    golden("history-refund-approved", &detail);
+}
+
+#[test]
+fn describe_links_a_run_to_its_record_or_to_the_run_that_already_ran() {
+    let (mut run, _) = fixture("refund-approved");
+    assert_eq!(render::history_line(&run), "", "no record named yet");
+    run.status.as_mut().unwrap().record = Some("refund-1a2b3c4d".into());
+    let line = render::history_line(&run);
+    assert!(line.contains("Record: RunRecord refund-1a2b3c4d"), "{line}");
+    assert!(line.contains("kubectl agentrun history"), "{line}");
+    let status = run.status.as_mut().unwrap();
+    status.record = None;
+    status.already_ran = Some(agentrun_operator::api::AlreadyRan {
+        record: "refund-0ld0uid0".into(),
+        run_uid: "0ld0uid0-1".into(),
+        outcome: "Succeeded".into(),
+        completed_at: status.completed_at.clone().unwrap(),
+    });
+    let line = render::history_line(&run);
+    assert!(line.starts_with("Already ran: run "), "{line}");
+    assert!(line.contains("RunRecord refund-0ld0uid0"), "{line}");
+    assert!(line.contains("agentrun.dev/rerun"), "{line}");
+}
+
+#[test]
+fn history_refuses_an_outcome_a_record_cannot_have() {
+    use clap::Parser;
+    let cli = kubectl_agentrun::commands::Cli::try_parse_from([
+        "kubectl-agentrun",
+        "history",
+        "--outcome",
+        "Running",
+    ])
+    .unwrap();
+    let kubectl_agentrun::commands::Command::History(args) = cli.command else {
+        panic!("parsed as history");
+    };
+    let err = kubectl_agentrun::history::query(&args, "default", Timestamp::now()).unwrap_err();
+    assert!(
+        err.to_string().contains("Succeeded, Failed or Cancelled"),
+        "{err}"
+    );
+}

@@ -33,12 +33,42 @@ use super::{EffectOutcome, Provenance, RunPhase, StepPhase, StepRole};
     namespaced,
     derive = "PartialEq",
     doc = "The record of a finished AgentRun, written by the operator before the run is deleted and kept for the retention window: outcome, per step the effect and idempotency key, approvals with decider, tokens. A run created again with the same name and spec within the window runs nothing.",
-    printcolumn(name = "Run", type_ = "string", json_path = ".spec.run.name", description = "The AgentRun this records"),
-    printcolumn(name = "Outcome", type_ = "string", json_path = ".spec.outcome.phase", description = "Succeeded, Failed or Cancelled"),
-    printcolumn(name = "Requested-By", type_ = "string", json_path = ".spec.run.requestedBy", description = "Who created the run, as the API server recorded it"),
-    printcolumn(name = "Steps", type_ = "integer", json_path = ".spec.outcome.stepExecutions", description = "Step Pods the run started"),
-    printcolumn(name = "Tokens", type_ = "integer", json_path = ".spec.outcome.tokensUsed", description = "Tokens the run reported"),
-    printcolumn(name = "Finished", type_ = "date", json_path = ".spec.outcome.completedAt", description = "When the run finished"),
+    printcolumn(
+        name = "Run",
+        type_ = "string",
+        json_path = ".spec.run.name",
+        description = "The AgentRun this records"
+    ),
+    printcolumn(
+        name = "Outcome",
+        type_ = "string",
+        json_path = ".spec.outcome.phase",
+        description = "Succeeded, Failed or Cancelled"
+    ),
+    printcolumn(
+        name = "Requested-By",
+        type_ = "string",
+        json_path = ".spec.run.requestedBy",
+        description = "Who created the run, as the API server recorded it"
+    ),
+    printcolumn(
+        name = "Steps",
+        type_ = "integer",
+        json_path = ".spec.outcome.stepExecutions",
+        description = "Step Pods the run started"
+    ),
+    printcolumn(
+        name = "Tokens",
+        type_ = "integer",
+        json_path = ".spec.outcome.tokensUsed",
+        description = "Tokens the run reported"
+    ),
+    printcolumn(
+        name = "Finished",
+        type_ = "date",
+        json_path = ".spec.outcome.completedAt",
+        description = "When the run finished"
+    )
 )]
 #[x_kube(
     validation = Rule::new("self == oldSelf").message("a RunRecord is history: it does not change once written").reason(Reason::FieldValueForbidden)

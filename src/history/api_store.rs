@@ -120,9 +120,7 @@ impl ApiStore {
     }
 
     pub(super) async fn prune(&self, now: Timestamp, keep: &Retention) -> Result<Pruned, Error> {
-        let listed = self
-            .all()
-            .list_metadata(&ListParams::default()).await?;
+        let listed = self.all().list_metadata(&ListParams::default()).await?;
         let mut by_namespace: BTreeMap<String, Vec<(String, Timestamp, Option<String>)>> =
             BTreeMap::new();
         for m in listed.items {
@@ -131,11 +129,7 @@ impl ApiStore {
                 continue;
             };
             // Written when the run finished, and never changed after.
-            let created = m
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map_or(now, |t| t.0);
+            let created = m.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
             by_namespace
                 .entry(ns)
                 .or_default()
@@ -153,8 +147,10 @@ impl ApiStore {
                 keep,
             );
             let api = self.api(&ns);
-            for (names, count) in [(expired, &mut pruned.expired), (over, &mut pruned.over_count)]
-            {
+            for (names, count) in [
+                (expired, &mut pruned.expired),
+                (over, &mut pruned.over_count),
+            ] {
                 for name in names {
                     let dp = DeleteParams {
                         preconditions: Some(Preconditions {

@@ -99,7 +99,9 @@ pub struct Query {
 impl Query {
     pub fn admits(&self, r: &RunRecordSpec) -> bool {
         let done = r.outcome.completed_at.0;
-        self.namespace.as_ref().is_none_or(|n| *n == r.run.namespace)
+        self.namespace
+            .as_ref()
+            .is_none_or(|n| *n == r.run.namespace)
             && self.run.as_ref().is_none_or(|n| *n == r.run.name)
             && self.outcome.is_none_or(|p| p == r.outcome.phase)
             && self

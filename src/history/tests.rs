@@ -60,19 +60,38 @@ fn a_run_created_again_is_recognised_by_namespace_name_spec_and_rerun_token() {
     let again = run("refund-4711", "uid-2", spec());
     let found = recognise(std::slice::from_ref(&rec), &again, now, &keep).expect("recognised");
     assert_eq!(found.record, "refund-4711-uid1");
-    assert_eq!((found.run_uid.as_str(), found.outcome.as_str()), ("uid-1", "Succeeded"));
+    assert_eq!(
+        (found.run_uid.as_str(), found.outcome.as_str()),
+        ("uid-1", "Succeeded")
+    );
 
     // The same run (its own record) is not a re-creation.
     assert!(recognise(std::slice::from_ref(&rec), &first, now, &keep).is_none());
     // Another spec under the same name is a new run.
     let mut other = spec();
     other.steps[0].container.as_mut().unwrap().image = "refund:2".into();
-    assert!(recognise(std::slice::from_ref(&rec), &run("refund-4711", "uid-3", other), now, &keep).is_none());
+    assert!(
+        recognise(
+            std::slice::from_ref(&rec),
+            &run("refund-4711", "uid-3", other),
+            now,
+            &keep
+        )
+        .is_none()
+    );
     // Another namespace, another name: new runs.
     let mut elsewhere = run("refund-4711", "uid-4", spec());
     elsewhere.metadata.namespace = Some("team-b".into());
     assert!(recognise(std::slice::from_ref(&rec), &elsewhere, now, &keep).is_none());
-    assert!(recognise(std::slice::from_ref(&rec), &run("refund-4712", "uid-5", spec()), now, &keep).is_none());
+    assert!(
+        recognise(
+            std::slice::from_ref(&rec),
+            &run("refund-4712", "uid-5", spec()),
+            now,
+            &keep
+        )
+        .is_none()
+    );
     // Past the window it runs again.
     let later = now + SignedDuration::from_hours(31 * 24);
     assert!(recognise(std::slice::from_ref(&rec), &again, later, &keep).is_none());
@@ -84,11 +103,18 @@ fn a_run_created_again_is_recognised_by_namespace_name_spec_and_rerun_token() {
         .get_or_insert_default()
         .insert(labels::RERUN.into(), "2".into());
     assert!(recognise(std::slice::from_ref(&rec), &rerun, now, &keep).is_none());
-    let rec2 = record_of(&rerun, RunPhase::Failed, now - SignedDuration::from_hours(1));
+    let rec2 = record_of(
+        &rerun,
+        RunPhase::Failed,
+        now - SignedDuration::from_hours(1),
+    );
     let mut rerun_again = rerun.clone();
     rerun_again.metadata.uid = Some("uid-7".into());
     let found = recognise(&[rec.clone(), rec2], &rerun_again, now, &keep).expect("recognised");
-    assert_eq!((found.run_uid.as_str(), found.outcome.as_str()), ("uid-6", "Failed"));
+    assert_eq!(
+        (found.run_uid.as_str(), found.outcome.as_str()),
+        ("uid-6", "Failed")
+    );
 }
 
 #[test]
@@ -139,27 +165,44 @@ fn the_query_filters_and_orders_the_same_for_every_store() {
     c.run.namespace = "team-b".into();
     let all = vec![a.clone(), b.clone(), c.clone()];
     let names = |q: &Query| -> Vec<String> {
-        q.arrange(all.clone()).into_iter().map(|r| r.run.name).collect()
+        q.arrange(all.clone())
+            .into_iter()
+            .map(|r| r.run.name)
+            .collect()
     };
     assert_eq!(names(&Query::default()), ["c", "b", "a"], "newest first");
-    let ns = Query { namespace: Some("team-a".into()), ..Query::default() };
+    let ns = Query {
+        namespace: Some("team-a".into()),
+        ..Query::default()
+    };
     assert_eq!(names(&ns), ["b", "a"]);
-    let ok = Query { outcome: Some(RunPhase::Succeeded), ..Query::default() };
+    let ok = Query {
+        outcome: Some(RunPhase::Succeeded),
+        ..Query::default()
+    };
     assert_eq!(names(&ok), ["c", "a"]);
-    let alice = Query { requested_by: Some("alice".into()), ..Query::default() };
+    let alice = Query {
+        requested_by: Some("alice".into()),
+        ..Query::default()
+    };
     assert_eq!(names(&alice), ["a"]);
-    let window = Query { since: Some(now - DAY), until: Some(now), ..Query::default() };
+    let window = Query {
+        since: Some(now - DAY),
+        until: Some(now),
+        ..Query::default()
+    };
     assert_eq!(names(&window), ["b"]);
-    let one = Query { limit: Some(1), ..Query::default() };
+    let one = Query {
+        limit: Some(1),
+        ..Query::default()
+    };
     assert_eq!(names(&one), ["c"]);
 }
 
 #[test]
 fn a_record_keeps_each_step_s_effect_key_and_provenance_and_who_decided() {
     use crate::engine::testing::ok_message;
-    let mut w = World::new(
-        run("refund-4711", "uid-1", spec()),
-    );
+    let mut w = World::new(run("refund-4711", "uid-1", spec()));
     w.run.metadata.generation = Some(1);
     w.run
         .metadata

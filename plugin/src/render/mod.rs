@@ -12,10 +12,12 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::events::v1::Event;
 
 mod approval;
+mod history;
 mod plan;
 mod signal;
 use approval::approval_lines;
 pub use approval::{is_pending, pending, question};
+pub use history::{history_line, history_table, record_detail};
 pub use plan::{graph_lines, lineage_line};
 pub use signal::{SignalStep, deadline, signal_step, waiting_signal, waits_for_signal};
 
@@ -420,6 +422,7 @@ pub fn describe(
         );
     }
     s.push_str(&lineage_line(run, &status));
+    s.push_str(&history_line(run));
     let budget = run.spec.budget.clone().unwrap_or_default();
     let of = |n: Option<i64>| n.map(|b| format!(" of {b}")).unwrap_or_default();
     let _ = writeln!(

@@ -65,13 +65,23 @@ fn a_run_whose_history_cannot_be_read_waits_visibly_then_starts() {
     assert!(creates(&d).is_empty(), "{:?}", d.actions);
     let d = w.step();
     assert!(creates(&d).is_empty(), "{:?}", d.actions);
-    assert_eq!(d.requeue_after, Some(SignedDuration::from_secs(15)), "looked up again soon");
+    assert_eq!(
+        d.requeue_after,
+        Some(SignedDuration::from_secs(15)),
+        "looked up again soon"
+    );
     let s = w.status();
     assert_eq!(s.phase, Some(RunPhase::Pending));
-    assert!(s.spec_digests.is_empty(), "not looked up yet: looked up again");
+    assert!(
+        s.spec_digests.is_empty(),
+        "not looked up yet: looked up again"
+    );
     assert!(crate::engine::needs_lookup(&w.run));
     let (status, reason) = condition_of(&w, ConditionType::Stalled);
-    assert_eq!((status.as_str(), reason.as_str()), ("True", "HistoryUnavailable"));
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "HistoryUnavailable")
+    );
     w.history = History::On;
     let d = w.settle();
     assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"], "{d:?}");

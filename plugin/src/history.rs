@@ -1,0 +1,124 @@
+//! `kubectl agentrun history [RUN]`: the records finished runs left (D18),
+//! read through the same store interface the operator writes them with, so
+//! the filters mean the same as the operator's (`history::Query`).
+//!
+//! ```text
+//!   history                 records in the namespace, newest first (a table)
+//!   history -A --outcome Failed --since 24h
+//!   history refund-4711     each record of that run name, in full
+//! ```
+
+use agentrun_operator::api::RunPhase;
+use agentrun_operator::history::{ApiStore, Query, Store};
+use clap::Args;
+use jiff::Timestamp;
+use kube::Client;
+
+use crate::commands::{Error, Output};
+use crate::render;
+
+#[derive(Args, Debug, Clone)]
+pub struct HistoryArgs {
+    /// Only the records of runs of this name, shown in full.
+    pub run: Option<String>,
+    /// All namespaces.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Only runs that ended so: Succeeded, Failed or Cancelled.
+    #[arg(long)]
+    pub outcome: Option<String>,
+    /// Only runs this user created (as the API server recorded it).
+    #[arg(long)]
+    pub requested_by: Option<String>,
+    /// Only runs that finished within this long (e.g. 24h, 30m).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// At most this many records.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<Output>,
+}
+
+/// The query the arguments ask for, checked before any request.
+pub fn query(args: &HistoryArgs, ns: &str, now: Timestamp) -> Result<Query, Error> {
+    let outcome = match args.outcome.as_deref() {
+        None => None,
+        Some(o) => Some(
+            serde_json::from_value::<RunPhase>(serde_json::Value::String(o.to_owned()))
+                .ok()
+                .filter(|p| p.is_finished())
+                .ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "--outcome {o}: a record ends Succeeded, Failed or Cancelled"
+                    ))
+                })?,
+        ),
+    };
+    let since = match args.since.as_deref() {
+        None => None,
+        Some(d) => {
+            let d = agentrun_operator::api::Duration::from(d)
+                .parse()
+                .map_err(|e| Error::Invalid(format!("--since {d}: {e}")))?;
+            Some(now.checked_sub(d).unwrap_or(Timestamp::MIN))
+        }
+    };
+    Ok(Query {
+        namespace: (!args.all_namespaces).then(|| ns.to_owned()),
+        run: args.run.clone(),
+        outcome,
+        requested_by: args.requested_by.clone(),
+        since,
+        until: None,
+        limit: args.limit,
+    })
+}
+
+pub async fn history(client: &Client, ns: &str, args: &HistoryArgs) -> Result<(), Error> {
+    let now = Timestamp::now();
+    let q = query(args, ns, now)?;
+    let store = Store::Api(ApiStore::new(client.clone(), None));
+    let records = store.list(&q).await.map_err(|e| {
+        Error::Refused(format!(
+            "reading the run history (RunRecords{}): {e}",
+            q.namespace
+                .as_deref()
+                .map(|n| format!(" in namespace {n}"))
+                .unwrap_or_default()
+        ))
+    })?;
+    if let Some(o) = args.output {
+        return crate::commands::print_as(o, &records);
+    }
+    if records.is_empty() {
+        let what = match &args.run {
+            Some(r) => format!("no record of a run named {r}"),
+            None => "no run records".into(),
+        };
+        let whence = if args.all_namespaces {
+            "in any namespace".to_owned()
+        } else {
+            format!("in namespace {ns}")
+        };
+        eprintln!(
+            "{what} {whence} (a run is recorded when it finishes; records are kept for the operator's --history-retention)"
+        );
+        return Ok(());
+    }
+    let style = crate::commands::style();
+    match &args.run {
+        Some(_) => {
+            let text: Vec<String> = records
+                .iter()
+                .map(|r| render::record_detail(r, now, style))
+                .collect();
+            print!("{}", text.join("\n"));
+        }
+        None => print!(
+            "{}",
+            render::history_table(&records, args.all_namespaces, now)
+        ),
+    }
+    Ok(())
+}
