@@ -237,3 +237,63 @@ fn a_record_keeps_each_step_s_effect_key_and_provenance_and_who_decided() {
     let bytes = serde_json::to_vec(&rec).unwrap().len();
     assert!(bytes < 2048, "a one-step record is small: {bytes} bytes");
 }
+
+/// D11 for records: the largest run a status can hold (520 checkpoints with
+/// names of the longest length) makes a record well under etcd's object
+/// limit; what one costs is in docs/operations.md.
+#[test]
+fn a_record_of_the_largest_run_stays_bounded() {
+    use crate::api::{CheckpointState, EffectOutcome, StepCheckpoint, StepPhase, TokenUsage};
+    let long = |i: usize| format!("{i:0>48}");
+    let mut r = run(
+        &"r".repeat(63),
+        "0123456789abcdef-0123-4567-89ab-cdef01234567",
+        spec(),
+    );
+    r.spec.steps = (0..500).map(|i| step(&long(i))).collect();
+    let done = Time(Timestamp::from_second(1_800_000_000).unwrap());
+    let status = AgentRunStatus {
+        phase: Some(RunPhase::Succeeded),
+        completed_at: Some(done.clone()),
+        spec_digests: vec![spec_digest(&r.spec); 16],
+        steps: (0..520)
+            .map(|i| StepCheckpoint {
+                name: long(i % 500),
+                plan_revision: 1 + (i / 500) as i64,
+                attempt: 3,
+                idempotency_key: "f".repeat(32),
+                phase: StepPhase::Succeeded,
+                checkpoint: CheckpointState::Committed,
+                effect: Some(EffectOutcome::Applied),
+                tokens: Some(TokenUsage {
+                    input: 123_456,
+                    output: 654_321,
+                }),
+                started_at: Some(done.clone()),
+                finished_at: Some(done.clone()),
+                decided_by: Some("system:serviceaccount:payments:refund-bot".into()),
+                ..StepCheckpoint::default()
+            })
+            .collect(),
+        ..AgentRunStatus::default()
+    };
+    let rec = build(&r, &status, &[], &[]);
+    let bytes = serde_json::to_vec(&rec).unwrap().len();
+    println!("record of 520 checkpoints: {bytes} bytes");
+    assert!(bytes < 256 * 1024, "{bytes} bytes");
+    let small = build(
+        &run("refund-4711", "uid-1", spec()),
+        &AgentRunStatus {
+            phase: Some(RunPhase::Succeeded),
+            completed_at: Some(done.clone()),
+            steps: status.steps[..10].to_vec(),
+            ..AgentRunStatus::default()
+        },
+        &[],
+        &[],
+    );
+    println!(
+        "record of 10 checkpoints: {} bytes",
+        serde_json::to_vec(&small).unwrap().len()
+    );
+}
