@@ -240,3 +240,101 @@ async fn a_crash_between_the_record_and_the_status_loses_nothing() {
     assert_eq!(executions(&s, name), ["refund"]);
     s.finish().await;
 }
+
+/// Running a recorded manifest again is decided when the run is created: with
+/// the chart's runs policy, the `agentrun.dev/rerun` annotation goes in with
+/// the create (by whoever may create runs) and nobody adds or changes it on
+/// an existing run — frank, who may patch runs, is refused; his other
+/// annotation edits are not.
+#[tokio::test]
+async fn the_rerun_annotation_is_set_at_creation_only() {
+    use agentrun_e2e::support::policies::{
+        Policies, assert_admitted, assert_refused, kubectl_as, wait_enforced,
+    };
+    let s = Scenario::start_without_operator("history-rerun-policy").await;
+    let ns = s.namespace().to_owned();
+    let p = Policies::install(&ns, &[]).await;
+    p.grant_authors(&ns, &["erin"]).await;
+    kubectl_ok([
+        "-n",
+        &ns,
+        "create",
+        "role",
+        "patchers",
+        "--verb=get,patch,update",
+        "--resource=agentruns.agentrun.dev",
+    ])
+    .await;
+    kubectl_ok([
+        "-n",
+        &ns,
+        "create",
+        "rolebinding",
+        "patchers",
+        "--role=patchers",
+        "--user=frank",
+    ])
+    .await;
+    wait_enforced(&ns, true).await;
+
+    let dir = tempdir(&s);
+    let write = |name: &str, doc: &Value| {
+        let path = dir.join(format!("{name}.json"));
+        std::fs::write(&path, doc.to_string()).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let with = write("with", &manifest(&s, "refund-with", Some("incident-42")));
+    assert_admitted(
+        &kubectl_as("erin", &[], &ns, &["create", "-f", &with]).await,
+        "erin creates a run with agentrun.dev/rerun",
+    );
+    let without = write("without", &manifest(&s, "refund-without", None));
+    assert_admitted(
+        &kubectl_as("erin", &[], &ns, &["create", "-f", &without]).await,
+        "erin creates a run without it",
+    );
+    let refusal = "metadata.annotations[agentrun.dev/rerun] runs a recorded manifest again on purpose and is set when the run is created";
+    for (run, value) in [("refund-without", "sneaky"), ("refund-with", "incident-43")] {
+        let out = kubectl_as(
+            "frank",
+            &[],
+            &ns,
+            &[
+                "annotate",
+                "--overwrite",
+                "agentrun",
+                run,
+                &format!("agentrun.dev/rerun={value}"),
+            ],
+        )
+        .await;
+        assert_refused(&out, refusal);
+    }
+    assert_refused(
+        &kubectl_as(
+            "frank",
+            &[],
+            &ns,
+            &["annotate", "agentrun", "refund-with", "agentrun.dev/rerun-"],
+        )
+        .await,
+        refusal,
+    );
+    assert_admitted(
+        &kubectl_as(
+            "frank",
+            &[],
+            &ns,
+            &[
+                "annotate",
+                "agentrun",
+                "refund-with",
+                "team.example/ticket=T-1",
+            ],
+        )
+        .await,
+        "frank may annotate otherwise",
+    );
+    drop(p);
+    s.finish().await;
+}
