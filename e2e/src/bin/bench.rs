@@ -548,9 +548,9 @@ const WRITE_VERBS: [&str; 6] = [
 ];
 
 /// The operator's writes in a window: every write verb on pods (not
-/// pods/status, which is simkubelet's), agentruns/status, approvals (and
-/// their status), events; agentruns themselves only for DELETE (TTL), since
-/// the driver POSTs them. Keyed "verb resource[/sub]".
+/// pods/status, which is simkubelet's), agentruns/status, approvals and
+/// signals (and their status), run records, events; agentruns themselves
+/// only for DELETE (TTL), since the driver POSTs them. Keyed "verb resource[/sub]".
 fn operator_writes(before: &Requests, after: &Requests) -> (BTreeMap<String, f64>, f64) {
     let mut by = BTreeMap::new();
     let mut conflicts = 0.0;
@@ -567,7 +567,7 @@ fn operator_writes(before: &Requests, after: &Requests) -> (BTreeMap<String, f64
             ("pods", "") => true,
             ("agentruns", "status") => true,
             ("agentruns", "") => verb == "DELETE",
-            ("approvals", _) => true,
+            ("approvals", _) | ("signals", _) | ("runrecords", "") => true,
             ("events", "") => true,
             _ => false,
         };
