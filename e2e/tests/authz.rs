@@ -19,6 +19,8 @@
 
 #[path = "authz/approvals.rs"]
 mod approvals;
+#[path = "authz/planner.rs"]
+mod planner;
 #[path = "authz/votes.rs"]
 mod votes;
 
@@ -512,8 +514,10 @@ async fn without_the_mutating_policies_separation_holds_for_a_planners_steps() {
     let mut pay = sim_step("pay", "NonIdempotent", json!({}));
     pay["approval"] =
         json!({"approvers": {"users": ["dave", "alice"]}, "separateFromRequester": true});
-    let planner = sim_step("plan", "None", json!({"plan": [pay]}));
-    let mut run = run_doc("planned", vec![], json!({"planner": planner}));
+    // The planner proposes `pay` from the catalog the author declared (D17):
+    // its gate, separation included, is the author's.
+    let planner = sim_step("plan", "None", json!({"plan": [{"name": "pay"}]}));
+    let mut run = run_doc("planned", vec![pay], json!({"planner": planner}));
     let unsigned = manifest(&format!("planned-unsigned-{ns}"), &run);
     assert_refused(
         &kubectl_as("dave", &[], &ns, &["create", "-f", &unsigned]).await,

@@ -71,8 +71,8 @@ pub struct AgentRunSpec {
     /// `dependsOn` anywhere they run in order, each after the one before it;
     /// once any step names `dependsOn`, they form a graph: a step starts when
     /// the steps it depends on have committed, and a step without `dependsOn`
-    /// starts at once. When a planner is set, these are the steps the planner
-    /// may start from (they may be empty).
+    /// starts at once. When a planner is set, these are its catalog: the only
+    /// steps it may propose, with its own arguments and order (D17).
     #[serde(default)]
     #[schemars(length(max = 500))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]

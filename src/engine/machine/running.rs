@@ -157,25 +157,27 @@ impl<'a> Machine<'a> {
             return self.attempt_failed(plan, Slot::Step(i), why, report.tokens, acted);
         }
         let planned = match role {
-            StepRole::Planner => match plan::parse_planner_plan(report.plan.as_ref()) {
-                Ok(steps) => Some(steps),
-                Err(e) => {
-                    // An invalid plan is a failed attempt: retried within
-                    // `retry.limit`, then the run fails for that reason.
-                    let name = self.status.steps[i].name.clone();
-                    let why = format!("attempt {attempt} returned an invalid plan: {e}");
-                    self.attempt_failed(plan, Slot::Step(i), why, report.tokens, Acted::No);
-                    if self.status.steps[i].phase == StepPhase::Failed {
-                        self.set_condition(
-                            ConditionType::FailureTarget,
-                            TRUE,
-                            Reason::InvalidPlan,
-                            format!("planner {name}: {e}"),
-                        );
+            StepRole::Planner => {
+                match plan::parse_planner_plan(report.plan.as_ref(), &self.run.spec.steps) {
+                    Ok(steps) => Some(steps),
+                    Err(e) => {
+                        // An invalid plan is a failed attempt: retried within
+                        // `retry.limit`, then the run fails for that reason.
+                        let name = self.status.steps[i].name.clone();
+                        let why = format!("attempt {attempt} returned an invalid plan: {e}");
+                        self.attempt_failed(plan, Slot::Step(i), why, report.tokens, Acted::No);
+                        if self.status.steps[i].phase == StepPhase::Failed {
+                            self.set_condition(
+                                ConditionType::FailureTarget,
+                                TRUE,
+                                Reason::InvalidPlan,
+                                format!("planner {name}: {e}"),
+                            );
+                        }
+                        return;
                     }
-                    return;
                 }
-            },
+            }
             _ => None,
         };
         self.add_tokens(Slot::Step(i), report.tokens);

@@ -172,13 +172,17 @@ fn a_schema_that_cannot_be_used_fails_the_run_before_anything_starts() {
 }
 
 #[test]
-fn a_planner_proposing_an_unusable_schema_proposes_an_invalid_plan() {
-    let mut w = World::new(AgentRun::test().with_planner(step("plan")));
+fn a_planner_proposing_its_own_schema_proposes_an_invalid_plan() {
+    // D17: the schema a step's result must match is the author's.
+    let mut w = World::new(
+        AgentRun::test()
+            .with_planner(step("plan"))
+            .with_steps([step("x")]),
+    );
     w.settle();
     let planner = "run-plan-dbdf1c-r1-p1";
     let plan = json!({"plan": [{
         "name": "x",
-        "container": {"image": "x:1"},
         "resultSchema": {"$ref": "https://example.com/x.json"}
     }]});
     w.succeed(planner, &plan.to_string());
@@ -187,7 +191,7 @@ fn a_planner_proposing_an_unusable_schema_proposes_an_invalid_plan() {
     assert_eq!(c.reason, Reason::InvalidPlan);
     assert!(
         c.message
-            .contains("resultSchema: is not a usable JSON Schema"),
+            .contains("plan[0].resultSchema: step x uses catalog step x, whose resultSchema is the run author's"),
         "{}",
         c.message
     );

@@ -220,12 +220,15 @@ fn a_wait_step_is_checked_like_the_rest_of_the_spec() {
 
 #[test]
 fn a_planner_may_propose_a_wait() {
-    let mut w = World::new(AgentRun::test().with_planner(step("plan")));
+    let pause: StepSpec =
+        serde_json::from_value(json!({"name": "pause", "wait": {"for": "30s"}})).unwrap();
+    let mut w = World::new(
+        AgentRun::test()
+            .with_planner(step("plan"))
+            .with_steps([pause, step("go")]),
+    );
     w.settle();
-    let plan = json!({"plan": [
-        {"name": "pause", "wait": {"for": "30s"}, "effect": "None"},
-        {"name": "go", "container": {"image": "go:1"}},
-    ]});
+    let plan = json!({"plan": [{"name": "pause"}, {"name": "go"}]});
     w.succeed("run-plan-dbdf1c-r1-p1", &plan.to_string());
     assert_eq!(cp(&w, "pause", 2).phase, StepPhase::Waiting);
     w.advance(30);

@@ -45,11 +45,23 @@ fn terminal_phases_are_sticky_and_ttl_deletes_the_run() {
 
 #[test]
 fn the_planner_runs_first_and_its_plan_becomes_revision_2() {
+    // The catalog (spec.steps) holds what may run; the plan picks and orders.
     let plan = json!({"plan": [
-        {"name": "search", "container": {"image": "search:1"}, "effect": "None"},
-        {"name": "write", "container": {"image": "write:1"}},
+        {"name": "search", "args": ["--query", "refunds"]},
+        {"name": "write"},
     ], "tokens": {"input": 100, "output": 20}});
-    let mut w = World::new(AgentRun::test().with_planner(step("plan")));
+    let catalog = [
+        step("write"),
+        crate::api::StepSpec {
+            effect: crate::api::Effect::None,
+            ..step("search")
+        },
+    ];
+    let mut w = World::new(
+        AgentRun::test()
+            .with_planner(step("plan"))
+            .with_steps(catalog),
+    );
     w.settle();
     assert_eq!(w.status().phase, Some(RunPhase::Planning));
     assert_eq!(
@@ -68,6 +80,12 @@ fn the_planner_runs_first_and_its_plan_becomes_revision_2() {
     );
     assert_eq!(w.status().tokens_used, 120);
     assert!(w.pods.contains_key("run-search-102366-r2-a1"));
+    let search = &w.status().plan.unwrap().steps[0];
+    assert_eq!(
+        search.container.as_ref().unwrap().args,
+        ["--query", "refunds"]
+    );
+    assert_eq!(search.effect, crate::api::Effect::None, "from the catalog");
     w.succeed("run-search-102366-r2-a1", "");
     w.succeed("run-write-9b1405-r2-a1", "");
     assert_eq!(w.status().phase, Some(RunPhase::Succeeded));
@@ -76,11 +94,15 @@ fn the_planner_runs_first_and_its_plan_becomes_revision_2() {
 
 #[test]
 fn a_bad_plan_fails_the_run_with_a_clear_condition() {
-    let mut w = World::new(AgentRun::test().with_planner(step("plan")));
+    let mut w = World::new(
+        AgentRun::test()
+            .with_planner(step("plan"))
+            .with_steps([step("x")]),
+    );
     w.settle();
     w.succeed(
         "run-plan-dbdf1c-r1-p1",
-        r#"{"plan": [{"name": "Not A Name", "container": {"image": "x"}}]}"#,
+        r#"{"plan": [{"name": "Not A Name", "uses": "x"}]}"#,
     );
     assert_eq!(w.status().phase, Some(RunPhase::Failed));
     let c = condition(&w, ConditionType::Succeeded);
@@ -115,17 +137,18 @@ fn an_invalid_spec_ends_the_run_without_a_hot_loop() {
 
 #[test]
 fn an_invalid_plan_is_a_failed_attempt_within_the_planner_retries() {
-    let mut w = World::new(AgentRun::test().with_planner(step("plan").with_retry(1, "1s", "1s")));
+    let mut w = World::new(
+        AgentRun::test()
+            .with_planner(step("plan").with_retry(1, "1s", "1s"))
+            .with_steps([step("x")]),
+    );
     w.settle();
-    let bad = r#"{"plan": [{"name": "Not A Name", "container": {"image": "x"}}], "tokens": {"input": 7}}"#;
+    let bad = r#"{"plan": [{"name": "Not A Name", "uses": "x"}], "tokens": {"input": 7}}"#;
     w.succeed("run-plan-dbdf1c-r1-p1", bad);
     w.advance(2);
     w.settle();
     assert_eq!(w.status().tokens_used, 7, "the bad plan's tokens count");
-    w.succeed(
-        "run-plan-dbdf1c-r1-p2",
-        r#"{"plan": [{"name": "x", "container": {"image": "x"}}]}"#,
-    );
+    w.succeed("run-plan-dbdf1c-r1-p2", r#"{"plan": [{"name": "x"}]}"#);
     assert_eq!(w.status().plan.map(|p| p.revision), Some(2));
     assert_eq!(w.status().phase, Some(RunPhase::Running));
 }
