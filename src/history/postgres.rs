@@ -237,12 +237,22 @@ impl PgStore {
         let client = self.client().await?;
         match op(client.clone()).await {
             Ok(v) => Ok(v),
-            Err(e) if client.is_closed() || e.is_closed() => {
+            Err(e) if client.is_closed() || connection_lost(&e) => {
                 warn!(error = %chain(&e), "the run history's connection closed; opening a new one");
+                self.forget(&client).await;
                 let client = self.client().await?;
                 op(client).await.map_err(|e| self.error(what, &e))
             }
             Err(e) => Err(self.error(what, &e)),
+        }
+    }
+
+    /// Drops `dead` (if it is still the connection in use), so the next
+    /// call opens a new one even before the old one has noticed it closed.
+    async fn forget(&self, dead: &Arc<Client>) {
+        let mut slot = self.client.lock().await;
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, dead)) {
+            *slot = None;
         }
     }
 
@@ -406,6 +416,32 @@ fn micros_up(t: Timestamp) -> Timestamp {
         .smallest(jiff::Unit::Microsecond)
         .mode(jiff::RoundMode::Ceil);
     t.round(round).unwrap_or(t)
+}
+
+/// Whether `e` says the connection is gone (closed, cut, or ended by the
+/// server: a restart, an administrator's pg_terminate_backend) rather than
+/// that the statement failed.
+fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(code) = e.code() {
+        return [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+        ]
+        .contains(code);
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 fn decode(value: serde_json::Value) -> Result<RunRecordSpec, Error> {
