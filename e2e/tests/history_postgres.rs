@@ -1,8 +1,9 @@
 //! What only the PostgreSQL store has, against a real PostgreSQL server
 //! (`e2e/cluster postgres up`): a connection the server ends is opened again
 //! by the next call, TLS verifies the server against the CA given, errors
-//! name the database and never the URL's password, and the operator does not
-//! start when its database cannot be reached. What it shares with the
+//! name the database and never the URL's password, the operator does not
+//! start when its database cannot be reached, and, with the operator and the
+//! simulated kubelet, a run created again after its TTL runs nothing. What it shares with the
 //! RunRecord store is in tests/history_stores.rs.
 //!
 //! Fails, never skips, without PostgreSQL (`AGENTRUN_TEST_DATABASE_URL` and
@@ -10,10 +11,16 @@
 
 use std::time::Duration;
 
+use agentrun_e2e::ledger::LedgerEvent;
 use agentrun_e2e::support::history::{database_url, pg_store, record, unique};
 use agentrun_e2e::support::processes::{free_port, operator_binary};
-use agentrun_operator::api::RunPhase;
+use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_operator::api::{AgentRun, RunPhase, RunRecord};
 use agentrun_operator::history::{PgStore, Store};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// `url` with one more `key=value` query parameter.
 fn with_param(url: &str, key: &str, value: &str) -> String {
@@ -249,4 +256,83 @@ async fn the_operator_does_not_start_without_its_database() {
         "{out}"
     );
     assert!(!out.contains(PASSWORD), "{out}");
+}
+
+/// The operator on the PostgreSQL store, end to end: the finished run's
+/// record is a row (no RunRecord object), its TTL deletes it, and the same
+/// manifest created again runs nothing.
+#[tokio::test]
+async fn the_operator_on_postgres_recognises_a_run_created_again() {
+    let url = database_url();
+    let mut s = Scenario::start_without_operator("history-on-postgres").await;
+    s.operator_config.extra_env = vec![
+        ("AGENTRUN_HISTORY_STORE".into(), "postgres".into()),
+        ("AGENTRUN_HISTORY_DATABASE_URL".into(), url.clone()),
+    ];
+    s.start_operator(None);
+    let name = "refund-order-4711";
+    let spec = json!({
+        "ttlSecondsAfterFinished": 2,
+        "steps": [sim_step("refund", "NonIdempotent", json!({"runMs": 50, "result": {"refund": "r-1"}}))],
+    });
+    let terminal = |r: &AgentRun| phase(r).is_some_and(RunPhase::is_terminal);
+    s.create_run(name, spec.clone()).await;
+    let first = s.wait_run(name, "finished", RUN_TIMEOUT, terminal).await;
+    assert_eq!(
+        phase(&first),
+        Some(RunPhase::Succeeded),
+        "{:#?}",
+        first.status
+    );
+    let first_uid = first.uid().unwrap();
+    let record = format!("{name}-{}", &first_uid.replace('-', "")[..8]);
+    assert_eq!(status(&first).record.as_deref(), Some(record.as_str()));
+
+    let store = Store::Postgres(Box::new(pg_store(&url, s.namespace()).await));
+    let rows = store.find(s.namespace(), name).await.unwrap();
+    assert_eq!(rows.len(), 1, "one row for the finished run");
+    assert_eq!(rows[0].run.uid, first_uid);
+    assert_eq!(rows[0].outcome.phase, RunPhase::Succeeded);
+    let objects: Api<RunRecord> = s.env().api();
+    assert!(
+        objects
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "no RunRecord object"
+    );
+
+    // The TTL deletes the run; the same manifest again runs nothing.
+    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
+    while s.runs().get_opt(name).await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the TTL did not delete the run"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    s.create_run(name, spec).await;
+    let again = s.wait_run(name, "already ran", RUN_TIMEOUT, terminal).await;
+    assert_eq!(
+        phase(&again),
+        Some(RunPhase::AlreadyRan),
+        "{:#?}",
+        again.status
+    );
+    let prior = status(&again).already_ran.expect("names the earlier run");
+    assert_eq!(
+        (prior.run_uid.as_str(), prior.record.as_str()),
+        (first_uid.as_str(), record.as_str())
+    );
+    let started: Vec<_> = s
+        .ledger()
+        .entries
+        .into_iter()
+        .filter(|e| e.event == LedgerEvent::Started)
+        .filter_map(|e| e.step)
+        .collect();
+    assert_eq!(started, ["refund"], "the refund was issued once");
+    s.finish().await;
 }
