@@ -3,7 +3,8 @@
 #   make demo          the product on the local control plane, as a person sees it
 #   make test          everything CI runs: lint, CRD drift, unit tests, and the
 #                      integration tests on a real local control plane (with promtool,
-#                      lua and Jaeger for the alert, GitOps and trace tests)
+#                      lua and Jaeger for the alert, GitOps and trace tests, and a
+#                      throwaway PostgreSQL for the history store tests)
 #   make cluster-up    build (if needed) and start the local control plane
 #   make cluster-down  stop it (and the node, if one is up)
 #   make node-up       the plane plus a real node (kubelet, containerd, runc; root)
@@ -139,7 +140,8 @@ test: lint check-crds unit sdk-test
 	$(CLUSTER) lua
 	$(CLUSTER) jaeger
 	$(CLUSTER) browser
-	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(CLUSTER) node up; $(MAKE) --no-print-directory integration
+	trap '$(CLUSTER) postgres down; $(CLUSTER) down' EXIT; $(CLUSTER) up; $(CLUSTER) postgres up; \
+	  $(CLUSTER) node up; $(MAKE) --no-print-directory integration
 
 # The cluster benchmark gets a plane of its own (separate ports and etcd) and
 # always takes it down. See docs/performance.md.

@@ -43,6 +43,10 @@ pub const REQUESTED_BY: &str = "agentrun.dev/requested-by";
 /// annotation names a value that run did not have. Set at creation only: the
 /// chart's validating policy refuses adding or changing it later.
 pub const RERUN: &str = "agentrun.dev/rerun";
+/// Annotation on a RunRecord: when its run finished (RFC 3339, to the
+/// second, as the record says), what the retention counts from; the pruning
+/// reads metadata only.
+pub const COMPLETED_AT: &str = "agentrun.dev/completed-at";
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "agentrun-operator";
 /// Annotation on a step Pod: the identity of the leader that created it. With

@@ -114,8 +114,9 @@ struct RunArgs {
     queue_priority_classes: Vec<String>,
 
     /// Where finished runs are recorded (D18): `api` keeps a RunRecord per
-    /// run through the API server; `off` keeps no history (runs are neither
-    /// recorded nor recognised when created again).
+    /// run through the API server; `postgres` a row per run in a PostgreSQL
+    /// table (--history-database-url); `off` keeps no history (runs are
+    /// neither recorded nor recognised when created again).
     #[arg(
         long,
         env = "AGENTRUN_HISTORY_STORE",
@@ -123,6 +124,24 @@ struct RunArgs {
         default_value = "api"
     )]
     history_store: HistoryStore,
+
+    /// The PostgreSQL database of `--history-store postgres`, as a
+    /// `postgres://user:password@host:port/dbname?sslmode=…` URL (or
+    /// `key=value` pairs). `sslmode=disable` connects in the clear;
+    /// `prefer` (the default) and `require` use TLS, verifying the server.
+    /// Best set from a Secret through the environment.
+    #[arg(
+        long,
+        env = "AGENTRUN_HISTORY_DATABASE_URL",
+        hide_env_values = true,
+        required_if_eq("history_store", "postgres")
+    )]
+    history_database_url: Option<DatabaseUrl>,
+
+    /// PEM certificates: the only roots trusted for the database's TLS (a
+    /// private CA). Unset: the system's roots.
+    #[arg(long, env = "AGENTRUN_HISTORY_DATABASE_CA_FILE")]
+    history_database_ca_file: Option<std::path::PathBuf>,
 
     /// How long a finished run's record is kept (and a run created again
     /// with its name and spec runs nothing), e.g. `720h`.
@@ -255,6 +274,8 @@ enum RunError {
     Lease(#[source] kube_lease_manager::LeaseManagerError),
     #[error("lost the leader lease; exiting so that a fresh instance takes over")]
     LostLease,
+    #[error("the run history: {0}")]
+    History(String),
     #[error("serving {what} on {addr}: {source}")]
     Serve {
         what: &'static str,
@@ -275,6 +296,9 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
         .map_err(RunError::Client)?
         .with_layer(&clock.layer())
         .build();
+    // A history that cannot be reached stops the start: an operator that
+    // records nothing would let every re-sync run again.
+    let history = history_settings(&args, &client).await?;
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     let health = Health::default();
@@ -319,7 +343,7 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
                 .filter(|c| !c.is_empty())
                 .collect(),
         },
-        history: history_settings(&args, &client),
+        history,
         leader: args
             .leader_elect
             .then(|| agentrun_operator::controller::Leader {
@@ -414,6 +438,8 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
 enum HistoryStore {
     /// RunRecord objects through the API server.
     Api,
+    /// Rows of a PostgreSQL table.
+    Postgres,
     /// No history.
     Off,
 }
@@ -428,23 +454,59 @@ fn parse_retention(s: &str) -> Result<jiff::SignedDuration, String> {
     Ok(d)
 }
 
-fn history_settings(
+/// A database URL: it holds a password, so it is never printed.
+#[derive(Clone)]
+struct DatabaseUrl(String);
+
+impl std::str::FromStr for DatabaseUrl {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(DatabaseUrl(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DatabaseUrl(***)")
+    }
+}
+
+async fn history_settings(
     args: &RunArgs,
     client: &kube::Client,
-) -> Option<agentrun_operator::history::Settings> {
-    use agentrun_operator::history::{ApiStore, Retention, Settings, Store};
+) -> Result<Option<agentrun_operator::history::Settings>, RunError> {
+    use agentrun_operator::history::{ApiStore, PgStore, Retention, Settings, Store};
     let store = match args.history_store {
-        HistoryStore::Off => return None,
+        HistoryStore::Off => return Ok(None),
         HistoryStore::Api => Store::Api(ApiStore::new(client.clone(), args.namespace.clone())),
+        HistoryStore::Postgres => {
+            let Some(DatabaseUrl(url)) = &args.history_database_url else {
+                return Err(RunError::History(
+                    "--history-store postgres needs --history-database-url (or AGENTRUN_HISTORY_DATABASE_URL)".into(),
+                ));
+            };
+            let ca =
+                match &args.history_database_ca_file {
+                    Some(path) => Some(std::fs::read(path).map_err(|e| {
+                        RunError::History(format!("reading {}: {e}", path.display()))
+                    })?),
+                    None => None,
+                };
+            let store = PgStore::connect(url, ca.as_deref(), args.namespace.clone())
+                .await
+                .map_err(|e| RunError::History(e.to_string()))?;
+            info!(store = ?store, "recording finished runs in PostgreSQL");
+            Store::Postgres(Box::new(store))
+        }
     };
-    Some(Settings {
+    Ok(Some(Settings {
         store: std::sync::Arc::new(store),
         retention: Retention {
             max_age: args.history_retention,
             max_per_namespace: args.history_max_per_namespace as usize,
         },
         prune_every: Duration::from_secs(args.history_prune_seconds),
-    })
+    }))
 }
 
 #[tokio::main]

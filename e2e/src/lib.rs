@@ -21,6 +21,7 @@ pub mod support {
     pub mod chart;
     pub mod crds;
     pub mod env;
+    pub mod history;
     pub mod http;
     pub mod jaeger;
     pub mod kubectl;

@@ -304,6 +304,9 @@ fn chart_deployment_is_restricted_probed_and_leader_elected() {
             "--metrics-addr=0.0.0.0:8080",
             "--health-addr=0.0.0.0:8081",
             "--step-events=true",
+            "--history-store=api",
+            "--history-retention=720h",
+            "--history-max-per-namespace=1000",
             "--leader-elect",
             "--lease-name=agentrun-operator",
         ]

@@ -4,7 +4,9 @@
 //!
 //! Records are labelled with the run's name (`agentrun.dev/run`, a run name
 //! is at most 63 characters), so the records of one name are one indexed
-//! list, and pruning lists metadata only.
+//! list, and annotated with when the run finished
+//! (`agentrun.dev/completed-at`), so pruning lists metadata only and counts
+//! from what the PostgreSQL store counts from.
 
 use jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
@@ -53,6 +55,15 @@ impl ApiStore {
                 labels: Some(BTreeMap::from([(
                     labels::RUN.to_owned(),
                     record.run.name.clone(),
+                )])),
+                annotations: Some(BTreeMap::from([(
+                    labels::COMPLETED_AT.to_owned(),
+                    record
+                        .outcome
+                        .completed_at
+                        .0
+                        .strftime("%Y-%m-%dT%H:%M:%SZ")
+                        .to_string(),
                 )])),
                 ..ObjectMeta::default()
             },
@@ -128,12 +139,20 @@ impl ApiStore {
             else {
                 continue;
             };
-            // Written when the run finished, and never changed after.
-            let created = m.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+            // When the run finished; a record written before the annotation
+            // was: when it was written, which is when the run finished.
+            let finished = m
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(labels::COMPLETED_AT))
+                .and_then(|t| t.parse::<Timestamp>().ok())
+                .or(m.metadata.creation_timestamp.as_ref().map(|t| t.0))
+                .unwrap_or(now);
             by_namespace
                 .entry(ns)
                 .or_default()
-                .push((name, created, m.metadata.uid.clone()));
+                .push((name, finished, m.metadata.uid.clone()));
         }
         let mut pruned = Pruned::default();
         for (ns, records) in by_namespace {

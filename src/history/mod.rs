@@ -14,6 +14,7 @@
 //! with the same filter ([`Query::admits`]), and the same tests run on both.
 
 pub mod api_store;
+pub mod postgres;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -28,6 +29,7 @@ use crate::engine::ConditionType;
 use crate::labels;
 
 pub use api_store::ApiStore;
+pub use postgres::PgStore;
 
 /// Hex characters of a spec digest: 128 bits.
 const DIGEST_LEN: usize = 32;
@@ -153,6 +155,8 @@ impl std::fmt::Debug for Settings {
 pub enum Store {
     /// RunRecord objects through the API server.
     Api(ApiStore),
+    /// Rows of one PostgreSQL table.
+    Postgres(Box<PgStore>),
 }
 
 impl Store {
@@ -160,6 +164,7 @@ impl Store {
     pub fn kind(&self) -> &'static str {
         match self {
             Store::Api(_) => "RunRecord",
+            Store::Postgres(_) => "PostgreSQL",
         }
     }
 
@@ -169,6 +174,7 @@ impl Store {
     pub async fn put(&self, record: &RunRecordSpec) -> Result<String, Error> {
         match self {
             Store::Api(s) => s.put(record).await,
+            Store::Postgres(s) => s.put(record).await,
         }
     }
 
@@ -185,12 +191,14 @@ impl Store {
     pub async fn list(&self, q: &Query) -> Result<Vec<RunRecordSpec>, Error> {
         match self {
             Store::Api(s) => s.list(q).await,
+            Store::Postgres(s) => s.list(q).await,
         }
     }
 
     pub async fn get(&self, namespace: &str, name: &str) -> Result<Option<RunRecordSpec>, Error> {
         match self {
             Store::Api(s) => s.get(namespace, name).await,
+            Store::Postgres(s) => s.get(namespace, name).await,
         }
     }
 
@@ -198,6 +206,7 @@ impl Store {
     pub async fn prune(&self, now: Timestamp, keep: &Retention) -> Result<Pruned, Error> {
         match self {
             Store::Api(s) => s.prune(now, keep).await,
+            Store::Postgres(s) => s.prune(now, keep).await,
         }
     }
 }
