@@ -9,7 +9,7 @@
 //! ```
 
 use agentrun_operator::api::RunPhase;
-use agentrun_operator::history::{ApiStore, Query, Store};
+use agentrun_operator::history::{ApiStore, PgStore, Query, Store};
 use clap::Args;
 use jiff::Timestamp;
 use kube::Client;
@@ -38,6 +38,13 @@ pub struct HistoryArgs {
     pub limit: Option<usize>,
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<Output>,
+    /// Read the records from the operator's PostgreSQL store (its
+    /// `--history-store postgres`) instead of RunRecords.
+    #[arg(long, env = "AGENTRUN_HISTORY_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// The CA that signed the database server's certificate (PEM).
+    #[arg(long, requires = "database_url")]
+    pub database_ca_file: Option<std::path::PathBuf>,
 }
 
 /// The query the arguments ask for, checked before any request.
@@ -78,10 +85,26 @@ pub fn query(args: &HistoryArgs, ns: &str, now: Timestamp) -> Result<Query, Erro
 pub async fn history(client: &Client, ns: &str, args: &HistoryArgs) -> Result<(), Error> {
     let now = Timestamp::now();
     let q = query(args, ns, now)?;
-    let store = Store::Api(ApiStore::new(client.clone(), None));
+    let store = match &args.database_url {
+        None => Store::Api(ApiStore::new(client.clone(), None)),
+        Some(url) => {
+            let ca = match &args.database_ca_file {
+                Some(path) => Some(std::fs::read(path).map_err(|e| {
+                    Error::Invalid(format!("--database-ca-file {}: {e}", path.display()))
+                })?),
+                None => None,
+            };
+            Store::Postgres(Box::new(
+                PgStore::connect(url, ca.as_deref(), None)
+                    .await
+                    .map_err(|e| Error::Refused(format!("the run history in PostgreSQL: {e}")))?,
+            ))
+        }
+    };
     let records = store.list(&q).await.map_err(|e| {
         Error::Refused(format!(
-            "reading the run history (RunRecords{}): {e}",
+            "reading the run history ({}{}): {e}",
+            store.kind(),
             q.namespace
                 .as_deref()
                 .map(|n| format!(" in namespace {n}"))
