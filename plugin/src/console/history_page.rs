@@ -245,6 +245,19 @@ pub fn record_page(frame: &Frame<'_>, r: &RunRecordSpec, live: bool, now: Timest
     layout(&format!("{} (record)", r.run.name), frame, "history", body)
 }
 
+/// A record that could not be read: the store's refusal, in words.
+pub fn record_unreadable(frame: &Frame<'_>, ns: &str, record: &str, why: &str) -> Markup {
+    let body = html! {
+        nav class="crumbs" aria-label="Breadcrumb" {
+            a href="/history" { "History" } " / " (ns) " / "
+            span aria-current="page" { (record) }
+        }
+        h1 { "RunRecord " (record) }
+        p class="warning" role="alert" { (why) }
+    };
+    layout(record, frame, "history", body)
+}
+
 fn time(t: Option<&Time>) -> Markup {
     match t {
         Some(t) => html! { time datetime=(t.0.to_string()) { (t.0) } },

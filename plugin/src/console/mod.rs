@@ -504,14 +504,12 @@ async fn history_record(
             };
             (StatusCode::NOT_FOUND, pages::not_found(&c.frame(), &what)).into_response()
         }
-        Err(e) => {
-            let mut frame = c.frame();
-            frame.warnings.push(history_page::trouble(&e));
-            page(pages::not_found(
-                &frame,
-                &format!("RunRecord {record} in namespace {ns} could not be read."),
-            ))
-        }
+        Err(e) => page(history_page::record_unreadable(
+            &c.frame(),
+            &ns,
+            &record,
+            &history_page::trouble(&e),
+        )),
     }
 }
 
