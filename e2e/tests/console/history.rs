@@ -204,7 +204,6 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
         json!(0),
         "no markup from a record became an element"
     );
-    b.screenshot("console-history.png").await;
 
     // Filters are links, and the form makes them.
     for (query, want) in [
@@ -261,6 +260,7 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
     );
     assert_eq!(page[3], 1, "the step's attempt on the timeline");
     assert!(page[4].as_str().unwrap().contains("deleted"), "{page}");
+    b.screenshot("console-record.png").await;
     let writes = "return [document.querySelectorAll('[hx-post], [hx-put], [hx-patch], [hx-delete], textarea').length, [...document.querySelectorAll('form')].map(f => f.getAttribute('method'))]";
     assert_eq!(
         b.client.execute(writes, vec![]).await.unwrap(),

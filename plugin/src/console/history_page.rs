@@ -106,7 +106,7 @@ pub fn history_page(
             label { "Run " input name="run" value=(f.run) placeholder="any" size="14"; }
             label { "Requested by " input name="requested_by" value=(f.requested_by) placeholder="anyone" size="14"; }
             label { "Finished since "
-                input name="since" value=(f.since) list="history-since" placeholder="24h or 2026-12-01" size="14";
+                input name="since" value=(f.since) list="history-since" placeholder="24h or 2026-12-01" size="18";
             }
             datalist id="history-since" { @for (v, label) in SINCE { option value=(v) { (label) } } }
             @if !f.limit.is_empty() { input type="hidden" name="limit" value=(f.limit); }
