@@ -14,7 +14,10 @@
 //! Needs `chromium` and `chromedriver` on PATH (`e2e/cluster browser` installs
 //! them) and fails, never skips, without them. With
 //! `AGENTRUN_CONSOLE_SCREENSHOTS=DIR` the tests write the screenshots in
-//! docs/images there.
+//! docs/images there. The History pages' test is in `console/history.rs`.
+
+#[path = "console/history.rs"]
+mod history;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 // The console's few behaviours: the ? help overlay, keyboard navigation
-// (g r runs, g i inbox, / search) and the deadline countdowns. Everything
+// (g r runs, g i inbox, g h history, / search) and the deadline countdowns. Everything
 // else is server-rendered HTML that htmx swaps in from SSE streams.
 (function () {
   "use strict";
@@ -23,6 +23,7 @@
       pendingG = false;
       if (e.key === "r") { location.href = "/"; }
       if (e.key === "i") { location.href = "/approvals"; }
+      if (e.key === "h") { location.href = "/history"; }
       return;
     }
     if (e.key === "g") { pendingG = true; setTimeout(function () { pendingG = false; }, 1500); }

@@ -30,7 +30,8 @@ pub struct HistoryArgs {
     /// Only runs this user created (as the API server recorded it).
     #[arg(long)]
     pub requested_by: Option<String>,
-    /// Only runs that finished within this long (e.g. 24h, 30m).
+    /// Only runs that finished within this long (e.g. 24h, 30m), or since
+    /// this time (2026-12-01T08:00:00Z) or day (2026-12-01, UTC).
     #[arg(long)]
     pub since: Option<String>,
     /// At most this many records.
@@ -47,29 +48,46 @@ pub struct HistoryArgs {
     pub database_ca_file: Option<std::path::PathBuf>,
 }
 
-/// The query the arguments ask for, checked before any request.
+/// `Succeeded`, `Failed` or `Cancelled`: the outcomes a record can have.
+pub fn outcome(word: &str) -> Result<RunPhase, String> {
+    serde_json::from_value::<RunPhase>(serde_json::Value::String(word.to_owned()))
+        .ok()
+        .filter(|p| p.is_finished())
+        .ok_or_else(|| "a record ends Succeeded, Failed or Cancelled".to_owned())
+}
+
+/// The start of a time filter: a duration back from `now` (`24h`, `30m`,
+/// `168h`), a time (`2026-12-01T08:00:00Z`) or a day (`2026-12-01`, from
+/// midnight UTC).
+pub fn since(text: &str, now: Timestamp) -> Result<Timestamp, String> {
+    let text = text.trim();
+    if let Ok(d) = agentrun_operator::api::Duration::from(text).parse() {
+        return Ok(now.checked_sub(d).unwrap_or(Timestamp::MIN));
+    }
+    if let Ok(t) = text.parse::<Timestamp>() {
+        return Ok(t);
+    }
+    if let Ok(day) = text.parse::<jiff::civil::Date>()
+        && let Ok(z) = day.to_zoned(jiff::tz::TimeZone::UTC)
+    {
+        return Ok(z.timestamp());
+    }
+    Err(
+        "a duration back from now (24h, 30m), a time (2026-12-01T08:00:00Z) or a day (2026-12-01)"
+            .into(),
+    )
+}
+
+/// The query the arguments ask for, checked before any request. The
+/// console's history filters come here too (`console::filter::HistoryFilter`).
 pub fn query(args: &HistoryArgs, ns: &str, now: Timestamp) -> Result<Query, Error> {
     let outcome = match args.outcome.as_deref() {
         None => None,
-        Some(o) => Some(
-            serde_json::from_value::<RunPhase>(serde_json::Value::String(o.to_owned()))
-                .ok()
-                .filter(|p| p.is_finished())
-                .ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "--outcome {o}: a record ends Succeeded, Failed or Cancelled"
-                    ))
-                })?,
-        ),
+        Some(o) => Some(outcome(o).map_err(|e| Error::Invalid(format!("--outcome {o}: {e}")))?),
     };
     let since = match args.since.as_deref() {
         None => None,
-        Some(d) => {
-            let d = agentrun_operator::api::Duration::from(d)
-                .parse()
-                .map_err(|e| Error::Invalid(format!("--since {d}: {e}")))?;
-            Some(now.checked_sub(d).unwrap_or(Timestamp::MIN))
-        }
+        Some(d) => Some(since(d, now).map_err(|e| Error::Invalid(format!("--since {d}: {e}")))?),
     };
     Ok(Query {
         namespace: (!args.all_namespaces).then(|| ns.to_owned()),

@@ -1,6 +1,10 @@
 //! The console's pure parts: the timeline's lanes and geometry from a run's
 //! status and Events, and the pages rendered from objects captured on the
-//! plane (`fixtures/`, as in render.rs). Expected values are literals.
+//! plane (`fixtures/`, as in render.rs). Expected values are literals. The
+//! history pages' tests are in `console/history.rs`.
+
+#[path = "console/history.rs"]
+mod history;
 
 use std::path::PathBuf;
 

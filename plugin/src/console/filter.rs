@@ -1,8 +1,14 @@
 //! The runs page's filters: phase, namespace, label selector and free text,
-//! from the query string (so a filtered view is a link), and the sort.
+//! from the query string (so a filtered view is a link), and the sort; and
+//! the history page's, which become the store's `history::Query` exactly as
+//! `kubectl agentrun history`'s flags do.
 
 use agentrun_operator::api::AgentRun;
+use agentrun_operator::history::Query;
+use jiff::Timestamp;
 use serde::Deserialize;
+
+use super::Scope;
 
 /// `?phase=…&namespace=…&label=…&q=…&sort=oldest`; empty fields match all.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -105,8 +111,89 @@ impl RunFilter {
     }
 }
 
-/// Percent-encoding for a query value.
-fn encode(s: &str) -> String {
+/// Most records the history page shows unless `limit` says otherwise.
+pub const HISTORY_LIMIT: usize = 500;
+
+/// `?outcome=Failed&namespace=shop&requested_by=alice&since=24h&run=refund&limit=50`;
+/// empty fields match all. Strings, so a bad value is a message on the page
+/// rather than the extractor's bare 400.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct HistoryFilter {
+    /// `Succeeded`, `Failed` or `Cancelled` (`--outcome`).
+    pub outcome: String,
+    pub namespace: String,
+    /// Who created the run, as the API server recorded it (`--requested-by`).
+    pub requested_by: String,
+    /// A duration back from now (`24h`), a time or a day (`--since`).
+    pub since: String,
+    /// Runs of this name (`history RUN`).
+    pub run: String,
+    /// At most this many records, newest first (`--limit`); [`HISTORY_LIMIT`] when empty.
+    pub limit: String,
+}
+
+impl HistoryFilter {
+    /// The store query, built as `kubectl agentrun history` builds it from
+    /// the same words (`crate::history::query`), within the console's scope:
+    /// a console of one namespace reads only that one.
+    pub fn to_query(&self, scope: &Scope, now: Timestamp) -> Result<Query, String> {
+        let given = |s: &str| Some(s.trim().to_owned()).filter(|s| !s.is_empty());
+        let limit = match given(&self.limit) {
+            None => HISTORY_LIMIT,
+            Some(l) => l
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("limit {l}: a number of records, at least 1"))?,
+        };
+        let (namespace, all_namespaces) = match (scope, given(&self.namespace)) {
+            (Scope::All, Some(ns)) => (ns, false),
+            (Scope::All, None) => (String::new(), true),
+            (Scope::Namespace(ns), Some(asked)) if asked != *ns => {
+                return Err(format!(
+                    "namespace {asked}: this console shows namespace {ns} only"
+                ));
+            }
+            (Scope::Namespace(ns), _) => (ns.clone(), false),
+        };
+        let mut q = Query {
+            namespace: (!all_namespaces).then_some(namespace),
+            run: given(&self.run),
+            requested_by: given(&self.requested_by),
+            limit: Some(limit),
+            ..Query::default()
+        };
+        if let Some(o) = given(&self.outcome) {
+            q.outcome = Some(crate::history::outcome(&o).map_err(|e| format!("outcome {o}: {e}"))?);
+        }
+        if let Some(t) = given(&self.since) {
+            q.since = Some(crate::history::since(&t, now).map_err(|e| format!("since {t}: {e}"))?);
+        }
+        Ok(q)
+    }
+
+    /// The query string for this filter (links that keep it).
+    pub fn query(&self) -> String {
+        let pairs = [
+            ("outcome", &self.outcome),
+            ("namespace", &self.namespace),
+            ("requested_by", &self.requested_by),
+            ("since", &self.since),
+            ("run", &self.run),
+            ("limit", &self.limit),
+        ];
+        pairs
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{k}={}", encode(v)))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+}
+
+/// Percent-encoding for a query value or a path segment.
+pub fn encode(s: &str) -> String {
     let mut out = String::new();
     for b in s.bytes() {
         match b {

@@ -8,13 +8,15 @@
 //!                           ├─ reflector AgentRuns  ─┐
 //!                           ├─ reflector Approvals  ─┴─▶ change counter ─▶ SSE streams
 //!                           ├─ per run page: its Events and Signals (a list each)
+//!                           ├─ history pages: history::Store list / get (read only)
 //!                           └─ decisions: decide::send_decision (the CLI's own write)
 //! ```
 //!
-//! `pages`, `run_page` and `timeline` are pure renderings; `sse` turns the
-//! watches into live fragments; this module wires the server.
+//! `pages`, `run_page`, `history_page` and `timeline` are pure renderings;
+//! `sse` turns the watches into live fragments; this module wires the server.
 
 pub mod filter;
+pub mod history_page;
 pub mod pages;
 pub mod run_page;
 mod sse;
@@ -41,7 +43,8 @@ use serde::Deserialize;
 use crate::commands::{Error, events_of, whoami};
 use crate::decide::send_decision;
 use crate::identity::Identity;
-use filter::RunFilter;
+use agentrun_operator::history::{ApiStore, Store};
+use filter::{HistoryFilter, RunFilter};
 
 /// How `kubectl agentrun console` was asked to run.
 #[derive(Clone, Debug)]
@@ -67,6 +70,9 @@ pub enum Scope {
 pub struct Console {
     client: Client,
     me: Identity,
+    scope: Scope,
+    /// Where finished runs' records are read (as the user; never written).
+    history: Store,
     runs: reflector::Store<AgentRun>,
     approvals: reflector::Store<Approval>,
     changes: tokio::sync::watch::Sender<u64>,
@@ -241,9 +247,18 @@ pub async fn serve(client: Client, default_namespace: String, opts: Options) -> 
     }
     let listener = tokio::net::TcpListener::bind(opts.address).await?;
     let port = listener.local_addr()?.port();
+    let history = Store::Api(ApiStore::new(
+        client.clone(),
+        match &scope {
+            Scope::Namespace(ns) => Some(ns.clone()),
+            Scope::All => None,
+        },
+    ));
     let console = Arc::new(Console {
         client,
         me,
+        scope: scope.clone(),
+        history,
         runs,
         approvals,
         changes,
@@ -290,7 +305,9 @@ fn router(console: Shared) -> Router {
     let mut r = Router::new()
         .route("/", get(runs_page))
         .route("/approvals", get(inbox_page))
-        .route("/ns/{ns}/runs/{run}", get(run_page));
+        .route("/ns/{ns}/runs/{run}", get(run_page))
+        .route("/history", get(history_list))
+        .route("/ns/{ns}/history/{record}", get(history_record));
     if console.decide {
         r = r.route("/ns/{ns}/approvals/{name}/decide", post(decide));
     }
@@ -416,6 +433,105 @@ async fn run_page(State(c): State<Shared>, Path((ns, name)): Path<(String, Strin
         &events,
         Timestamp::now(),
     ))
+}
+
+/// The records that match the filter, newest first, through the history
+/// store as the user; a filter it cannot use or the store's refusal is the
+/// page's message, never an error page.
+async fn history_list(State(c): State<Shared>, Query(f): Query<HistoryFilter>) -> Response {
+    let now = Timestamp::now();
+    let all = matches!(c.scope, Scope::All);
+    let show = |listed: history_page::Listed<'_>| {
+        page(history_page::history_page(
+            &c.frame(),
+            listed,
+            &f,
+            all,
+            &c.namespaces(),
+            now,
+        ))
+    };
+    let mut q = match f.to_query(&c.scope, now) {
+        Ok(q) => q,
+        Err(why) => return show(history_page::Listed::Trouble(&why)),
+    };
+    // One more than shown, to say whether there are more.
+    let limit = q.limit.unwrap_or(filter::HISTORY_LIMIT);
+    q.limit = Some(limit + 1);
+    match c.history.list(&q).await {
+        Ok(mut records) => {
+            let more = records.len() > limit;
+            records.truncate(limit);
+            show(history_page::Listed::Records {
+                records: &records,
+                more,
+            })
+        }
+        Err(e) => show(history_page::Listed::Trouble(&history_page::trouble(&e))),
+    }
+}
+
+/// One record, read-only in every mode.
+async fn history_record(
+    State(c): State<Shared>,
+    Path((ns, record)): Path<(String, String)>,
+) -> Response {
+    if let Scope::Namespace(own) = &c.scope
+        && *own != ns
+    {
+        let what = format!("This console shows namespace {own} only.");
+        return (StatusCode::NOT_FOUND, pages::not_found(&c.frame(), &what)).into_response();
+    }
+    match c.history.get(&ns, &record).await {
+        Ok(Some(r)) => {
+            let live = c
+                .runs
+                .get(&reflector::ObjectRef::new(&r.run.name).within(&ns))
+                .is_some_and(|run| run.metadata.uid.as_deref() == Some(r.run.uid.as_str()));
+            page(history_page::record_page(
+                &c.frame(),
+                &r,
+                live,
+                Timestamp::now(),
+            ))
+        }
+        Ok(None) => {
+            let what = match runrecords_served(&c.client).await {
+                Some(false) => "The API server does not serve RunRecords: the RunRecord CRD is not installed. Install the CRDs of an operator with the history (docs/install.md).".to_owned(),
+                _ => format!(
+                    "No RunRecord {record} in namespace {ns}: it may have passed the operator's retention window, or you may not read it."
+                ),
+            };
+            (StatusCode::NOT_FOUND, pages::not_found(&c.frame(), &what)).into_response()
+        }
+        Err(e) => page(history_page::record_unreadable(
+            &c.frame(),
+            &ns,
+            &record,
+            &history_page::trouble(&e),
+        )),
+    }
+}
+
+/// Whether the API server serves RunRecords (discovery, which every signed-in
+/// user may read): a 404 on a record is then a missing record, not a missing
+/// CRD. `None` when discovery itself failed.
+async fn runrecords_served(client: &Client) -> Option<bool> {
+    use kube::Resource;
+    let gv = format!(
+        "{}/{}",
+        agentrun_operator::api::RunRecord::group(&()),
+        agentrun_operator::api::RunRecord::version(&())
+    );
+    match client.list_api_group_resources(&gv).await {
+        Ok(list) => Some(
+            list.resources
+                .iter()
+                .any(|r| r.name == agentrun_operator::api::RunRecord::plural(&())),
+        ),
+        Err(kube::Error::Api(s)) if s.code == 404 => Some(false),
+        Err(_) => None,
+    }
 }
 
 #[derive(Deserialize)]

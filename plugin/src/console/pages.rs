@@ -11,7 +11,7 @@ use crate::identity::Identity;
 use crate::render;
 
 /// The phases a run can be in, for the filter.
-pub const PHASES: [&str; 10] = [
+pub const PHASES: [&str; 11] = [
     "Pending",
     "Queued",
     "Planning",
@@ -22,6 +22,7 @@ pub const PHASES: [&str; 10] = [
     "Succeeded",
     "Failed",
     "Cancelled",
+    "AlreadyRan",
 ];
 
 /// What every page shows around its content: who you are, and why what it
@@ -56,6 +57,7 @@ pub fn layout(title: &str, frame: &Frame<'_>, current: &str, body: Markup) -> Ma
                         a class="brand" href="/" { "agentrun" }
                         a href="/" aria-current=[(current == "runs").then_some("page")] { "Runs" }
                         a href="/approvals" aria-current=[(current == "inbox").then_some("page")] { "Approvals" }
+                        a href="/history" aria-current=[(current == "history").then_some("page")] { "History" }
                     }
                     span class="whoami" title="Who the API server says you are" {
                         "as " strong id="whoami" { (me.user) }
@@ -81,6 +83,7 @@ fn help() -> Markup {
                 dt { kbd { "?" } } dd { "this help" }
                 dt { kbd { "g" } " " kbd { "r" } } dd { "runs" }
                 dt { kbd { "g" } " " kbd { "i" } } dd { "approvals inbox" }
+                dt { kbd { "g" } " " kbd { "h" } } dd { "history of finished runs" }
                 dt { kbd { "/" } } dd { "search runs" }
                 dt { kbd { "Esc" } } dd { "close" }
             }
@@ -381,7 +384,7 @@ pub fn not_found(frame: &Frame<'_>, what: &str) -> Markup {
         "Not found",
         frame,
         "",
-        html! { h1 { "Not found" } p { (what) } p { a href="/" { "All runs" } } },
+        html! { h1 { "Not found" } p { (what) } p { a href="/" { "All runs" } " · " a href="/history" { "History" } } },
     )
 }
 

@@ -11,6 +11,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 use maud::{Markup, html};
 
+use super::history_page::record_href;
 use super::pages::{Frame, json_view, layout, phase_badge};
 use super::timeline;
 use crate::render;
@@ -99,6 +100,27 @@ pub fn run_detail(
                 " · tokens " (status.tokens_used) @if let Some(b) = budget { " of " (b) }
                 " · step Pods " (status.step_executions)
                 @if let Some(c) = &run.metadata.creation_timestamp { " · created " (render::age(c.0, now)) " ago" }
+            }
+            @if let Some(prior) = &status.already_ran {
+                div class="notice already-ran" role="status" {
+                    p {
+                        strong { "This run ran nothing." }
+                        " A run " (name) " with the same spec already ran in " (ns)
+                        " (UID " code { (prior.run_uid) } ") and ended "
+                        (phase_badge(&prior.outcome)) " at "
+                        time datetime=(prior.completed_at.0.to_string()) { (prior.completed_at.0) } ". "
+                        "Its record: " a class="record-link" href=(record_href(&ns, &prior.record)) { (prior.record) } "."
+                    }
+                    p class="note" {
+                        "A re-sync is not a re-run: to run it again on purpose, create it with the annotation "
+                        code { "agentrun.dev/rerun" } " set to a new value."
+                    }
+                }
+            } @else if let Some(record) = &status.record {
+                p class="recorded" {
+                    "Recorded: " a class="record-link" href=(record_href(&ns, record)) { (record) }
+                    " " small { "(kept after the run is deleted)" }
+                }
             }
             @if let Some(w) = render::waiting_for(run, approvals) {
                 p class="waiting" { "Waiting for " a href="/approvals" { (w) } }
