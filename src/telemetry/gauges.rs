@@ -9,7 +9,7 @@ use crate::api::{AgentRun, Approval, ApprovalPhase, RunPhase};
 use crate::engine::ConditionType;
 
 /// Every phase, so a phase with no run reads 0 rather than vanishing.
-pub const PHASES: [RunPhase; 10] = [
+pub const PHASES: [RunPhase; 11] = [
     RunPhase::Pending,
     RunPhase::Queued,
     RunPhase::Planning,
@@ -20,6 +20,7 @@ pub const PHASES: [RunPhase; 10] = [
     RunPhase::Succeeded,
     RunPhase::Failed,
     RunPhase::Cancelled,
+    RunPhase::AlreadyRan,
 ];
 
 #[derive(Debug, Default, PartialEq)]
