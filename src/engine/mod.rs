@@ -33,6 +33,7 @@ mod machine;
 mod names;
 mod observe;
 mod plan;
+mod planner;
 mod pods;
 pub mod reasons;
 mod result;

@@ -158,7 +158,10 @@ impl<'a> Machine<'a> {
         }
         let planned = match role {
             StepRole::Planner => {
-                match plan::parse_planner_plan(report.plan.as_ref(), &self.run.spec.steps) {
+                match super::super::planner::parse_planner_plan(
+                    report.plan.as_ref(),
+                    &self.run.spec.steps,
+                ) {
                     Ok(steps) => Some(steps),
                     Err(e) => {
                         // An invalid plan is a failed attempt: retried within
