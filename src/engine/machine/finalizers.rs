@@ -189,13 +189,16 @@ impl<'a> Machine<'a> {
         if let (Some(ttl), Some(done)) = (
             self.run.spec.ttl_seconds_after_finished,
             self.status.completed_at.clone(),
-        ) && self.recorded_for_ttl()
-        {
+        ) {
             let at = done
                 .0
                 .checked_add(SignedDuration::from_secs(ttl.max(0).into()))
                 .unwrap_or(Timestamp::MAX);
-            if at <= self.now {
+            let due = at <= self.now;
+            if !self.recorded_for_ttl(due) {
+                return;
+            }
+            if due {
                 self.actions.push(Action::DeleteRun);
             } else {
                 self.deadlines.push(at);

@@ -34,6 +34,19 @@ impl<'a> Machine<'a> {
                     "the run history cannot be read ({why}); the run starts once the operator knows it has not run before"
                 );
                 self.status.phase = Some(RunPhase::Pending);
+                // D16: a Warning Event when the wait begins, not every look.
+                let told = crate::engine::conditions::get(
+                    &self.committed.conditions,
+                    ConditionType::Stalled,
+                )
+                .is_some_and(|c| c.reason == Reason::HistoryUnavailable);
+                if !told {
+                    self.event(
+                        EventType::Warning,
+                        Reason::HistoryUnavailable,
+                        message.clone(),
+                    );
+                }
                 self.set_condition(
                     ConditionType::Stalled,
                     TRUE,
@@ -136,10 +149,13 @@ impl<'a> Machine<'a> {
         digests.push(digest);
     }
 
-    /// Whether the TTL may delete this finished run now: with history kept,
-    /// only once its record is stored (the controller stores it, then
-    /// writes `status.record`); until then it is looked at again.
-    pub(super) fn recorded_for_ttl(&mut self) -> bool {
+    /// Whether the TTL may delete this finished run (`due`: its time has
+    /// come): with history kept, only once its record is stored (the
+    /// controller stores it, then writes `status.record`); until then it is
+    /// looked at again, and once the TTL is due the wait shows on the run
+    /// (D16: `Stalled`, reason `RecordFailed`, beside the controller's
+    /// `RecordFailed` Warning Events with the store's message).
+    pub(super) fn recorded_for_ttl(&mut self, due: bool) -> bool {
         let phase = self.status.phase.unwrap_or(RunPhase::Pending);
         if phase == RunPhase::AlreadyRan {
             // Nothing ran, nothing to keep: it stays until its manifest goes,
@@ -148,6 +164,14 @@ impl<'a> Machine<'a> {
         }
         if !self.history.is_on() || self.status.record.is_some() {
             return true;
+        }
+        if due {
+            self.set_condition(
+                ConditionType::Stalled,
+                TRUE,
+                Reason::RecordFailed,
+                "ttlSecondsAfterFinished has passed, but the run's record is not stored yet: the run is deleted once it is (see its RecordFailed Events)".into(),
+            );
         }
         self.deadlines.push(self.at(HISTORY_RETRY));
         false

@@ -61,10 +61,23 @@ fn a_run_whose_earlier_run_failed_is_not_run_again_either() {
 fn a_run_whose_history_cannot_be_read_waits_visibly_then_starts() {
     let mut w = World::new(AgentRun::test().with_steps([step("a")]));
     w.history = History::Unavailable("connection refused".into());
+    let warned = |d: &Decision| {
+        d.actions.iter().any(|a| {
+            matches!(a,
+            Action::Event { type_: EventType::Warning, reason: Reason::HistoryUnavailable, message }
+                if message.contains("connection refused"))
+        })
+    };
     let d = w.step();
     assert!(creates(&d).is_empty(), "{:?}", d.actions);
+    assert!(
+        warned(&d),
+        "a Warning Event when the wait begins: {:?}",
+        d.actions
+    );
     let d = w.step();
     assert!(creates(&d).is_empty(), "{:?}", d.actions);
+    assert!(!warned(&d), "not again at every look");
     assert_eq!(
         d.requeue_after,
         Some(SignedDuration::from_secs(15)),
@@ -103,6 +116,9 @@ fn the_ttl_deletes_a_finished_run_only_once_its_record_is_stored() {
     assert!(!d.actions.contains(&Action::DeleteRun), "{:?}", d.actions);
     assert_eq!(d.requeue_after, Some(SignedDuration::from_secs(15)));
     assert!(!w.run_deleted);
+    // D16: the TTL is due and the run stays: it says why.
+    let (status, reason) = condition_of(&w, ConditionType::Stalled);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "RecordFailed"));
     // Stored, and named by the status: now the TTL applies.
     let mut s = w.status();
     s.record = Some("run-runuid".into());
