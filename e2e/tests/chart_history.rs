@@ -170,3 +170,35 @@ fn chart_history_schema_refuses_what_the_operator_would() {
         );
     }
 }
+
+/// The operator's rules plus `get, list namespaces` when PostgreSQL keeps
+/// the history and the operator watches every namespace (records outlive a
+/// namespace there); no namespace rule otherwise, and none in a Role.
+#[test]
+fn chart_history_in_postgres_may_read_namespaces_only_cluster_wide() {
+    let postgres = [
+        "--set",
+        "history.store=postgres",
+        "--set",
+        "history.database.existingSecret=agentrun-history-db",
+    ];
+    let grants = |args: &[&str]| {
+        let docs = render("ops", "agentrun-system", args);
+        let roles: Vec<_> = ["ClusterRole", "Role"]
+            .iter()
+            .flat_map(|k| of_kind(&docs, k))
+            .filter(|r| r["metadata"]["name"] == "ops-agentrun-operator")
+            .cloned()
+            .collect();
+        assert_eq!(roles.len(), 1, "one operator role");
+        (roles[0]["kind"].clone(), grants_of(&roles[0]))
+    };
+    let mut with_namespaces = operator_grants();
+    with_namespaces.insert(grant("", "namespaces", "get", None));
+    with_namespaces.insert(grant("", "namespaces", "list", None));
+
+    assert_eq!(grants(&postgres), (json!("ClusterRole"), with_namespaces));
+    assert_eq!(grants(&[]), (json!("ClusterRole"), operator_grants()));
+    let scoped = [&postgres[..], &["--set", "watchNamespace=team-a"]].concat();
+    assert_eq!(grants(&scoped), (json!("Role"), operator_grants()));
+}

@@ -3,7 +3,8 @@
 //! by the next call, TLS verifies the server against the CA given, errors
 //! name the database and never the URL's password, the operator does not
 //! start when its database cannot be reached, and, with the operator and the
-//! simulated kubelet, a run created again after its TTL runs nothing. What it shares with the
+//! simulated kubelet, a run created again after its TTL runs nothing; records
+//! of a namespace that is gone are removed. What it shares with the
 //! RunRecord store is in tests/history_stores.rs.
 //!
 //! Fails, never skips, without PostgreSQL (`AGENTRUN_TEST_DATABASE_URL` and
@@ -16,7 +17,10 @@ use agentrun_e2e::support::history::{database_url, pg_store, record, unique};
 use agentrun_e2e::support::processes::{free_port, operator_binary};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
 use agentrun_operator::api::{AgentRun, RunPhase, RunRecord};
-use agentrun_operator::history::{PgStore, Store};
+use agentrun_operator::history::{self, PgStore, Store};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -335,4 +339,98 @@ async fn the_operator_on_postgres_recognises_a_run_created_again() {
         .collect();
     assert_eq!(started, ["refund"], "the refund was issued once");
     s.finish().await;
+}
+
+/// Records outlive their namespace in PostgreSQL; the operator's sweep
+/// (`history::live_namespaces`, then `forget_gone_namespaces`) removes
+/// those of a namespace that is gone, or made again under the same name,
+/// and keeps those of namespaces that are there or made after the list.
+/// Against the real API server's namespaces; each store scoped to one
+/// namespace, so the records of tests running beside it are not touched.
+#[tokio::test]
+async fn postgres_forgets_the_records_of_a_namespace_deleted_or_made_again() {
+    let env = agentrun_e2e::TestEnv::new("history-gone-namespace").await;
+    let here = env.namespace().to_owned();
+    let gone = unique("history-never-made");
+    let made = Api::<Namespace>::all(env.client())
+        .get_metadata(&here)
+        .await
+        .unwrap()
+        .metadata
+        .creation_timestamp
+        .expect("a namespace has a creation time")
+        .0;
+    let now = Timestamp::now();
+    let after = |t: Timestamp, secs: i64| Time(t + SignedDuration::from_secs(secs));
+
+    // In the namespace that is here: a run of it, and a run of an earlier
+    // namespace of the same name (created before this one was).
+    let mut of_this = record(&here, "refund", "b0000001", RunPhase::Succeeded, 10);
+    of_this.run.created_at = after(made, 1);
+    of_this.outcome.completed_at = after(made, 2);
+    let of_an_earlier = record(&here, "refund", "b0000002", RunPhase::Succeeded, 10);
+    // In a namespace the list does not show: finished before the list, and
+    // finished after it (a namespace made since the list was taken).
+    let before_the_list = record(&gone, "refund", "b0000003", RunPhase::Failed, 10);
+    let mut after_the_list = record(&gone, "refund", "b0000004", RunPhase::Failed, 10);
+    after_the_list.run.created_at = after(now, 3600);
+    after_the_list.outcome.completed_at = after(now, 3601);
+    let all = [&of_this, &of_an_earlier, &before_the_list, &after_the_list];
+
+    let url = database_url();
+    let stores = [
+        Store::Postgres(Box::new(pg_store(&url, &here).await)),
+        Store::Postgres(Box::new(pg_store(&url, &gone).await)),
+    ];
+    let store_of = |ns: &str| &stores[usize::from(ns == gone)];
+    for r in all {
+        store_of(&r.run.namespace).put(r).await.unwrap();
+    }
+
+    let live = history::live_namespaces(&env.client(), now).await.unwrap();
+    assert_eq!(
+        live.created.get(&here),
+        Some(&made),
+        "the list has this namespace"
+    );
+    assert!(!live.created.contains_key(&gone));
+    let mut removed = 0;
+    for store in &stores {
+        removed += store.forget_gone_namespaces(&live).await.unwrap();
+    }
+    assert_eq!(
+        removed, 2,
+        "the earlier namespace's record and the gone one's"
+    );
+
+    for r in all {
+        let kept = store_of(&r.run.namespace)
+            .get(
+                &r.run.namespace,
+                &history::record_name(&r.run.name, &r.run.uid),
+            )
+            .await
+            .unwrap()
+            .is_some();
+        assert_eq!(
+            kept,
+            !history::of_a_gone_namespace(r, &live),
+            "{} in {}: the database and the rule agree",
+            r.run.uid,
+            r.run.namespace
+        );
+    }
+    let kept_tags: Vec<_> = all
+        .iter()
+        .filter(|r| !history::of_a_gone_namespace(r, &live))
+        .map(|r| &r.run.uid[..8])
+        .collect();
+    assert_eq!(kept_tags, ["b0000001", "b0000004"]);
+    // Again: nothing more to remove.
+    let mut again = 0;
+    for store in &stores {
+        again += store.forget_gone_namespaces(&live).await.unwrap();
+    }
+    assert_eq!(again, 0);
+    env.cleanup().await;
 }

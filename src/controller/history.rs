@@ -3,8 +3,9 @@
 //! status names it, and the pruning of records past their retention.
 
 use jiff::Timestamp;
-use kube::Resource;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::events::{Event, EventType};
+use kube::{Api, Client, Resource};
 use tracing::{debug, warn};
 
 use super::Context;
@@ -30,14 +31,52 @@ pub(super) async fn look_up(run: &AgentRun, now: Timestamp, ctx: &Context) -> en
         return engine::History::On;
     };
     match settings.store.find(ns, name).await {
-        Ok(records) => match history::recognise(&records, run, now, &settings.retention) {
-            Some(prior) => engine::History::AlreadyRan(prior),
-            None => engine::History::On,
-        },
+        Ok(mut records) => {
+            let mut prior = history::recognise(&records, run, now, &settings.retention);
+            if prior.is_some() && settings.store.outlives_namespaces() {
+                // Records kept outside the cluster may be of an earlier
+                // namespace of this name, not yet removed: they are not this
+                // run's history. Asked only when a record matched.
+                if let Some(live) = this_namespace(ns, now, ctx).await {
+                    records.retain(|r| !history::of_a_gone_namespace(r, &live));
+                    prior = history::recognise(&records, run, now, &settings.retention);
+                }
+            }
+            match prior {
+                Some(prior) => engine::History::AlreadyRan(prior),
+                None => engine::History::On,
+            }
+        }
         Err(err) => {
             warn!(run = name, error = %err, "the run history cannot be read");
             ctx.metrics.history_errors.inc();
             engine::History::Unavailable(err.to_string())
+        }
+    }
+}
+
+/// `ns` as the API server has it now, when the operator may read namespaces
+/// (it watches all of them); `None` otherwise.
+async fn this_namespace(
+    ns: &str,
+    now: Timestamp,
+    ctx: &Context,
+) -> Option<history::LiveNamespaces> {
+    if !ctx.all_namespaces {
+        return None;
+    }
+    let api = Api::<Namespace>::all(ctx.client.clone());
+    match api.get_metadata(ns).await {
+        Ok(meta) => {
+            let created = meta.metadata.creation_timestamp?.0;
+            Some(history::LiveNamespaces {
+                listed_at: now,
+                created: [(ns.to_owned(), created)].into(),
+            })
+        }
+        Err(err) => {
+            warn!(namespace = ns, error = %err, "cannot read the run's namespace to check its history");
+            None
         }
     }
 }
@@ -87,18 +126,43 @@ pub(super) async fn record(
 }
 
 /// Removes records past the retention once the caches are synced, then
-/// every `prune_every`. Runs where the controller runs: on the leader.
+/// every `prune_every`, and, from a store that outlives namespaces, the
+/// records of namespaces that are gone (`namespaces`: the client that may
+/// list them, when the operator watches all namespaces). Runs where the
+/// controller runs: on the leader.
 pub(super) async fn prune_now_and_then(
     settings: Settings,
     clock: Clock,
+    namespaces: Option<Client>,
     mut synced: tokio::sync::watch::Receiver<u8>,
 ) {
     if synced.wait_for(|m| *m == super::SYNCED_ALL).await.is_err() {
         return;
     }
+    let namespaces = namespaces.filter(|_| settings.store.outlives_namespaces());
+    let mut refused = false;
     loop {
         if let Err(err) = settings.store.prune(clock.now(), &settings.retention).await {
             warn!(error = %err, "pruning the run history failed; trying again later");
+        }
+        if let Some(client) = &namespaces {
+            match history::live_namespaces(client, clock.now()).await {
+                Ok(live) => {
+                    if let Err(err) = settings.store.forget_gone_namespaces(&live).await {
+                        warn!(error = %err, "removing the records of deleted namespaces failed; trying again later");
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 403 && !refused => {
+                    refused = true;
+                    warn!(
+                        error = %s.message,
+                        "cannot list namespaces: records of deleted namespaces stay until the retention removes them"
+                    );
+                }
+                Err(err) => {
+                    debug!(error = %err, "listing namespaces for the run history failed");
+                }
+            }
         }
         tokio::time::sleep(settings.prune_every).await;
     }

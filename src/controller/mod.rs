@@ -148,6 +148,8 @@ pub struct Context {
     capacity: capacity::Capacity,
     /// The run history (D18), when kept.
     history: Option<crate::history::Settings>,
+    /// The operator watches every namespace (and may read them).
+    all_namespaces: bool,
 }
 
 /// Reconciles that do work at once, granted first come, first served
@@ -314,11 +316,13 @@ pub async fn run(
         clock: scope.clock.clone(),
         capacity: capacity::Capacity::new(scope.caps.clone()),
         history: scope.history.clone(),
+        all_namespaces: scope.namespace.is_none(),
     });
     if let Some(history) = scope.history.clone() {
         tokio::spawn(history::prune_now_and_then(
             history,
             scope.clock.clone(),
+            scope.namespace.is_none().then(|| client.clone()),
             synced_rx.clone(),
         ));
     }

@@ -151,6 +151,45 @@ impl std::fmt::Debug for Settings {
     }
 }
 
+/// The namespaces that exist, as the operator listed them: each one's
+/// creation time, and when the list was taken (the API server's clock).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveNamespaces {
+    pub listed_at: Timestamp,
+    pub created: std::collections::BTreeMap<String, Timestamp>,
+}
+
+/// Whether `r` is the record of a namespace that is gone: no namespace of
+/// its name was listed and its run finished before the list was taken (a
+/// namespace made after the list holds only runs that finish later), or the
+/// namespace of that name was made after the run was (it is another
+/// namespace, made again under the same name). Such a record is no run's
+/// history any more: with RunRecords the namespace took it along.
+pub fn of_a_gone_namespace(r: &RunRecordSpec, live: &LiveNamespaces) -> bool {
+    match live.created.get(&r.run.namespace) {
+        Some(created) => r.run.created_at.0 < *created,
+        None => r.outcome.completed_at.0 < live.listed_at,
+    }
+}
+
+/// Every namespace and when it was made, listed (metadata only) after
+/// `listed_at`: a namespace made after that time holds no record the list
+/// could call gone.
+pub async fn live_namespaces(
+    client: &kube::Client,
+    listed_at: Timestamp,
+) -> Result<LiveNamespaces, kube::Error> {
+    let list = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .list_metadata(&kube::api::ListParams::default())
+        .await?;
+    let created = list
+        .items
+        .into_iter()
+        .filter_map(|n| Some((n.metadata.name?, n.metadata.creation_timestamp?.0)))
+        .collect();
+    Ok(LiveNamespaces { listed_at, created })
+}
+
 /// Where records are kept.
 pub enum Store {
     /// RunRecord objects through the API server.
@@ -199,6 +238,21 @@ impl Store {
         match self {
             Store::Api(s) => s.get(namespace, name).await,
             Store::Postgres(s) => s.get(namespace, name).await,
+        }
+    }
+
+    /// Whether records outlive their namespace here, so the operator must
+    /// remove them ([`Store::forget_gone_namespaces`]); RunRecords go with it.
+    pub fn outlives_namespaces(&self) -> bool {
+        matches!(self, Store::Postgres(_))
+    }
+
+    /// Removes the records of namespaces that are gone
+    /// ([`of_a_gone_namespace`]); how many.
+    pub async fn forget_gone_namespaces(&self, live: &LiveNamespaces) -> Result<u64, Error> {
+        match self {
+            Store::Api(_) => Ok(0),
+            Store::Postgres(s) => s.forget_gone_namespaces(live).await,
         }
     }
 

@@ -102,6 +102,17 @@ DELETE FROM agentrun_run_records AS r USING (
 ) AS ranked
 WHERE r.namespace = ranked.namespace AND r.name = ranked.name AND ranked.n > $2"#;
 
+/// The records of namespaces that are gone, as [`super::of_a_gone_namespace`]
+/// says: `$2` when the list of live namespaces `$3` (created at `$4`) was taken.
+const GONE_NAMESPACES: &str = "
+DELETE FROM agentrun_run_records AS r
+WHERE ($1::text IS NULL OR r.namespace = $1)
+  AND COALESCE(
+    (SELECT (r.record #>> '{run,createdAt}')::timestamptz < live.created
+       FROM unnest($3::text[], $4::timestamptz[]) AS live(namespace, created)
+      WHERE live.namespace = r.namespace),
+    r.completed_at < $2)";
+
 /// How long a connection may take to open when the URL does not say.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -362,6 +373,32 @@ impl PgStore {
             })
             .await?;
         row.map(|r| decode(r.get(0))).transpose()
+    }
+
+    pub(super) async fn forget_gone_namespaces(
+        &self,
+        live: &super::LiveNamespaces,
+    ) -> Result<u64, Error> {
+        let ns = self.namespace.as_ref();
+        let listed_at = live.listed_at;
+        let names: Vec<&str> = live.created.keys().map(String::as_str).collect();
+        let created: Vec<Timestamp> = live.created.values().copied().collect();
+        let gone = self
+            .with_client("removing the records of deleted namespaces", |c| {
+                let (names, created) = (&names, &created);
+                async move {
+                    c.execute(GONE_NAMESPACES, &[&ns, &listed_at, names, created])
+                        .await
+                }
+            })
+            .await?;
+        if gone > 0 {
+            info!(
+                records = gone,
+                "removed the run records of deleted namespaces"
+            );
+        }
+        Ok(gone)
     }
 
     pub(super) async fn prune(&self, now: Timestamp, keep: &Retention) -> Result<Pruned, Error> {

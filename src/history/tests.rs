@@ -297,3 +297,29 @@ fn a_record_of_the_largest_run_stays_bounded() {
         serde_json::to_vec(&small).unwrap().len()
     );
 }
+
+#[test]
+fn a_record_outlives_its_namespace_only_until_the_namespace_is_seen_gone_or_made_again() {
+    let listed_at = t(1000);
+    let mut r = record_of(&run("refund", "u-1", spec()), RunPhase::Succeeded, t(100));
+    r.run.created_at = Time(t(50));
+    let live = |created: Option<Timestamp>| LiveNamespaces {
+        listed_at,
+        created: created
+            .map(|c| ("team-a".to_owned(), c))
+            .into_iter()
+            .collect(),
+    };
+    // The namespace the run ran in, still there.
+    assert!(!of_a_gone_namespace(&r, &live(Some(t(10)))));
+    // Made in the same second as the run: still the run's namespace.
+    assert!(!of_a_gone_namespace(&r, &live(Some(t(50)))));
+    // Made again after the run was created: another namespace of that name.
+    assert!(of_a_gone_namespace(&r, &live(Some(t(51)))));
+    // Not listed, and the run finished before the list: gone.
+    assert!(of_a_gone_namespace(&r, &live(None)));
+    // Not listed, but the run finished after the list was taken: a namespace
+    // made since, not gone.
+    r.outcome.completed_at = Time(t(1001));
+    assert!(!of_a_gone_namespace(&r, &live(None)));
+}
