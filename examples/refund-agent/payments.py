@@ -16,6 +16,9 @@ what makes a rerun of an agent step with the same key harmless.
     POST /payouts                     {"expenseId", "employee", "amount"}: an expense reimbursed
     GET  /ledger                      everything that happened: refunds, payouts and, per key,
                                       how many requests carried it (what tests count)
+    PUT  /outage                      {"paths": ["/notifications"]}: requests under these
+                                      paths answer 503 until the next PUT (a provider that is
+                                      down, for demos and tests; [] ends it)
     GET  /healthz
 
     payments.py --listen 127.0.0.1:8080 [--settle-seconds 0]
@@ -44,6 +47,7 @@ class Ledger:
         self.requests = {}  # key -> count of mutating requests carrying it
         self.notifications = []
         self.payouts = []
+        self.outage = []  # path prefixes answering 503
 
     def snapshot(self):
         with self.lock:
@@ -97,7 +101,27 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             return None
 
+    def _down(self):
+        """Answers 503 when the path is under an outage; whether it did."""
+        path = self.path.partition("?")[0]
+        with self.server.ledger.lock:
+            down = any(path.startswith(p) for p in self.server.ledger.outage)
+        if down:
+            self._send(503, {"error": "the provider is unavailable"})
+        return down
+
+    def do_PUT(self):
+        body = self._body()
+        paths = body.get("paths") if isinstance(body, dict) else None
+        if self.path != "/outage" or not isinstance(paths, list):
+            return self._send(400, {"error": 'PUT /outage {"paths": [...]}'})
+        with self.server.ledger.lock:
+            self.server.ledger.outage = [str(p) for p in paths]
+        self._send(200, {"outage": paths})
+
     def do_GET(self):
+        if self._down():
+            return
         led = self.server.ledger
         path, _, query = self.path.partition("?")
         parts = path.strip("/").split("/")
@@ -121,6 +145,8 @@ class Handler(BaseHTTPRequestHandler):
         self._send(404, {"error": "not found"})
 
     def do_POST(self):
+        if self._down():
+            return
         led = self.server.ledger
         key = self.headers.get("Idempotency-Key")
         if not key:

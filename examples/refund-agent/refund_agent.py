@@ -33,7 +33,8 @@ Each reads its inputs from the step context (agentrun_step SDK), talks to the pa
 service at $PAYMENTS_API_URL with the step's idempotency key, and reports its result in the
 termination message. A failed call exits non-zero: the attempt fails and is retried with
 the same key, which the payments service answers with the first result. A request the
-service refused (a 4xx answer) did not act, and the step says so (`"effect": "NotApplied"`);
+service refused (a 4xx answer, or 503 from a provider that is down) did not act, and the
+step says so (`"effect": "NotApplied"`);
 any other failure may have acted, and for issue-refund (NonIdempotent) the operator asks a
 person before it runs again.
 
@@ -54,7 +55,12 @@ from agentrun_step import Step, StepError
 
 
 class Refused(StepError):
-    """The service answered 4xx: it refused the request, so nothing changed."""
+    """The service refused the request, so nothing changed: a 4xx answer, or 503 (the
+    provider is down and took nothing)."""
+
+    def __init__(self, text, status=None):
+        super().__init__(text)
+        self.status = status
 
 
 def call(method, url, body=None, headers=None, timeout=10):
@@ -66,7 +72,9 @@ def call(method, url, body=None, headers=None, timeout=10):
             return json.load(resp), resp.headers.get("Idempotent-Replayed") == "true"
     except urllib.error.HTTPError as e:
         text = f"{method} {url}: {e.code} {e.read()[:200].decode(errors='replace')}"
-        raise (Refused if 400 <= e.code < 500 else StepError)(text) from None
+        if 400 <= e.code < 500 or e.code == 503:
+            raise Refused(text, e.code) from None
+        raise StepError(text) from None
     except (urllib.error.URLError, OSError) as e:
         raise StepError(f"{method} {url}: {getattr(e, 'reason', e)}") from None
 
@@ -124,7 +132,10 @@ def verify_refund(step, a):
     url = f"{api()}/refunds?idempotencyKey={step.idempotency_key}"
     try:
         refund, _ = call("GET", url, timeout=5)
-    except Refused:
+    except Refused as e:
+        if e.status != 404:
+            # The service cannot say (it is down): the outcome stays unknown.
+            raise StepError(str(e)) from None
         # 404: the service made no refund with this key.
         return ("NotApplied", {"idempotencyKey": step.idempotency_key}), None
     return ("Applied", {"refundId": refund["id"], "orderId": refund["orderId"],

@@ -7,9 +7,30 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// GET `path` from `addr`: the status code and the body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    http_request(addr, "GET", path, None).await
+}
+
+/// One HTTP/1.0 request with an optional JSON body: the status and the body.
+pub async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    json: Option<&str>,
+) -> std::io::Result<(u16, String)> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let body = json.unwrap_or_default();
+    let head = match json {
+        Some(_) => format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ),
+        None => String::new(),
+    };
     s.write_all(
-        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!(
+            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{head}Connection: close\r\n\r\n{body}"
+        )
+        .as_bytes(),
     )
     .await?;
     let mut buf = Vec::new();

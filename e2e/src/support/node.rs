@@ -125,6 +125,23 @@ impl Payments {
         serde_json::from_str(&body).expect("the ledger is JSON")
     }
 
+    /// Takes the provider down for requests under `paths` (503), or brings
+    /// it back (`&[]`).
+    pub async fn outage(&self, paths: &[&str]) {
+        let addr = SocketAddr::new(GATEWAY.parse().expect("an IPv4 address"), self.port);
+        let body = serde_json::json!({ "paths": paths }).to_string();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            super::http::http_request(addr, "PUT", "/outage", Some(&body)),
+        )
+        .await;
+        assert!(
+            matches!(answer, Ok(Ok((200, _)))),
+            "PUT /outage: {answer:?}\n{}",
+            self.process.log_tail(20)
+        );
+    }
+
     async fn get(&self, path: &str) -> Result<String, String> {
         let addr = SocketAddr::new(GATEWAY.parse().expect("an IPv4 address"), self.port);
         match tokio::time::timeout(Duration::from_secs(5), http_get(addr, path)).await {
