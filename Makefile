@@ -118,7 +118,7 @@ demo:
 	e2e/demo
 
 demo-stop:
-	@for p in operator simkubelet; do f=$(AGENTRUN_E2E_DIR)/demo/$$p.pid; \
+	@for p in operator simkubelet receiver; do f=$(AGENTRUN_E2E_DIR)/demo/$$p.pid; \
 	  if [ -f $$f ]; then kill $$(cat $$f) 2>/dev/null || true; rm -f $$f; fi; done
 
 observability:
