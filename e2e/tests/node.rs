@@ -54,12 +54,9 @@ async fn finished(s: &Scenario, name: &str) -> AgentRun {
     s.wait_finished(name, RUN_TIMEOUT).await
 }
 
-/// config/samples/agentrun_refund.yaml as it is, with the example image, against the
-/// example payments service (its URL in the ConfigMap the sample reads).
-#[tokio::test]
-async fn refund_sample_runs_to_completion_on_the_real_node() {
-    let s = node_scenario("node-refund").await;
-    let payments = Payments::start(s.namespace(), 0.0).await;
+/// `config/samples/<sample>` as it is, after the ConfigMap `refund-agent` its steps read
+/// (`envFrom`), pointing at the example payments service on the node's bridge.
+async fn apply_sample(s: &Scenario, payments: &Payments, sample: &str) {
     let configmap = serde_json::to_string(&json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "refund-agent", "namespace": s.namespace()},
@@ -68,7 +65,9 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
     .expect("json");
     let cm_file = agentrun_e2e::support::processes::log_dir(s.namespace()).join("configmap.json");
     std::fs::write(&cm_file, configmap).expect("writing the ConfigMap");
-    let sample = agentrun_e2e::repo_root().join("config/samples/agentrun_refund.yaml");
+    let sample = agentrun_e2e::repo_root()
+        .join("config/samples")
+        .join(sample);
     for f in [&cm_file, &sample] {
         kubectl_ok([
             "apply".as_ref(),
@@ -79,6 +78,15 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
         ])
         .await;
     }
+}
+
+/// config/samples/agentrun_refund.yaml as it is, with the example image, against the
+/// example payments service (its URL in the ConfigMap the sample reads).
+#[tokio::test]
+async fn refund_sample_runs_to_completion_on_the_real_node() {
+    let s = node_scenario("node-refund").await;
+    let payments = Payments::start(s.namespace(), 0.0).await;
+    apply_sample(&s, &payments, "agentrun_refund.yaml").await;
     let waiting = s
         .wait_run(
             "refund-order-4711",
@@ -177,6 +185,69 @@ async fn context_file_holds_the_previous_steps_result() {
             "attempt": 1,
         }))
     );
+    s.finish().await;
+}
+
+/// config/samples/agentrun_evicted.yaml as it is, following its own comments: the
+/// payments service keeps a new refund pending 20 s, issue-refund's Pod is evicted while
+/// it waits (as the comment's `kubectl create --raw …/eviction` does), and what the
+/// comment says to expect is what happens.
+#[tokio::test]
+async fn evicted_sample_runs_as_it_is_and_refunds_once() {
+    let s = node_scenario("node-evict-sample").await;
+    let payments = Payments::start(s.namespace(), 20.0).await;
+    apply_sample(&s, &payments, "agentrun_evicted.yaml").await;
+    let (before, pod) = s
+        .wait_step_running("evict-demo", "issue-refund", RUN_TIMEOUT)
+        .await;
+    let key = step(&before, "issue-refund").idempotency_key.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while payments.ledger().await["refunds"]
+        .as_array()
+        .is_none_or(|r| r.is_empty())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no refund was requested"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let eviction = format!(
+        r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{pod}","namespace":"{}"}}}}"#,
+        s.namespace()
+    );
+    let file = agentrun_e2e::support::processes::log_dir(s.namespace()).join("eviction.json");
+    std::fs::write(&file, eviction).expect("writing the Eviction");
+    let raw = format!("/api/v1/namespaces/{}/pods/{pod}/eviction", s.namespace());
+    kubectl_ok([
+        "create".as_ref(),
+        "--raw".as_ref(),
+        raw.as_ref(),
+        "-f".as_ref(),
+        file.as_os_str(),
+    ])
+    .await;
+
+    let run = finished(&s, "evict-demo").await;
+    assert_succeeded(&run);
+    let issue = step(&run, "issue-refund");
+    // "disruptions: 1 and failures: 0 … a new attempt Pod with the same key"
+    assert_eq!((issue.disruptions, issue.failures), (1, 0), "{issue:#?}");
+    assert_eq!(issue.idempotency_key, key);
+    assert_ne!(issue.pod.as_deref(), Some(pod.as_str()));
+    // "answers with the first refund (result "replayed": true)"
+    assert_eq!(
+        issue.result.as_ref().map(|r| r["replayed"].clone()),
+        Some(json!(true))
+    );
+    // "GET /ledger shows one refund and two requests with that key"
+    let ledger = payments.ledger().await;
+    assert_eq!(
+        ledger["refunds"].as_array().map(Vec::len),
+        Some(1),
+        "ledger: {ledger}"
+    );
+    assert_eq!(ledger["requestsByKey"][&key], json!(2), "ledger: {ledger}");
     s.finish().await;
 }
 
