@@ -184,6 +184,7 @@ async fn the_retry_button_forks_a_failed_run_from_the_chosen_step() {
         assert!(preview.contains(want), "{want} in:\n{preview}");
     }
     assert_eq!(run_names(&s).await, ["order"], "a preview creates nothing");
+    b.screenshot("console-retry.png").await;
 
     // Another page in the browser cannot create a run as alice: a write is
     // the console's own htmx request, to the console's own address.
