@@ -1,7 +1,8 @@
 //! The run page (`/ns/NS/runs/RUN`): the timeline, the step table with each
-//! result as JSON, compensations, approvals, what a wait step waits for (a
-//! signal: the command that sends it), plan revision history and the run's
-//! Events. Pure: a function of the objects and `now`.
+//! result as JSON, compensations, the retry form (`retry::section`), where a
+//! fork came from, approvals, what a wait step waits for (a signal: the
+//! command that sends it), plan revision history and the run's Events. Pure:
+//! a function of the objects and `now`.
 
 use agentrun_operator::api::{
     AgentRun, Approval, EffectOutcome, Signal, StepCheckpoint, StepPhase,
