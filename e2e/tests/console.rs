@@ -18,6 +18,10 @@
 
 #[path = "console/history.rs"]
 mod history;
+#[path = "console/live.rs"]
+mod live;
+#[path = "console/retry.rs"]
+mod retry;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

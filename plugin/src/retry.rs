@@ -32,6 +32,27 @@ pub struct RetryArgs {
     pub name: Option<String>,
 }
 
+impl RetryArgs {
+    pub fn request(&self) -> Retry {
+        Retry {
+            from: self.from.clone(),
+            rerun_acted: self.rerun_applied,
+            name: self.name.clone(),
+        }
+    }
+}
+
+/// What a retry asks for, from the CLI's flags or the console's form.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Retry {
+    /// The step the new run starts from; none: [`default_from`].
+    pub from: Option<String>,
+    /// `spec.forkOf.rerunActed`: steps that acted in the source run again.
+    pub rerun_acted: bool,
+    /// The new run's name; none: `RUN-retry-<random>`.
+    pub name: Option<String>,
+}
+
 /// The step a retry starts from when none is named: the first step of the
 /// plan whose newest checkpoint is not committed.
 pub fn default_from(source: &AgentRun) -> Option<String> {
@@ -51,17 +72,25 @@ pub fn default_from(source: &AgentRun) -> Option<String> {
         .map(|s| s.name.clone())
 }
 
-/// The fork of `source` these arguments ask for, as the object to create.
-pub fn fork_of(source: &AgentRun, args: &RetryArgs) -> Result<AgentRun, Error> {
-    let name = source.metadata.name.clone().unwrap_or_default();
+/// Why `source` cannot be retried now, if it cannot: it has not ended.
+pub fn not_retryable(source: &AgentRun) -> Option<String> {
+    let name = source.metadata.name.as_deref().unwrap_or_default();
     let phase = source.status.as_ref().and_then(|s| s.phase);
-    if !phase.is_some_and(RunPhase::is_terminal) {
-        return Err(Error::Refused(format!(
+    (!phase.is_some_and(RunPhase::is_terminal)).then(|| {
+        format!(
             "run {name} is {}: only a Failed, Cancelled or Succeeded run can be retried; cancel it first",
             phase.map_or("not started".to_owned(), |p| format!("{p:?}"))
-        )));
+        )
+    })
+}
+
+/// The fork of `source` that `retry` asks for, as the object to create.
+pub fn fork_of(source: &AgentRun, retry: &Retry) -> Result<AgentRun, Error> {
+    let name = source.metadata.name.clone().unwrap_or_default();
+    if let Some(why) = not_retryable(source) {
+        return Err(Error::Refused(why));
     }
-    let from = match &args.from {
+    let from = match &retry.from {
         Some(f) => f.clone(),
         None => default_from(source).ok_or_else(|| {
             Error::Usage(format!(
@@ -76,11 +105,11 @@ pub fn fork_of(source: &AgentRun, args: &RetryArgs) -> Result<AgentRun, Error> {
         run_name: name.clone(),
         run_uid: source.metadata.uid.clone().unwrap_or_default(),
         from_step: from,
-        rerun_acted: args.rerun_applied,
+        rerun_acted: retry.rerun_acted,
     });
     let metadata = ObjectMeta {
-        name: args.name.clone(),
-        generate_name: args.name.is_none().then(|| format!("{name}-retry-")),
+        name: retry.name.clone(),
+        generate_name: retry.name.is_none().then(|| format!("{name}-retry-")),
         namespace: source.metadata.namespace.clone(),
         labels: source.metadata.labels.clone(),
         ..ObjectMeta::default()
@@ -90,6 +119,26 @@ pub fn fork_of(source: &AgentRun, args: &RetryArgs) -> Result<AgentRun, Error> {
         spec,
         status: None,
     })
+}
+
+/// The fork and the operator's own plan for it as of `now`, or why the
+/// operator would refuse it (the engine's reason, word for word).
+pub fn plan(
+    source: &AgentRun,
+    retry: &Retry,
+    now: Timestamp,
+) -> Result<(AgentRun, ForkPlan), Error> {
+    let fork = fork_of(source, retry)?;
+    let plan = fork_plan(Some(source), &fork.spec, now)
+        .map_err(|e| Error::Refused(e.message().to_owned()))?;
+    Ok((fork, plan))
+}
+
+/// What `kubectl agentrun retry --dry-run` prints, and the console's
+/// preview shows: the plan of the fork `retry` asks for, or why not.
+pub fn preview(source: &AgentRun, retry: &Retry, now: Timestamp) -> Result<String, Error> {
+    let (fork, plan) = plan(source, retry, now)?;
+    Ok(render_plan(&fork, &plan))
 }
 
 /// What `--dry-run` prints: the operator's plan for the fork.
@@ -136,39 +185,61 @@ pub fn render_plan(fork: &AgentRun, plan: &ForkPlan) -> String {
     out
 }
 
-/// Creates the fork (or prints its plan with `--dry-run`).
-pub async fn retry(client: &Client, ns: &str, args: &RetryArgs) -> Result<(), Error> {
-    let runs: Api<AgentRun> = Api::namespaced(client.clone(), ns);
-    let source = runs
-        .get(&args.run)
+/// Reads the run to retry, as the caller.
+pub async fn source(client: &Client, ns: &str, run: &str) -> Result<AgentRun, Error> {
+    Api::<AgentRun>::namespaced(client.clone(), ns)
+        .get(run)
         .await
-        .map_err(api(format!("reading AgentRun {}", args.run)))?;
-    let fork = fork_of(&source, args)?;
-    let plan = fork_plan(Some(&source), &fork.spec, Timestamp::now())
-        .map_err(|e| Error::Refused(e.message().to_owned()))?;
-    if args.dry_run {
-        print!("{}", render_plan(&fork, &plan));
-        return Ok(());
-    }
-    let created = runs
+        .map_err(api(format!("reading AgentRun {run}")))
+}
+
+/// Creates the fork `retry` asks for as the caller, once the operator's
+/// plan for it holds: the new run and that plan.
+pub async fn create(
+    client: &Client,
+    source: &AgentRun,
+    retry: &Retry,
+    now: Timestamp,
+) -> Result<(AgentRun, ForkPlan), Error> {
+    let (fork, plan) = plan(source, retry, now)?;
+    let ns = source.metadata.namespace.clone().unwrap_or_default();
+    let created = Api::<AgentRun>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &fork)
         .await
-        .map_err(api(format!("creating the retry of AgentRun {}", args.run)))?;
-    let name = created.metadata.name.unwrap_or_default();
-    println!(
-        "agentrun {name} created: a retry of {} from step {} (kept: {}; runs: {})",
-        args.run,
-        fork.spec
-            .fork_of
-            .as_ref()
-            .map_or("", |f| f.from_step.as_str()),
+        .map_err(api(format!(
+            "creating the retry of AgentRun {}",
+            source.metadata.name.as_deref().unwrap_or_default()
+        )))?;
+    Ok((created, plan))
+}
+
+/// What `retry` says of the run it created.
+pub fn created_line(created: &AgentRun, plan: &ForkPlan) -> String {
+    let f = created.spec.fork_of.as_ref();
+    format!(
+        "agentrun {} created: a retry of {} from step {} (kept: {}; runs: {})",
+        created.metadata.name.as_deref().unwrap_or_default(),
+        f.map_or("", |f| f.run_name.as_str()),
+        f.map_or("", |f| f.from_step.as_str()),
         if plan.inherited.is_empty() {
             "nothing".to_owned()
         } else {
             plan.inherited.join(", ")
         },
         plan.runs.join(", ")
-    );
+    )
+}
+
+/// Creates the fork (or prints its plan with `--dry-run`).
+pub async fn retry(client: &Client, ns: &str, args: &RetryArgs) -> Result<(), Error> {
+    let source = source(client, ns, &args.run).await?;
+    let now = Timestamp::now();
+    if args.dry_run {
+        print!("{}", preview(&source, &args.request(), now)?);
+        return Ok(());
+    }
+    let (created, plan) = create(client, &source, &args.request(), now).await?;
+    println!("{}", created_line(&created, &plan));
     Ok(())
 }
 
@@ -215,13 +286,10 @@ mod tests {
         run
     }
 
-    fn args(from: Option<&str>) -> RetryArgs {
-        RetryArgs {
-            run: "order".into(),
+    fn args(from: Option<&str>) -> Retry {
+        Retry {
             from: from.map(Into::into),
-            rerun_applied: false,
-            dry_run: false,
-            name: None,
+            ..Retry::default()
         }
     }
 

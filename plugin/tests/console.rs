@@ -1,10 +1,13 @@
 //! The console's pure parts: the timeline's lanes and geometry from a run's
 //! status and Events, and the pages rendered from objects captured on the
 //! plane (`fixtures/`, as in render.rs). Expected values are literals. The
-//! history pages' tests are in `console/history.rs`.
+//! history pages' tests are in `console/history.rs`, the retry section's in
+//! `console/retry.rs`.
 
 #[path = "console/history.rs"]
 mod history;
+#[path = "console/retry.rs"]
+mod retry;
 
 use std::path::PathBuf;
 
@@ -299,7 +302,7 @@ fn the_run_page_shows_steps_decider_and_events() {
         me: &alice,
         warnings: vec!["watching Approvals: forbidden".into()],
     };
-    let html = run_page::run_page(&frame, &run, &approvals, &[], &[], now).into_string();
+    let html = run_page::run_page(&frame, &run, &approvals, &[], &[], true, now).into_string();
     for want in [
         r#"sse-connect="/events/ns/plugin-approve-uyx3za/runs/refund""#,
         r#"<tr data-step="refund">"#,
@@ -390,7 +393,7 @@ fn queued_runs_and_wait_steps_say_when_they_move() {
         table.contains(r#"<small class="queue">#3 in queue</small>"#),
         "{table}"
     );
-    let page = run_page::run_detail(&run, &approvals, &[], &[], now).into_string();
+    let page = run_page::run_detail(&run, &approvals, &[], &[], true, now).into_string();
     assert!(
         page.contains("Waiting for a place to start: queued at position 3: 2 of 2 runs active"),
         "{page}"
@@ -407,7 +410,7 @@ fn queued_runs_and_wait_steps_say_when_they_move() {
         wake_at: Some(Time(now + SignedDuration::from_hours(3))),
         ..StepCheckpoint::default()
     });
-    let page = run_page::run_detail(&run, &approvals, &[], &[], now).into_string();
+    let page = run_page::run_detail(&run, &approvals, &[], &[], true, now).into_string();
     assert!(
         page.contains(r#"Step <strong>cool-off</strong> wakes at <time datetime="2026-12-02T04:17:39Z">2026-12-02T04:17:39Z</time> (in 3h)"#),
         "{page}"
@@ -422,7 +425,7 @@ fn a_signal_wait_shows_how_to_send_it_and_then_who_sent_what() {
     let (run, approvals) = fixture("signal-waiting");
     let now: Timestamp = "2026-12-04T06:26:55Z".parse().unwrap();
     let signals = fixture_signals("signal-waiting");
-    let page = run_page::run_detail(&run, &approvals, &signals, &[], now).into_string();
+    let page = run_page::run_detail(&run, &approvals, &signals, &[], true, now).into_string();
     for want in [
         r#"<div class="waiting signal" data-signal="pay-settle-3329c0-r1-signal">"#,
         r#"Step <strong>settle</strong> waits for a signal: <span class="signal-what">payment settled</span>"#,
@@ -442,7 +445,7 @@ fn a_signal_wait_shows_how_to_send_it_and_then_who_sent_what() {
 
     let (run, approvals) = fixture("signal-received");
     let signals = fixture_signals("signal-received");
-    let page = run_page::run_detail(&run, &approvals, &signals, &[], now).into_string();
+    let page = run_page::run_detail(&run, &approvals, &signals, &[], true, now).into_string();
     assert!(
         page.contains(r#"<div class="decided signal-received">signal <code>pay-1</code> from <strong>ci-bot</strong></div>"#),
         "{page}"

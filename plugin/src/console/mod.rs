@@ -9,7 +9,8 @@
 //!                           ├─ reflector Approvals  ─┴─▶ change counter ─▶ SSE streams
 //!                           ├─ per run page: its Events and Signals (a list each)
 //!                           ├─ history pages: history::Store list / get (read only)
-//!                           └─ decisions: decide::send_decision (the CLI's own write)
+//!                           ├─ decisions: decide::send_decision (the CLI's own write)
+//!                           └─ retries: retry::create (the CLI's own fork, as the user)
 //! ```
 //!
 //! `pages`, `run_page`, `history_page` and `timeline` are pure renderings;
@@ -18,6 +19,7 @@
 pub mod filter;
 pub mod history_page;
 pub mod pages;
+pub mod retry;
 pub mod run_page;
 mod sse;
 pub mod timeline;
@@ -310,6 +312,9 @@ fn router(console: Shared) -> Router {
         .route("/ns/{ns}/history/{record}", get(history_record));
     if console.decide {
         r = r.route("/ns/{ns}/approvals/{name}/decide", post(decide));
+        r = r
+            .route("/ns/{ns}/runs/{run}/retry", post(retry::create))
+            .route("/ns/{ns}/runs/{run}/retry/preview", get(retry::preview));
     }
     r.route("/events/runs", get(sse::runs))
         .route("/events/approvals", get(sse::approvals))
@@ -431,6 +436,7 @@ async fn run_page(State(c): State<Shared>, Path((ns, name)): Path<(String, Strin
         &approvals,
         &signals,
         &events,
+        c.decide,
         Timestamp::now(),
     ))
 }

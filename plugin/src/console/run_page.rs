@@ -1,7 +1,8 @@
 //! The run page (`/ns/NS/runs/RUN`): the timeline, the step table with each
-//! result as JSON, compensations, approvals, what a wait step waits for (a
-//! signal: the command that sends it), plan revision history and the run's
-//! Events. Pure: a function of the objects and `now`.
+//! result as JSON, compensations, the retry form (`retry::section`), where a
+//! fork came from, approvals, what a wait step waits for (a signal: the
+//! command that sends it), plan revision history and the run's Events. Pure:
+//! a function of the objects and `now`.
 
 use agentrun_operator::api::{
     AgentRun, Approval, EffectOutcome, Signal, StepCheckpoint, StepPhase,
@@ -13,6 +14,7 @@ use maud::{Markup, html};
 
 use super::history_page::record_href;
 use super::pages::{Frame, json_view, layout, phase_badge};
+use super::retry;
 use super::timeline;
 use crate::render;
 
@@ -22,6 +24,7 @@ pub fn run_page(
     approvals: &[Approval],
     signals: &[Signal],
     events: &[Event],
+    decide: bool,
     now: Timestamp,
 ) -> Markup {
     let name = run.metadata.name.clone().unwrap_or_default();
@@ -33,7 +36,7 @@ pub fn run_page(
             span aria-current="page" { (name) }
         }
         div id="run" hx-ext="sse" sse-connect=(format!("/events/ns/{ns}/runs/{name}")) sse-swap="run" {
-            (run_detail(run, approvals, signals, events, now))
+            (run_detail(run, approvals, signals, events, decide, now))
         }
     };
     layout(&name, frame, "run", body)
@@ -66,13 +69,40 @@ fn event_time(e: &Event) -> Option<Timestamp> {
         .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
+/// Where a fork came from, with a link to its source run: the operator's
+/// record (`status.forkedFrom`), or what the spec asks until it is read.
+fn lineage(run: &AgentRun, ns: &str) -> Option<Markup> {
+    let from = |name: &str| {
+        html! { a class="fork-source" href=(format!("/ns/{ns}/runs/{name}")) { (name) } }
+    };
+    let status = run.status.as_ref();
+    if let Some(f) = status.and_then(|s| s.forked_from.as_ref()) {
+        return Some(html! {
+            p class="forked-from" {
+                "Forked from " (from(&f.run_name)) " at " strong { (f.from_step) }
+                @if let Some(by) = &f.requested_by { ", by " strong class="requester" { (by) } }
+                " · kept: " @if f.inherited.is_empty() { "nothing" } @else { (f.inherited.join(", ")) }
+            }
+        });
+    }
+    let f = run.spec.fork_of.as_ref()?;
+    Some(html! {
+        p class="forked-from" {
+            "Forked from " (from(&f.run_name)) " at " strong { (f.from_step) }
+            " (not yet read by the operator)"
+        }
+    })
+}
+
 /// Everything below the breadcrumbs (the fragment the stream sends again).
-/// `signals` are the run's Signals where they could be read.
+/// `signals` are the run's Signals where they could be read; `decide`: the
+/// console offers writes (the retry form).
 pub fn run_detail(
     run: &AgentRun,
     approvals: &[Approval],
     signals: &[Signal],
     events: &[Event],
+    decide: bool,
     now: Timestamp,
 ) -> Markup {
     let status = run.status.clone().unwrap_or_default();
@@ -101,6 +131,7 @@ pub fn run_detail(
                 " · step Pods " (status.step_executions)
                 @if let Some(c) = &run.metadata.creation_timestamp { " · created " (render::age(c.0, now)) " ago" }
             }
+            @if let Some(l) = lineage(run, &ns) { (l) }
             @if let Some(prior) = &status.already_ran {
                 div class="notice already-ran" role="status" {
                     p {
@@ -211,6 +242,7 @@ pub fn run_detail(
                 }
             }
         }
+        (retry::section(run, decide))
         @if !approvals.is_empty() {
             section aria-labelledby="apv-h" {
                 h2 id="apv-h" { "Approvals" }

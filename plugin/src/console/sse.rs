@@ -74,7 +74,14 @@ pub async fn run(
                 Some((r, approvals)) => {
                     let events = events_of(&c.client, &ns, &name).await.unwrap_or_default();
                     let signals = crate::signal::signals_of(&c.client, &ns, &r).await;
-                    run_page::run_detail(&r, &approvals, &signals, &events, Timestamp::now())
+                    run_page::run_detail(
+                        &r,
+                        &approvals,
+                        &signals,
+                        &events,
+                        c.decide,
+                        Timestamp::now(),
+                    )
                 }
                 None => {
                     maud::html! { p class="empty" { "The run is gone (deleted, or its TTL passed)." } }
