@@ -1,7 +1,8 @@
 //! A verify probe settles an unknown outcome, on the real control plane with the
 //! operator and the simulated kubelet: a NonIdempotent step's Pod is lost after it
 //! started, and the step's probe — run with the step's own key — answers what
-//! the system saw. Counted in the ledger per step across attempts.
+//! the system saw. Counted in the ledger per step across attempts; a probe survives
+//! operator crashes while it runs and right after its answer is committed.
 
 use std::time::Duration;
 
@@ -151,5 +152,88 @@ async fn a_failing_probe_falls_back_to_a_person() {
         .unwrap();
     assert_eq!(c.phase, StepPhase::WaitingForApproval);
     assert_eq!(step_runs(&s), 1, "nothing ran again");
+    s.finish().await;
+}
+
+/// Executions of the step's probe in the ledger.
+fn probe_runs(s: &Scenario) -> usize {
+    s.ledger().starts("checkout", "pay", "verify")
+}
+
+/// The operator is killed (SIGKILL) while the probe runs and stays down until the probe
+/// has answered; the operator that comes back reads that answer rather than asking
+/// again, crashes right after it commits the verified checkpoint (failpoint
+/// `after-checkpoint`; the probe's answer and the run's end go in one write), and the
+/// third one goes on from that checkpoint. One execution
+/// of the step, one of its probe, nobody asked.
+#[tokio::test]
+async fn a_probe_outlives_two_operator_crashes_and_is_neither_lost_nor_run_again() {
+    let mut s = Scenario::start("verify-crash").await;
+    s.create_run(
+        "checkout",
+        pay(json!({"runMs": 1500, "rawMessage": "{\"effect\": \"Applied\", \"result\": {\"paymentId\": \"p-7\"}}"})),
+    )
+    .await;
+    evict_attempt_1(&s, "checkout").await;
+    // The probe's Pod runs: kill the operator.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let probe = loop {
+        let running = s.list_pods().await.into_iter().find(|p| {
+            p.labels().get(labels::ROLE).map(String::as_str) == Some("verify")
+                && p.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Running")
+        });
+        if let Some(p) = running {
+            break p.name_any();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the probe never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    s.kill_operator().await;
+    // Down until the probe has answered.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pod = s.pods().get(&probe).await.expect("the probe's Pod stays");
+        if pod.status.and_then(|st| st.phase).as_deref() == Some("Succeeded") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the probe did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.start_operator(Some("after-checkpoint"));
+    s.wait_operator_crash(Duration::from_secs(60)).await;
+    s.start_operator(None);
+
+    let run = s.wait_finished("checkout", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    let c = status(&run)
+        .steps
+        .into_iter()
+        .find(|c| c.name == "pay" && c.role.is_step())
+        .unwrap();
+    assert_eq!(
+        (c.effect, c.provenance, c.result),
+        (
+            Some(EffectOutcome::Applied),
+            Some(Provenance::Verified),
+            Some(json!({"paymentId": "p-7"}))
+        )
+    );
+    assert_eq!(step_runs(&s), 1, "the step ran once");
+    assert_eq!(probe_runs(&s), 1, "the probe ran once");
+    assert!(
+        s.approvals()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "nobody was woken"
+    );
     s.finish().await;
 }
