@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use agentrun_e2e::support::policies::Policies;
 use agentrun_e2e::support::processes::{Process, free_port, log_dir, plugin_binary};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_e2e::{client_as, kubeconfig, kubectl_ok};
+use agentrun_e2e::{client_as, kubeconfig};
 use agentrun_operator::api::{Approval, ApprovalPhase, RunPhase, StepPhase};
 use fantoccini::{Client, ClientBuilder, Locator};
 use kube::api::{EvictParams, Patch, PatchParams};
@@ -754,96 +754,6 @@ async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
     assert_eq!(a.spec.decision, None);
     assert_eq!(a.status.unwrap_or_default().phase, ApprovalPhase::Pending);
     b.close().await;
-    s.finish().await;
-}
-
-/// The chart's objects for its in-cluster console (ServiceAccount and its
-/// role), applied to the plane; deleted when dropped.
-struct ChartConsoleRbac {
-    file: String,
-    user: String,
-}
-
-impl ChartConsoleRbac {
-    async fn install(ns: &str) -> ChartConsoleRbac {
-        let suffix = ns.rsplit('-').next().expect("namespace suffix");
-        let release = format!("agentrun-operator-{suffix}");
-        let docs =
-            agentrun_e2e::support::chart::render(&release, ns, &["--set", "console.enabled=true"]);
-        let kinds = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"];
-        let items: Vec<Value> = docs
-            .into_iter()
-            .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == "console")
-            .filter(|d| kinds.iter().any(|k| d["kind"] == *k))
-            .collect();
-        assert_eq!(
-            items.len(),
-            3,
-            "the chart's console ServiceAccount and role: {items:#?}"
-        );
-        let file = agentrun_e2e::support::policies::manifest(
-            &format!("console-rbac-{suffix}"),
-            &json!({"apiVersion": "v1", "kind": "List", "items": items}),
-        );
-        kubectl_ok(["apply", "--server-side", "-f", &file]).await;
-        ChartConsoleRbac {
-            file,
-            user: format!("system:serviceaccount:{ns}:{release}-console"),
-        }
-    }
-}
-
-impl Drop for ChartConsoleRbac {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(agentrun_e2e::support::kubectl::kubectl_binary())
-            .arg("--kubeconfig")
-            .arg(kubeconfig())
-            .args(["delete", "--ignore-not-found", "-f", &self.file])
-            .output();
-    }
-}
-
-/// The chart's in-cluster console runs as its own ServiceAccount with read
-/// rights only: that is enough to list runs across namespaces and show a
-/// run with its Events, and it offers no decision.
-#[tokio::test]
-async fn the_charts_read_only_console_reads_everything_with_its_own_service_account() {
-    let s = Scenario::start("console-incluster").await;
-    let ns = s.namespace().to_owned();
-    let rbac = ChartConsoleRbac::install(&ns).await;
-    s.create_run(
-        "report",
-        json!({"steps": [sim_step("fetch", "Idempotent", json!({"result": {"rows": 7}}))]}),
-    )
-    .await;
-    s.wait_finished("report", RUN_TIMEOUT).await;
-    // RBAC takes a moment to reach the authorizer's cache.
-    let deadline = Instant::now() + PAGE_TIMEOUT;
-    let ro = loop {
-        let c = console_with(&ns, Some(&rbac.user), &["--read-only"]).await;
-        let (code, body) = c.get("/").await;
-        if code == 200 && body.contains(r#"data-run="report""#) {
-            break c;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the console as {} does not list run report: HTTP {code}\n{body}",
-            rbac.user
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let runs = ro.get_ok("/").await;
-    assert!(
-        runs.contains(&format!(r#"<strong id="whoami">{}</strong>"#, rbac.user)),
-        "{runs}"
-    );
-    let run = ro.get_ok(&format!("/ns/{ns}/runs/report")).await;
-    assert!(
-        run.contains("StepSucceeded") && run.contains("attempt 1 succeeded"),
-        "the run page with its Events and timeline: {run}"
-    );
-    let inbox = ro.get_ok("/approvals").await;
-    assert!(!inbox.contains("hx-post"), "{inbox}");
     s.finish().await;
 }
 

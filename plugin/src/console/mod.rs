@@ -170,7 +170,7 @@ pub async fn serve(
                 View::start(
                     client,
                     opts.namespace.clone(),
-                    &default_namespace,
+                    |_| default_namespace.clone(),
                     !opts.read_only,
                     false,
                 )

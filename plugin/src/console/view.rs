@@ -99,7 +99,8 @@ fn note(trouble: &Trouble, what: &'static str, error: Option<String>) {
 
 /// Keeps `writer`'s store in step with `api` (as the user), moves the change
 /// counter on every event and every failure, records why the watch fails
-/// while it does, and counts itself `heard` after its first answer.
+/// while it does, and counts itself `heard` once its first list is in or
+/// refused.
 fn spawn_watch<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
@@ -126,17 +127,20 @@ where
             .boxed();
         let mut first = true;
         while let Some(ev) = s.next().await {
-            match ev {
-                Ok(_) => {
+            // Answered: the first list is complete, or refused.
+            let answered = match ev {
+                Ok(ev) => {
                     note(&trouble, what, None);
+                    matches!(ev, watcher::Event::InitDone)
                 }
                 Err(e) => {
                     eprintln!("console: watching {what}: {}", said(&e));
                     note(&trouble, what, Some(said(&e)));
+                    true
                 }
-            }
+            };
             changes.send_modify(|n| *n += 1);
-            if first {
+            if first && answered {
                 first = false;
                 heard.send_modify(|n| *n += 1);
             }
@@ -147,12 +151,13 @@ where
 
 impl View {
     /// Asks the API server who `client` is, picks the scope (`namespace`;
-    /// else all namespaces if they may list runs there; else `fallback`),
-    /// starts the watches and waits (a while) for their first answers.
+    /// else all namespaces if they may list runs there; else `fallback` of
+    /// who they are), starts the watches and waits (a while) for their first
+    /// answers.
     pub async fn start(
         client: Client,
         namespace: Option<String>,
-        fallback: &str,
+        fallback: impl FnOnce(&Identity) -> String,
         decide: bool,
         session: bool,
     ) -> Result<View, Error> {
@@ -166,7 +171,7 @@ impl View {
                     Ok(_) => Scope::All,
                     Err(kube::Error::Api(s)) if s.code == 403 => {
                         choosable = true;
-                        Scope::Namespace(fallback.to_owned())
+                        Scope::Namespace(fallback(&me))
                     }
                     Err(e) => return Err(crate::commands::api("listing AgentRuns")(e)),
                 }
@@ -338,10 +343,18 @@ impl Console {
                         (self.token_client(&token)?, true)
                     }
                 };
+                // What they chose; else a ServiceAccount's own namespace;
+                // else the console's.
+                let fallback = |me: &Identity| {
+                    chose
+                        .map(str::to_owned)
+                        .or_else(|| own_namespace(&me.user))
+                        .unwrap_or_else(|| self.default_namespace.clone())
+                };
                 let v = View::start(
                     client,
                     self.namespace.clone(),
-                    chose.unwrap_or(&self.default_namespace),
+                    fallback,
                     self.decide,
                     session,
                 )
@@ -451,6 +464,14 @@ impl FromRequestParts<Shared> for User {
     }
 }
 
+/// A ServiceAccount's namespace, from its user name.
+pub fn own_namespace(user: &str) -> Option<String> {
+    let (ns, _) = user
+        .strip_prefix("system:serviceaccount:")?
+        .split_once(':')?;
+    Some(ns.to_owned()).filter(|ns| namespace_name(ns))
+}
+
 /// The namespace a signed-in user chose to see.
 pub const NAMESPACE_COOKIE: &str = "agentrun_namespace";
 
@@ -492,4 +513,32 @@ pub async fn choose_namespace(axum::extract::Query(c): axum::extract::Query<Choi
         ],
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_is_a_dns_label_and_a_service_account_has_one() {
+        for (s, ok) in [
+            ("team-a", true),
+            ("a", true),
+            ("Team", false),
+            ("-a", false),
+            ("a-", false),
+            ("a.b", false),
+            ("", false),
+            (&"a".repeat(64), false),
+            ("a;b=c", false),
+        ] {
+            assert_eq!(namespace_name(s), ok, "{s:?}");
+        }
+        assert_eq!(
+            own_namespace("system:serviceaccount:team-a:reader").as_deref(),
+            Some("team-a")
+        );
+        assert_eq!(own_namespace("alice"), None);
+        assert_eq!(own_namespace("system:serviceaccount:broken"), None);
+    }
 }
