@@ -637,9 +637,17 @@ async fn the_token_mode_console_serves_each_token_what_it_may_list() {
     let lo = [127, 0, 0, 1];
     let origin = format!("Origin: http://127.0.0.1:{port}\r\n");
 
-    let a = request(lo, port, "GET", "/approvals", "").await;
+    // A page without a session (a notification's link, say) goes to the
+    // login page, and back to that page after signing in.
+    let a = request(lo, port, "GET", &format!("/ns/{ns}/runs/report"), "").await;
     assert_eq!(a.code, 303, "{}", a.head);
-    assert!(a.head.contains("\r\nlocation: /login\r\n"), "{}", a.head);
+    let next = format!("/ns/{ns}/runs/report");
+    assert!(
+        a.head
+            .contains(&format!("\r\nlocation: /login?next={next}\r\n")),
+        "{}",
+        a.head
+    );
     for (method, path) in [
         ("GET", "/events/runs"),
         ("POST", "/ns/x/approvals/y/decide"),
@@ -647,9 +655,13 @@ async fn the_token_mode_console_serves_each_token_what_it_may_list() {
         let a = request(lo, port, method, path, "HX-Request: true\r\n").await;
         assert_eq!(a.code, 401, "{method} {path}: {}", a.body);
     }
-    let login = request(lo, port, "GET", "/login", "").await;
+    let login = request(lo, port, "GET", &format!("/login?next={next}"), "").await;
     assert!(
-        login.code == 200 && login.body.contains(r#"type="password" name="token""#),
+        login.code == 200
+            && login.body.contains(r#"type="password" name="token""#)
+            && login
+                .body
+                .contains(&format!(r#"name="next" value="{next}""#)),
         "{}",
         login.body
     );
@@ -668,9 +680,13 @@ async fn the_token_mode_console_serves_each_token_what_it_may_list() {
     let forged = login_with(port, token, "Origin: http://evil.example\r\n").await;
     assert_eq!(forged.code, 403, "{}", forged.body);
 
-    let ok = login_with(port, token, &origin).await;
+    let ok = login_with(port, &format!("{token}&next={next}"), &origin).await;
     assert_eq!(ok.code, 303, "{}\n{}", ok.head, ok.body);
-    assert!(ok.head.contains("\r\nlocation: /\r\n"), "{}", ok.head);
+    assert!(
+        ok.head.contains(&format!("\r\nlocation: {next}\r\n")),
+        "{}",
+        ok.head
+    );
     let session = ok
         .head
         .split("set-cookie: agentrun_session=")

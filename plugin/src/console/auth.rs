@@ -304,7 +304,11 @@ pub async fn authenticate(
                 Some(w) => {
                     req.extensions_mut().insert(w);
                 }
-                None if sessions.is_some() && page => return see_other("/login", None),
+                None if sessions.is_some() && page => {
+                    let next = req.uri().path_and_query().map_or("/", |p| p.as_str());
+                    let to = format!("/login?next={}", encode(next));
+                    return see_other(&to, None);
+                }
                 None if sessions.is_some() => return refused(SIGN_IN),
                 None => return refused(PROXY_REFUSAL),
             }
@@ -347,7 +351,26 @@ fn secure(headers: &HeaderMap) -> &'static str {
     if https { "; Secure" } else { "" }
 }
 
-fn login_page(status: StatusCode, trouble: Option<&str>) -> Response {
+/// Percent-encodes everything but unreserved characters and `/`.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Where to go after signing in: a path on this console, never elsewhere
+/// (`//host` or `/\host` would leave it).
+pub fn next_page(next: &str) -> &str {
+    let local = next.starts_with('/') && !next.starts_with("//") && !next.starts_with("/\\");
+    if local { next } else { "/" }
+}
+
+fn login_page(status: StatusCode, trouble: Option<&str>, next: &str) -> Response {
     let body = html! {
         (DOCTYPE)
         html lang="en" {
@@ -366,6 +389,7 @@ fn login_page(status: StatusCode, trouble: Option<&str>) -> Response {
                         "The console keeps it in memory for this session and reads and writes "
                         "as you with it: you see what RBAC lets you list." }
                     form class="login" method="post" action="/login" {
+                        input type="hidden" name="next" value=(next_page(next));
                         label { "Token " input type="password" name="token" autocomplete="off" required; }
                         button type="submit" { "Sign in" }
                     }
@@ -376,13 +400,21 @@ fn login_page(status: StatusCode, trouble: Option<&str>) -> Response {
     (status, body).into_response()
 }
 
-pub async fn login_form() -> Response {
-    login_page(StatusCode::OK, None)
+#[derive(Deserialize)]
+pub struct After {
+    #[serde(default)]
+    next: String,
+}
+
+pub async fn login_form(axum::extract::Query(n): axum::extract::Query<After>) -> Response {
+    login_page(StatusCode::OK, None, &n.next)
 }
 
 #[derive(Deserialize)]
 pub struct LoginForm {
     token: String,
+    #[serde(default)]
+    next: String,
 }
 
 /// Checks the token with a SelfSubjectReview as its holder, then opens a
@@ -401,7 +433,7 @@ pub async fn login(
     };
     let token = f.token.trim().to_owned();
     if token.is_empty() {
-        return login_page(StatusCode::UNAUTHORIZED, Some("No token given."));
+        return login_page(StatusCode::UNAUTHORIZED, Some("No token given."), &f.next);
     }
     let checked = match c.token_client(&token) {
         Ok(client) => crate::commands::whoami(&client).await,
@@ -416,15 +448,17 @@ pub async fn login(
                 secure(&headers)
             );
             eprintln!("console: {} signed in", me.user);
-            see_other("/", Some(&set))
+            see_other(next_page(&f.next), Some(&set))
         }
         Ok(_) => login_page(
             StatusCode::UNAUTHORIZED,
             Some("The API server took this token for an anonymous user."),
+            &f.next,
         ),
         Err(e) => login_page(
             StatusCode::UNAUTHORIZED,
             Some(&format!("The API server did not accept this token: {e}")),
+            &f.next,
         ),
     }
 }
@@ -522,6 +556,25 @@ mod tests {
             let (t, r) = split_token(&uri.parse().unwrap());
             assert_eq!((t.as_deref(), r.as_str()), (token, rest), "{uri}");
         }
+    }
+
+    #[test]
+    fn after_signing_in_only_a_page_of_this_console_is_next() {
+        for (next, want) in [
+            ("/ns/shop/runs/refund?x=1", "/ns/shop/runs/refund?x=1"),
+            ("/", "/"),
+            ("", "/"),
+            ("//evil.example/", "/"),
+            ("/\\evil.example", "/"),
+            ("https://evil.example/", "/"),
+            ("ns/shop", "/"),
+        ] {
+            assert_eq!(next_page(next), want, "{next:?}");
+        }
+        assert_eq!(
+            encode("/ns/a/runs/b?phase=x&q=a b"),
+            "/ns/a/runs/b%3Fphase%3Dx%26q%3Da%20b"
+        );
     }
 
     #[test]
