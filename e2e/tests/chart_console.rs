@@ -3,7 +3,7 @@
 //! the mode (nothing for token, impersonation only for proxy), and a
 //! NetworkPolicy lets only the configured peers reach it. The objects on the
 //! plane, serving people as themselves, are tested in
-//! `console/auth.rs`.
+//! `console/in_cluster.rs`.
 //!
 //! Needs `e2e/cluster tools` (helm). Fails, never skips, when it is missing.
 

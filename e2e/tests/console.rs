@@ -15,13 +15,15 @@
 //! them) and fails, never skips, without them. With
 //! `AGENTRUN_CONSOLE_SCREENSHOTS=DIR` the tests write the screenshots in
 //! docs/images there. The History pages' test is in `console/history.rs`; who
-//! the console serves (the printed token, the cluster's sign-in modes) in
-//! `console/auth.rs`.
+//! the local console serves (the printed token) in `console/auth.rs`; the
+//! cluster's sign-in modes in `console/in_cluster.rs`.
 
 #[path = "console/auth.rs"]
 mod auth;
 #[path = "console/history.rs"]
 mod history;
+#[path = "console/in_cluster.rs"]
+mod in_cluster;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

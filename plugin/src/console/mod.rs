@@ -351,10 +351,12 @@ fn allowed(
             origin.is_none_or(same_origin) && headers.get("hx-request").is_some_and(|v| v == "true")
         };
         if !ok {
-            return Err((
-                StatusCode::FORBIDDEN,
-                "decisions come from the console's own pages",
-            ));
+            let why = if sign_in {
+                "signing in and out happens on the console's own pages"
+            } else {
+                "decisions come from the console's own pages"
+            };
+            return Err((StatusCode::FORBIDDEN, why));
         }
     }
     Ok(())
@@ -554,4 +556,77 @@ async fn asset(Path(file): Path<String>) -> Response {
         body,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(listen: &str, auth: &[Mode], trusted: &[&str]) -> Options {
+        Options {
+            namespace: None,
+            address: SocketAddr::new(listen.parse().unwrap(), 8099),
+            open: false,
+            read_only: false,
+            auth: auth.to_vec(),
+            trusted_proxies: trusted.iter().map(|c| c.parse().unwrap()).collect(),
+            user_header: "X-Forwarded-User".into(),
+            group_header: "X-Forwarded-Groups".into(),
+            user_prefix: String::new(),
+            group_prefix: String::new(),
+            session_ttl: Duration::from_secs(3600),
+        }
+    }
+
+    fn refusal(o: &Options) -> String {
+        match auth_of(o) {
+            Err(Error::Usage(why)) => why,
+            Err(e) => panic!("not a usage error: {e}"),
+            Ok(_) => panic!("accepted: {o:?}"),
+        }
+    }
+
+    #[test]
+    fn beyond_loopback_the_console_signs_each_person_in() {
+        for listen in ["0.0.0.0", "10.1.2.3", "::"] {
+            let why = refusal(&opts(listen, &[], &[]));
+            assert!(
+                why.contains("--auth proxy") && why.contains("--auth token"),
+                "{why}"
+            );
+        }
+        let why = refusal(&opts("0.0.0.0", &[Mode::Proxy], &[]));
+        assert!(why.contains("--trusted-proxy"), "{why}");
+        let why = refusal(&opts("0.0.0.0", &[Mode::Token], &["10.0.0.0/8"]));
+        assert!(why.contains("--trusted-proxy needs --auth proxy"), "{why}");
+        let mut bad = opts("0.0.0.0", &[Mode::Proxy], &["10.0.0.0/8"]);
+        bad.user_header = "X User".into();
+        assert!(refusal(&bad).contains("--user-header"));
+
+        match auth_of(&opts("127.0.0.1", &[], &[])) {
+            Ok(Auth::Local { token, cookie }) => {
+                assert_eq!(token.len(), 64);
+                assert_eq!(cookie, "agentrun_console_8099");
+            }
+            _ => panic!("loopback without --auth is the local console"),
+        }
+        match auth_of(&opts(
+            "0.0.0.0",
+            &[Mode::Proxy, Mode::Token],
+            &["10.0.0.0/8"],
+        )) {
+            Ok(Auth::Users {
+                proxy: Some(p),
+                sessions: Some(_),
+            }) => assert_eq!(p.from, ["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]),
+            _ => panic!("proxy and token"),
+        }
+        assert!(matches!(
+            auth_of(&opts("0.0.0.0", &[Mode::Token], &[])),
+            Ok(Auth::Users {
+                proxy: None,
+                sessions: Some(_)
+            })
+        ));
+    }
 }

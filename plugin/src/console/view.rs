@@ -330,7 +330,8 @@ impl Console {
         let view = cell
             .get_or_try_init(|| async {
                 let (client, session) = match who {
-                    Who::Local => unreachable!("the local view is made at start"),
+                    // Only a local console ties requests to the kubeconfig's user.
+                    Who::Local => return Err(Error::Refused("not a local console".into())),
                     Who::Proxy(id) => (self.impersonating(id)?, false),
                     Who::Session(sid) => {
                         let token = match &self.auth {
