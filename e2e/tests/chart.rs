@@ -1,7 +1,7 @@
 //! The chart and the kustomize bases as rendered, without a control plane:
 //! lint, values schema, RBAC and Deployment, the CRD copies both ship, and
 //! that the kustomize default is the chart's default install. The install on
-//! the plane is in `install.rs`.
+//! the plane is in `install.rs`; the console's objects in `chart_console.rs`.
 //!
 //! ```text
 //!   crds/agentrun.dev_crds.yaml ══ byte-identical ══ charts/agentrun-operator/crds/, config/crd/
@@ -39,6 +39,14 @@ fn chart_lints_strictly_with_default_and_optional_values() {
             "rbac.create=false",
         ],
         &["--set", "console.enabled=true"],
+        &[
+            "--set",
+            "console.enabled=true",
+            "--set",
+            "console.auth.mode=proxy\\,token",
+            "--set",
+            "console.auth.proxy.trustedCIDRs={10.0.0.0/8}",
+        ],
     ];
     for args in variants {
         for strict in [false, true] {
@@ -699,99 +707,6 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
     );
     assert!(labels["rbac.authorization.k8s.io/aggregate-to-edit"].is_null());
     assert!(labels["rbac.authorization.k8s.io/aggregate-to-view"].is_null());
-}
-
-/// The in-cluster console is off by default; on, it runs `kubectl-agentrun
-/// console --read-only` as a ServiceAccount of its own that may only read
-/// runs, Approvals and Events, in Pods the operator's Service and PDB do not
-/// select; with watchNamespace, in that namespace only.
-#[test]
-fn chart_console_is_off_by_default_and_read_only_when_on() {
-    let docs = render("agentrun-operator", "agentrun-system", &[]);
-    assert!(
-        docs.iter()
-            .all(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] != "console"),
-        "the console is off by default"
-    );
-
-    let reads = |resources: &[(&str, &str)]| -> BTreeSet<Grant> {
-        resources
-            .iter()
-            .flat_map(|(g, r)| ["get", "list", "watch"].map(|v| grant(g, r, v, None)))
-            .collect()
-    };
-    let want = reads(&[
-        ("agentrun.dev", "agentruns"),
-        ("agentrun.dev", "approvals"),
-        ("agentrun.dev", "signals"),
-        ("agentrun.dev", "runrecords"),
-        ("events.k8s.io", "events"),
-    ]);
-    let docs = render(
-        "agentrun-operator",
-        "agentrun-system",
-        &["--set", "console.enabled=true"],
-    );
-    let name = "agentrun-operator-console";
-    assert_eq!(grants_of(named(&docs, "ClusterRole", name)), want);
-    let binding = named(&docs, "ClusterRoleBinding", name);
-    assert_eq!(binding["roleRef"]["name"], name);
-    assert_eq!(
-        binding["subjects"],
-        serde_json::json!([{"kind": "ServiceAccount", "name": name, "namespace": "agentrun-system"}])
-    );
-    named(&docs, "ServiceAccount", name);
-    let dep = named(&docs, "Deployment", name);
-    assert_eq!(dep["spec"]["template"]["spec"]["serviceAccountName"], name);
-    assert_eq!(strings(&container(dep)["command"]), ["/kubectl-agentrun"]);
-    assert_eq!(
-        args_of(dep),
-        ["console", "--read-only", "--listen=0.0.0.0", "--port=8099"]
-    );
-    // The operator's Service selects none of the console's Pods.
-    let pod_labels = &dep["spec"]["template"]["metadata"]["labels"];
-    for svc in of_kind(&docs, "Service") {
-        let selects = svc["spec"]["selector"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .all(|(k, v)| &pod_labels[k] == v);
-        let console = svc["metadata"]["name"] == name;
-        assert_eq!(selects, console, "Service {}", svc["metadata"]["name"]);
-    }
-
-    let docs = render(
-        "agentrun-operator",
-        "agentrun-system",
-        &[
-            "--set",
-            "console.enabled=true",
-            "--set",
-            "watchNamespace=team-a",
-        ],
-    );
-    let role = named(&docs, "Role", name);
-    assert_eq!(role["metadata"]["namespace"], "team-a");
-    assert_eq!(grants_of(role), want);
-    assert_eq!(
-        named(&docs, "RoleBinding", name)["metadata"]["namespace"],
-        "team-a"
-    );
-    assert!(
-        of_kind(&docs, "ClusterRole")
-            .iter()
-            .all(|r| r["metadata"]["name"] != name)
-    );
-    assert_eq!(
-        args_of(named(&docs, "Deployment", name)),
-        [
-            "--namespace=team-a",
-            "console",
-            "--read-only",
-            "--listen=0.0.0.0",
-            "--port=8099"
-        ]
-    );
 }
 
 /// With notifications on, the operator is told where its channels are and

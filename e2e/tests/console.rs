@@ -14,10 +14,16 @@
 //! Needs `chromium` and `chromedriver` on PATH (`e2e/cluster browser` installs
 //! them) and fails, never skips, without them. With
 //! `AGENTRUN_CONSOLE_SCREENSHOTS=DIR` the tests write the screenshots in
-//! docs/images there. The History pages' test is in `console/history.rs`.
+//! docs/images there. The History pages' test is in `console/history.rs`; who
+//! the local console serves (the printed token) in `console/auth.rs`; the
+//! cluster's sign-in modes in `console/in_cluster.rs`.
 
+#[path = "console/auth.rs"]
+mod auth;
 #[path = "console/history.rs"]
 mod history;
+#[path = "console/in_cluster.rs"]
+mod in_cluster;
 #[path = "console/live.rs"]
 mod live;
 #[path = "console/retry.rs"]
@@ -29,7 +35,7 @@ use std::time::{Duration, Instant};
 use agentrun_e2e::support::policies::Policies;
 use agentrun_e2e::support::processes::{Process, free_port, log_dir, plugin_binary};
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
-use agentrun_e2e::{client_as, kubeconfig, kubectl_ok};
+use agentrun_e2e::{client_as, kubeconfig};
 use agentrun_operator::api::{Approval, ApprovalPhase, RunPhase, StepPhase};
 use fantoccini::{Client, ClientBuilder, Locator};
 use kube::api::{EvictParams, Patch, PatchParams};
@@ -52,66 +58,135 @@ fn required(program: &str) -> PathBuf {
 /// The console, started as `user` (none: the plane's admin) in `ns`.
 struct Console {
     _process: Process,
+    /// `http://127.0.0.1:PORT/`, without the session's token.
     url: String,
     port: u16,
+    /// The session's token, from the URL the console printed.
+    token: String,
+}
+
+impl Console {
+    /// `path` (relative to the root) with the session's token: the console
+    /// trades it for its cookie and sends the browser on to `path`.
+    fn at(&self, path: &str) -> String {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        format!("{}{path}{sep}token={}", self.url, self.token)
+    }
+
+    /// The `Cookie` header line the console's redirect sets.
+    fn cookie(&self) -> String {
+        format!("Cookie: agentrun_console_{}={}\r\n", self.port, self.token)
+    }
+
+    /// GET `path` with the session's cookie: the status code and the body.
+    async fn get(&self, path: &str) -> (u16, String) {
+        raw(
+            self.port,
+            "GET",
+            path,
+            &format!("Host: 127.0.0.1:{}\r\n{}", self.port, self.cookie()),
+            "",
+        )
+        .await
+    }
+
+    /// GET `path` with the session's cookie, which must answer 200.
+    async fn get_ok(&self, path: &str) -> String {
+        match self.get(path).await {
+            (200, body) => body,
+            (code, body) => panic!("GET {path}: HTTP {code}: {body}"),
+        }
+    }
 }
 
 async fn console(ns: &str, user: Option<&str>) -> Console {
     console_with(ns, user, &["-n", ns]).await
 }
 
-/// The console with `extra` arguments (no `-n`: all namespaces it may list);
-/// its log goes to `ns`'s scenario directory.
+/// The console with `extra` arguments (no `-n`: all namespaces it may list)
+/// on a port of its choosing; its log goes to `ns`'s scenario directory.
 async fn console_with(ns: &str, user: Option<&str>, extra: &[&str]) -> Console {
-    let port = free_port();
     let mut cmd = tokio::process::Command::new(plugin_binary());
     cmd.arg("--kubeconfig").arg(kubeconfig());
     if let Some(u) = user {
         cmd.args(["--as", u]);
     }
-    cmd.args(["console", "--port", &port.to_string()])
-        .args(extra);
-    let log = log_dir(ns).join(format!("console-{}-{port}.log", user.unwrap_or("admin")));
-    let process = Process::start("console", cmd, log).expect("starting kubectl-agentrun console");
-    let url = format!("http://127.0.0.1:{port}/");
+    cmd.arg("console").args(extra);
+    let (process, printed) = started(ns, user.unwrap_or("admin"), cmd).await;
+    let (base, token) = printed
+        .split_once("?token=")
+        .unwrap_or_else(|| panic!("the console printed no token: {printed}"));
+    let port = base
+        .trim_start_matches("http://127.0.0.1:")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap_or_else(|_| panic!("the console printed no loopback port: {printed}"));
+    Console {
+        _process: process,
+        url: base.to_owned(),
+        port,
+        token: token.to_owned(),
+    }
+}
+
+/// Starts `cmd` (a console) logging to a file named after `who`, and waits
+/// for the URL it prints.
+async fn started(ns: &str, who: &str, cmd: tokio::process::Command) -> (Process, String) {
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let log = log_dir(ns).join(format!("console-{}-{n}.log", who.replace(':', "_")));
+    let process =
+        Process::start("console", cmd, log.clone()).expect("starting kubectl-agentrun console");
     let deadline = Instant::now() + PAGE_TIMEOUT;
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(url) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("console: "))
+            .and_then(|l| l.split_whitespace().next())
+            .filter(|u| u.starts_with("http://"))
+        {
+            return (process, url.to_owned());
+        }
         assert!(
             Instant::now() < deadline,
-            "the console did not listen on {url} within {PAGE_TIMEOUT:?}\n{}",
+            "the console printed no URL within {PAGE_TIMEOUT:?}\n{}",
             process.log_tail(40)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Console {
-        _process: process,
-        url,
-        port,
-    }
 }
 
-/// A raw HTTP/1.0 POST to the console with `headers`: the status code.
-async fn post(port: u16, path: &str, headers: &str) -> u16 {
+/// A raw HTTP/1.0 request to the console: the status code and the body.
+async fn raw(port: u16, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connecting to the console");
-    let body = "decision=Approved";
     let req = format!(
-        "POST {path} HTTP/1.0\r\n{headers}Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.unwrap();
     let text = String::from_utf8_lossy(&buf);
-    text.split_whitespace()
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(0);
+    (code, body.to_owned())
+}
+
+/// A raw HTTP/1.0 POST of a decision to the console with `headers`: the
+/// status code.
+async fn post(port: u16, path: &str, headers: &str) -> u16 {
+    let headers = format!("{headers}Content-Type: application/x-www-form-urlencoded\r\n");
+    raw(port, "POST", path, &headers, "decision=Approved")
+        .await
+        .0
 }
 
 /// Headless Chromium through a chromedriver of its own.
@@ -223,7 +298,7 @@ async fn runs_table_shows_a_new_run_within_two_seconds_without_reload() {
         json!({"steps": [sim_step("fetch", "Idempotent", json!({}))]}),
     )
     .await;
-    b.goto(&c.url).await;
+    b.goto(&c.at("")).await;
     b.wait_js(
         "the earlier run's row",
         PAGE_TIMEOUT,
@@ -324,7 +399,7 @@ async fn runs_table_shows_a_new_run_within_two_seconds_without_reload() {
     .await;
     // A filter is a link: phase=Succeeded shows only finished runs.
     s.wait_finished("earlier", RUN_TIMEOUT).await;
-    b.goto(&format!("{}?phase=Succeeded", c.url)).await;
+    b.goto(&c.at("?phase=Succeeded")).await;
     b.wait_js("the filtered table", PAGE_TIMEOUT,
         "return document.querySelector('tr[data-run=\"earlier\"]') !== null && document.querySelector('tr[data-run=\"fresh\"]') === null").await;
     b.close().await;
@@ -354,7 +429,7 @@ async fn timeline_of_an_evicted_and_rerun_step_shows_two_attempts_the_first_disr
     assert_eq!(phase(&done), Some(RunPhase::Succeeded));
     let c = console(&ns, None).await;
     let b = browser(&ns).await;
-    b.goto(&format!("{}ns/{ns}/runs/crawl", c.url)).await;
+    b.goto(&c.at(&format!("ns/{ns}/runs/crawl"))).await;
     let lanes = b
         .wait_js(
             "the timeline's lanes",
@@ -447,7 +522,7 @@ async fn approving_in_the_inbox_releases_the_step_as_the_impersonated_user() {
     let apv = s.approval_of("refund", None, RUN_TIMEOUT).await;
     let c = console(&ns, Some("alice")).await;
     let b = browser(&ns).await;
-    b.goto(&format!("{}approvals", c.url)).await;
+    b.goto(&c.at("approvals")).await;
     let card = format!("article[data-approval=\"{apv}\"]");
     let you = b
         .wait_js("the approval in the inbox", PAGE_TIMEOUT,
@@ -506,7 +581,7 @@ async fn approving_in_the_inbox_releases_the_step_as_the_impersonated_user() {
         &format!("return document.querySelector('{card}') === null"),
     )
     .await;
-    b.goto(&format!("{}ns/{ns}/runs/refund", c.url)).await;
+    b.goto(&c.at(&format!("ns/{ns}/runs/refund"))).await;
     let decider = b
         .wait_js("the decider", PAGE_TIMEOUT,
             &format!("const e = document.querySelector('li[data-approval=\"{apv}\"] .decider'); return e && e.textContent"))
@@ -538,7 +613,7 @@ async fn retry_in_the_inbox_answers_a_reconcile_question_and_reruns_with_the_sam
     let apv = s.approval_of("pay", None, RUN_TIMEOUT).await;
     let c = console(&ns, None).await;
     let b = browser(&ns).await;
-    b.goto(&format!("{}approvals", c.url)).await;
+    b.goto(&c.at("approvals")).await;
     let card = format!("article[data-approval=\"{apv}\"]");
     let text = b
         .wait_js(
@@ -612,7 +687,7 @@ async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
     assert!(refusal.contains("mallory is not an approver"), "{refusal}");
     let c = console(&ns, Some("mallory")).await;
     let b = browser(&ns).await;
-    b.goto(&format!("{}approvals", c.url)).await;
+    b.goto(&c.at("approvals")).await;
     let card = format!("article[data-approval=\"{apv}\"]");
     b.wait_js(
         "the approval in the inbox",
@@ -664,14 +739,18 @@ async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
     }
     // The read-only view offers no decision and has no route for one.
     let ro = console_with(&ns, Some("mallory"), &["-n", &ns, "--read-only"]).await;
-    let inbox = agentrun_e2e::get_ok(ro.port, "/approvals").await;
+    let inbox = ro.get_ok("/approvals").await;
     assert!(
         inbox.contains(&apv)
             && !inbox.contains("hx-post")
             && inbox.contains("This console is read-only"),
         "{inbox}"
     );
-    let host = format!("Host: 127.0.0.1:{}\r\nHX-Request: true\r\n", ro.port);
+    let host = format!(
+        "Host: 127.0.0.1:{}\r\nHX-Request: true\r\n{}",
+        ro.port,
+        ro.cookie()
+    );
     assert_eq!(
         post(ro.port, &decide, &host).await,
         404,
@@ -684,105 +763,13 @@ async fn a_non_approver_sees_the_api_servers_refusal_verbatim() {
     s.finish().await;
 }
 
-/// The chart's objects for its in-cluster console (ServiceAccount and its
-/// role), applied to the plane; deleted when dropped.
-struct ChartConsoleRbac {
-    file: String,
-    user: String,
-}
-
-impl ChartConsoleRbac {
-    async fn install(ns: &str) -> ChartConsoleRbac {
-        let suffix = ns.rsplit('-').next().expect("namespace suffix");
-        let release = format!("agentrun-operator-{suffix}");
-        let docs =
-            agentrun_e2e::support::chart::render(&release, ns, &["--set", "console.enabled=true"]);
-        let kinds = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"];
-        let items: Vec<Value> = docs
-            .into_iter()
-            .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == "console")
-            .filter(|d| kinds.iter().any(|k| d["kind"] == *k))
-            .collect();
-        assert_eq!(
-            items.len(),
-            3,
-            "the chart's console ServiceAccount and role: {items:#?}"
-        );
-        let file = agentrun_e2e::support::policies::manifest(
-            &format!("console-rbac-{suffix}"),
-            &json!({"apiVersion": "v1", "kind": "List", "items": items}),
-        );
-        kubectl_ok(["apply", "--server-side", "-f", &file]).await;
-        ChartConsoleRbac {
-            file,
-            user: format!("system:serviceaccount:{ns}:{release}-console"),
-        }
-    }
-}
-
-impl Drop for ChartConsoleRbac {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(agentrun_e2e::support::kubectl::kubectl_binary())
-            .arg("--kubeconfig")
-            .arg(kubeconfig())
-            .args(["delete", "--ignore-not-found", "-f", &self.file])
-            .output();
-    }
-}
-
-/// The chart's in-cluster console runs as its own ServiceAccount with read
-/// rights only: that is enough to list runs across namespaces and show a
-/// run with its Events, and it offers no decision.
-#[tokio::test]
-async fn the_charts_read_only_console_reads_everything_with_its_own_service_account() {
-    let s = Scenario::start("console-incluster").await;
-    let ns = s.namespace().to_owned();
-    let rbac = ChartConsoleRbac::install(&ns).await;
-    s.create_run(
-        "report",
-        json!({"steps": [sim_step("fetch", "Idempotent", json!({"result": {"rows": 7}}))]}),
-    )
-    .await;
-    s.wait_finished("report", RUN_TIMEOUT).await;
-    // RBAC takes a moment to reach the authorizer's cache.
-    let deadline = Instant::now() + PAGE_TIMEOUT;
-    let ro = loop {
-        let c = console_with(&ns, Some(&rbac.user), &["--read-only"]).await;
-        let (code, body) = agentrun_e2e::http_get(([127, 0, 0, 1], c.port).into(), "/")
-            .await
-            .unwrap_or((0, String::new()));
-        if code == 200 && body.contains(r#"data-run="report""#) {
-            break c;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the console as {} does not list run report: HTTP {code}\n{body}",
-            rbac.user
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let runs = agentrun_e2e::get_ok(ro.port, "/").await;
-    assert!(
-        runs.contains(&format!(r#"<strong id="whoami">{}</strong>"#, rbac.user)),
-        "{runs}"
-    );
-    let run = agentrun_e2e::get_ok(ro.port, &format!("/ns/{ns}/runs/report")).await;
-    assert!(
-        run.contains("StepSucceeded") && run.contains("attempt 1 succeeded"),
-        "the run page with its Events and timeline: {run}"
-    );
-    let inbox = agentrun_e2e::get_ok(ro.port, "/approvals").await;
-    assert!(!inbox.contains("hx-post"), "{inbox}");
-    s.finish().await;
-}
-
 /// A raw HTTP/1.0 GET to the console: the status line and headers.
-async fn get_head(port: u16, path: &str, host: &str) -> String {
+async fn get_head(port: u16, path: &str, host: &str, extra: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connecting to the console");
-    let req = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.unwrap();
@@ -802,12 +789,14 @@ async fn no_page_may_frame_the_console() {
     let ns = s.namespace().to_owned();
     let c = console(&ns, None).await;
     let host = format!("127.0.0.1:{}", c.port);
-    for (path, host, status) in [
-        ("/", host.as_str(), "200"),
-        ("/assets/console.css", host.as_str(), "200"),
-        ("/approvals", "evil.example", "421"),
+    let cookie = c.cookie();
+    for (path, host, extra, status) in [
+        ("/", host.as_str(), cookie.as_str(), "200"),
+        ("/assets/console.css", host.as_str(), "", "200"),
+        ("/approvals", host.as_str(), "", "401"),
+        ("/approvals", "evil.example", cookie.as_str(), "421"),
     ] {
-        let head = get_head(c.port, path, host).await;
+        let head = get_head(c.port, path, host, extra).await;
         assert!(
             head.starts_with(&format!("http/1.0 {status}"))
                 || head.starts_with(&format!("http/1.1 {status}")),

@@ -6,7 +6,7 @@
 use agentrun_operator::api::{Approval, ApprovalPhase};
 
 /// A user and their groups.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Identity {
     pub user: String,
     pub groups: Vec<String>,

@@ -301,6 +301,8 @@ fn the_run_page_shows_steps_decider_and_events() {
     let frame = pages::Frame {
         me: &alice,
         warnings: vec!["watching Approvals: forbidden".into()],
+        sign_out: false,
+        namespace: None,
     };
     let html = run_page::run_page(&frame, &run, &approvals, &[], &[], true, now).into_string();
     for want in [
@@ -315,6 +317,19 @@ fn the_run_page_shows_steps_decider_and_events() {
     ] {
         assert!(html.contains(want), "the run page lacks {want}:\n{html}");
     }
+    // Signed in with a token (in the cluster), a page offers to sign out.
+    assert!(!html.contains("/logout"), "{html}");
+    let signed_in = pages::Frame {
+        me: &alice,
+        warnings: vec![],
+        sign_out: true,
+        namespace: None,
+    };
+    let html = run_page::run_page(&signed_in, &run, &approvals, &[], &[], true, now).into_string();
+    assert!(
+        html.contains(r#"<form class="signout" method="post" action="/logout"><button type="submit">Sign out</button></form>"#),
+        "{html}"
+    );
 }
 
 /// parse → physicist ∥ chemist, with the chemist skipped by its condition:

@@ -153,7 +153,7 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
     // The console that decides (not --read-only), as the plane's admin.
     let c = console(&ns, None).await;
     let b = browser(&ns).await;
-    b.goto(&format!("{}history", c.url)).await;
+    b.goto(&c.at("history")).await;
     let shown = b
         .wait_js(
             "both records in the history",
@@ -212,7 +212,7 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
         ("outcome=Succeeded&run=refund", json!([record])),
         ("run=audit&since=720h", json!([audit_record])),
     ] {
-        b.goto(&format!("{}history?{query}", c.url)).await;
+        b.goto(&c.at(&format!("history?{query}"))).await;
         let got = b
             .wait_js(
                 &format!("the records of ?{query}"),
@@ -222,7 +222,7 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
             .await;
         assert_eq!(got, want, "?{query}");
     }
-    b.goto(&format!("{}history", c.url)).await;
+    b.goto(&c.at("history")).await;
     b.wait_js("the filter form", PAGE_TIMEOUT,
         "const s = document.querySelector('form.filters select[name=outcome]'); if (!s) return null; s.value = 'Failed'; document.querySelector('form.filters button[type=submit]').click(); return true").await;
     let got = b
@@ -230,7 +230,7 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
             "return location.search.includes('outcome=Failed') && document.querySelector('#history table') && [...document.querySelectorAll('#history tbody tr[data-record]')].map(r => r.getAttribute('data-record'))")
         .await;
     assert_eq!(got, json!([audit_record]));
-    b.goto(&format!("{}history?outcome=Running", c.url)).await;
+    b.goto(&c.at("history?outcome=Running")).await;
     let refused = b
         .wait_js(
             "the refused filter",
@@ -244,7 +244,7 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
     );
 
     // The record's page, from its row.
-    b.goto(&format!("{}history", c.url)).await;
+    b.goto(&c.at("history")).await;
     b.wait_js("the record's link", PAGE_TIMEOUT, &format!(
         "const a = document.querySelector('tr[data-record=\"{record}\"] a'); if (!a) return null; a.click(); return true")).await;
     let page = b
@@ -268,7 +268,7 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
         "the record page offers nothing to write"
     );
     // The hand-made one: what people wrote, as text.
-    b.goto(&format!("{}ns/{ns}/history/{audit_record}", c.url))
+    b.goto(&c.at(&format!("ns/{ns}/history/{audit_record}")))
         .await;
     let audit_page = b
         .wait_js("the hand-made record's page", PAGE_TIMEOUT,
@@ -290,7 +290,7 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
     );
 
     // The run created again: it ran nothing, and says whose record it is.
-    b.goto(&format!("{}ns/{ns}/runs/refund", c.url)).await;
+    b.goto(&c.at(&format!("ns/{ns}/runs/refund"))).await;
     let notice = b
         .wait_js("the AlreadyRan notice", PAGE_TIMEOUT,
             "const n = document.querySelector('.notice.already-ran'); return n && [n.innerText, n.querySelector('a.record-link').getAttribute('href')]")
@@ -315,7 +315,11 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
     b.close().await;
 
     // No history route takes a write, in the console that decides.
-    let headers = format!("Host: 127.0.0.1:{}\r\nHX-Request: true\r\n", c.port);
+    let headers = format!(
+        "Host: 127.0.0.1:{}\r\nHX-Request: true\r\n{}",
+        c.port,
+        c.cookie()
+    );
     for path in ["/history".to_owned(), format!("/ns/{ns}/history/{record}")] {
         assert_eq!(post(c.port, &path, &headers).await, 405, "POST {path}");
     }
@@ -325,12 +329,12 @@ async fn history_shows_a_finished_runs_record_and_the_run_created_again_links_it
     let refusal = format!(
         "runrecords.agentrun.dev is forbidden: User &quot;{reader}&quot; cannot list resource &quot;runrecords&quot;"
     );
-    let list = agentrun_e2e::get_ok(r.port, "/history").await;
+    let list = r.get_ok("/history").await;
     assert!(
         list.contains("You may not read the run history here: ") && list.contains(&refusal),
         "{list}"
     );
-    let one = agentrun_e2e::get_ok(r.port, &format!("/ns/{ns}/history/{record}")).await;
+    let one = r.get_ok(&format!("/ns/{ns}/history/{record}")).await;
     assert!(
         one.contains("You may not read the run history here: ")
             && one.contains(&format!(

@@ -81,7 +81,7 @@ async fn the_run_page_follows_a_step_through_running_to_succeeded_without_reload
 
     let c = console(&ns, None).await;
     let b = browser(&ns).await;
-    b.goto(&format!("{}ns/{ns}/runs/crawl", c.url)).await;
+    b.goto(&c.at(&format!("ns/{ns}/runs/crawl"))).await;
     b.wait_js(
         "the run's stream connected",
         PAGE_TIMEOUT,

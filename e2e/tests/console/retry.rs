@@ -132,7 +132,7 @@ async fn the_retry_button_forks_a_failed_run_from_the_chosen_step() {
 
     let c = console(&ns, Some("alice")).await;
     let b = browser(&ns).await;
-    b.goto(&format!("{}ns/{ns}/runs/order", c.url)).await;
+    b.goto(&c.at(&format!("ns/{ns}/runs/order"))).await;
     let steps = b
         .wait_js(
             "the retry form",
@@ -189,7 +189,7 @@ async fn the_retry_button_forks_a_failed_run_from_the_chosen_step() {
     // Another page in the browser cannot create a run as alice: a write is
     // the console's own htmx request, to the console's own address.
     let create = format!("/ns/{ns}/runs/order/retry");
-    let host = format!("Host: 127.0.0.1:{}\r\n", c.port);
+    let host = format!("Host: 127.0.0.1:{}\r\n{}", c.port, c.cookie());
     for (case, headers, want) in [
         (
             "a plain cross-site form post",
@@ -293,7 +293,7 @@ async fn the_retry_button_forks_a_failed_run_from_the_chosen_step() {
 
     // From charge, which acted (Applied), the engine refuses without the
     // checkbox, and the preview says why in its words; no Create button.
-    b.goto(&format!("{}ns/{ns}/runs/order", c.url)).await;
+    b.goto(&c.at(&format!("ns/{ns}/runs/order"))).await;
     b.wait_js(
         "the retry form",
         PAGE_TIMEOUT,
@@ -381,7 +381,7 @@ async fn a_user_who_may_not_create_runs_is_refused_by_the_api_server_verbatim() 
 
     let c = console(&ns, Some("mallory")).await;
     let b = browser(&ns).await;
-    b.goto(&format!("{}ns/{ns}/runs/order", c.url)).await;
+    b.goto(&c.at(&format!("ns/{ns}/runs/order"))).await;
     b.click("#retry form.retry button[type=submit]").await;
     let preview = b
         .text_of(
@@ -407,27 +407,28 @@ async fn a_user_who_may_not_create_runs_is_refused_by_the_api_server_verbatim() 
     // The read-only view (as the plane's admin, who could create) offers no
     // retry and has no route for one.
     let ro = console_with(&ns, None, &["-n", &ns, "--read-only"]).await;
-    let page = agentrun_e2e::get_ok(ro.port, &format!("/ns/{ns}/runs/order")).await;
+    let page = ro.get_ok(&format!("/ns/{ns}/runs/order")).await;
     assert!(
         page.contains("This console is read-only: retry with")
             && !page.contains(r#"id="retry""#)
             && !page.contains("retry/preview"),
         "{page}"
     );
-    let host = format!("Host: 127.0.0.1:{}\r\nHX-Request: true\r\n", ro.port);
+    let host = format!(
+        "Host: 127.0.0.1:{}\r\nHX-Request: true\r\n{}",
+        ro.port,
+        ro.cookie()
+    );
     assert_eq!(
         post(ro.port, &format!("/ns/{ns}/runs/order/retry"), &host).await,
         404,
         "the read-only console has no retry route"
     );
-    let (code, _) = agentrun_e2e::http_get(
-        ([127, 0, 0, 1], ro.port).into(),
-        &format!("/ns/{ns}/runs/order/retry/preview?from=ship"),
-    )
-    .await
-    .unwrap();
+    let (code, _) = ro
+        .get(&format!("/ns/{ns}/runs/order/retry/preview?from=ship"))
+        .await;
     assert_eq!(code, 404, "nor a preview route");
-    b.goto(&format!("{}ns/{ns}/runs/order", ro.url)).await;
+    b.goto(&ro.at(&format!("ns/{ns}/runs/order"))).await;
     let offered = b
         .wait_js(
             "the read-only run page",

@@ -1,21 +1,28 @@
-//! `kubectl agentrun console`: a web app on 127.0.0.1 that reads and writes
-//! the Kubernetes API with the user's own kubeconfig, like `kubectl proxy`:
-//! no credentials or state of its own, RBAC and the approver policies apply
+//! `kubectl agentrun console`: a web app that reads and writes the
+//! Kubernetes API as the person using it, like `kubectl proxy`: no rights of
+//! its own that anyone borrows, RBAC and the approver policies apply
 //! unchanged.
 //!
 //! ```text
-//!   browser ──HTTP/SSE──▶ console (127.0.0.1) ──watch/patch as the user──▶ kube-apiserver
-//!                           ├─ reflector AgentRuns  ─┐
-//!                           ├─ reflector Approvals  ─┴─▶ change counter ─▶ SSE streams
-//!                           ├─ per run page: its Events and Signals (a list each)
-//!                           ├─ history pages: history::Store list / get (read only)
-//!                           ├─ decisions: decide::send_decision (the CLI's own write)
-//!                           └─ retries: retry::create (the CLI's own fork, as the user)
+//!   browser ──HTTP/SSE──▶ hardened ─▶ guard ─▶ authenticate ─▶ handler(User(view))
+//!     local:      127.0.0.1:random, token in the printed URL, the kubeconfig's user
+//!     in-cluster: --auth proxy (impersonates the header's user, from trusted peers)
+//!                 --auth token (a pasted bearer token, kept per session)
+//!   view (per person) ──watch/patch as them──▶ kube-apiserver
+//!     ├─ reflector AgentRuns  ─┐
+//!     ├─ reflector Approvals  ─┴─▶ change counter ─▶ their SSE streams
+//!     ├─ per run page: its Events and Signals (a list each)
+//!     ├─ history pages: history::Store list / get (read only)
+//!     ├─ decisions: decide::send_decision (the CLI's own write)
+//!     └─ retries: retry::create (the CLI's own fork, as them)
 //! ```
 //!
 //! `pages`, `run_page`, `history_page` and `timeline` are pure renderings;
-//! `sse` turns the watches into live fragments; this module wires the server.
+//! `sse` turns the watches into live fragments; `auth` ties requests to
+//! people and `view` gives each person a client and watches of their own;
+//! this module wires the server.
 
+pub mod auth;
 pub mod filter;
 pub mod history_page;
 pub mod pages;
@@ -23,41 +30,50 @@ pub mod retry;
 pub mod run_page;
 mod sse;
 pub mod timeline;
+pub mod view;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrun_operator::api::{AgentRun, Approval, Decision};
+use agentrun_operator::api::{Approval, Decision};
 use axum::Router;
 use axum::extract::{Form, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures::StreamExt;
 use jiff::Timestamp;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use maud::Markup;
 use serde::Deserialize;
 
-use crate::commands::{Error, events_of, whoami};
+use crate::commands::{Error, events_of};
 use crate::decide::send_decision;
-use crate::identity::Identity;
-use agentrun_operator::history::{ApiStore, Store};
+use auth::{Auth, Mode, ProxyTrust, Sessions};
 use filter::{HistoryFilter, RunFilter};
+use view::{User, View};
 
 /// How `kubectl agentrun console` was asked to run.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// `-n`: one namespace; none: all the user may list, else the context's.
     pub namespace: Option<String>,
-    /// 127.0.0.1 unless `--listen` (read-only only).
+    /// 127.0.0.1 and a free port unless `--listen` / `--port`.
     pub address: SocketAddr,
     pub open: bool,
     /// No decisions: no forms, no write route.
     pub read_only: bool,
+    /// How people sign in; none: the kubeconfig's user, on loopback only.
+    pub auth: Vec<Mode>,
+    /// `--auth proxy`: the peers whose user headers are believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    pub user_header: String,
+    pub group_header: String,
+    pub user_prefix: String,
+    pub group_prefix: String,
+    /// `--auth token`: how long a session lasts.
+    pub session_ttl: Duration,
 }
 
 /// Where the console looks: one namespace, or all the user may list.
@@ -67,223 +83,143 @@ pub enum Scope {
     All,
 }
 
-/// What every handler shares: the user's client and identity, the watches'
-/// stores, and a counter that moves on every change they see.
+/// What every request shares: how people sign in, the console's own
+/// configuration (to build each person's client from), and their views.
 pub struct Console {
-    client: Client,
-    me: Identity,
-    scope: Scope,
-    /// Where finished runs' records are read (as the user; never written).
-    history: Store,
-    runs: reflector::Store<AgentRun>,
-    approvals: reflector::Store<Approval>,
-    changes: tokio::sync::watch::Sender<u64>,
+    auth: Auth,
+    /// The console's own kubeconfig or ServiceAccount; in the cluster it
+    /// only ever impersonates or carries a user's token.
+    config: kube::Config,
+    /// The kubeconfig user's view (local mode).
+    local: Option<Arc<View>>,
+    views: view::Views,
+    /// `-n`, for every view.
+    namespace: Option<String>,
+    /// Where a view looks when its user may not list every namespace.
+    default_namespace: String,
     port: u16,
     /// Decisions are offered (not the read-only view).
     decide: bool,
-    /// What each watch last failed with, until it succeeds again.
-    trouble: Trouble,
-    /// Requests must name 127.0.0.1 or localhost (not when listening wider,
-    /// read-only, behind a Service).
+    /// Local mode: requests must name 127.0.0.1 or localhost (no DNS
+    /// rebinding onto the kubeconfig's credentials).
     loopback: bool,
 }
 
 type Shared = Arc<Console>;
 
-/// A watch's last error by what it watches, shown on every page.
-type Trouble = Arc<std::sync::Mutex<std::collections::BTreeMap<&'static str, String>>>;
-
-/// The API server's own message where there is one.
-fn said(e: &watcher::Error) -> String {
-    match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.message.clone(),
-        watcher::Error::WatchError(s) => s.message.clone(),
-        other => other.to_string(),
-    }
+fn header_name(flag: &str, v: &str) -> Result<header::HeaderName, Error> {
+    header::HeaderName::from_bytes(v.as_bytes())
+        .map_err(|_| Error::Usage(format!("{flag}: {v:?} is not a header name")))
 }
 
-fn note(trouble: &Trouble, what: &'static str, error: Option<String>) {
-    if let Ok(mut t) = trouble.lock() {
-        match error {
-            Some(e) => t.insert(what, format!("watching {what}: {e}")),
-            None => t.remove(what),
-        };
+/// How requests are tied to people, from the flags; refuses a console that
+/// would serve other machines as the kubeconfig's user.
+fn auth_of(opts: &Options) -> Result<Auth, Error> {
+    let proxy = opts.auth.contains(&Mode::Proxy);
+    let token = opts.auth.contains(&Mode::Token);
+    if !proxy && !opts.trusted_proxies.is_empty() {
+        return Err(Error::Usage("--trusted-proxy needs --auth proxy".into()));
     }
-}
-
-impl Console {
-    fn frame(&self) -> pages::Frame<'_> {
-        let warnings = self
-            .trouble
-            .lock()
-            .map(|t| t.values().cloned().collect())
-            .unwrap_or_default();
-        pages::Frame {
-            me: &self.me,
-            warnings,
+    if !proxy && !token {
+        if !opts.address.ip().is_loopback() {
+            return Err(Error::Usage(format!(
+                "--listen {}: a console other machines reach must sign each person in; add --auth proxy (behind an authenticating proxy) or --auth token (docs/console.md)",
+                opts.address.ip()
+            )));
         }
+        return Ok(Auth::Local {
+            token: auth::random_token(),
+            cookie: format!("agentrun_console_{}", opts.address.port()),
+        });
     }
-    fn runs(&self) -> Vec<AgentRun> {
-        self.runs.state().iter().map(|r| (**r).clone()).collect()
-    }
-    fn approvals(&self) -> Vec<Approval> {
-        self.approvals
-            .state()
-            .iter()
-            .map(|a| (**a).clone())
-            .collect()
-    }
-    fn namespaces(&self) -> Vec<String> {
-        let mut ns: Vec<String> = self
-            .runs
-            .state()
-            .iter()
-            .filter_map(|r| r.metadata.namespace.clone())
-            .collect();
-        ns.sort();
-        ns.dedup();
-        ns
-    }
-    fn run(&self, ns: &str, name: &str) -> Option<(AgentRun, Vec<Approval>)> {
-        let run = self
-            .runs
-            .get(&reflector::ObjectRef::new(name).within(ns))
-            .map(|r| (*r).clone())?;
-        let uid = run.metadata.uid.clone().unwrap_or_default();
-        let mut approvals: Vec<Approval> = self
-            .approvals()
-            .into_iter()
-            .filter(|a| a.spec.run_uid == uid)
-            .collect();
-        approvals.sort_by_key(|a| a.metadata.creation_timestamp.as_ref().map(|t| t.0));
-        Some((run, approvals))
-    }
-}
-
-/// Keeps `writer`'s store in step with `api` (as the user), moves the change
-/// counter on every event, and records why the watch fails while it does.
-fn spawn_watch<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
-    what: &'static str,
-    changes: tokio::sync::watch::Sender<u64>,
-    trouble: Trouble,
-) where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    tokio::spawn(async move {
-        let mut s = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
-            .reflect(writer)
-            .boxed();
-        while let Some(ev) = s.next().await {
-            match ev {
-                Ok(_) => {
-                    note(&trouble, what, None);
-                    changes.send_modify(|n| *n += 1);
-                }
-                Err(e) => {
-                    eprintln!("console: watching {what}: {}", said(&e));
-                    note(&trouble, what, Some(said(&e)));
-                }
-            }
+    let proxy = if proxy {
+        if opts.trusted_proxies.is_empty() {
+            return Err(Error::Usage(
+                "--auth proxy needs --trusted-proxy CIDR: the addresses of the proxy whose user header the console believes".into(),
+            ));
         }
-    });
-}
-
-/// Starts the watches and serves until interrupted.
-pub async fn serve(client: Client, default_namespace: String, opts: Options) -> Result<(), Error> {
-    let me = whoami(&client).await?;
-    let scope = match opts.namespace.clone() {
-        Some(ns) => Scope::Namespace(ns),
-        None => {
-            // All namespaces when the user may list runs there, else the context's.
-            let all = Api::<AgentRun>::all(client.clone());
-            match all.list(&kube::api::ListParams::default().limit(1)).await {
-                Ok(_) => Scope::All,
-                Err(kube::Error::Api(s)) if s.code == 403 => Scope::Namespace(default_namespace),
-                Err(e) => return Err(crate::commands::api("listing AgentRuns")(e)),
-            }
-        }
+        Some(ProxyTrust {
+            from: opts.trusted_proxies.clone(),
+            user_header: header_name("--user-header", &opts.user_header)?,
+            group_header: header_name("--group-header", &opts.group_header)?,
+            user_prefix: opts.user_prefix.clone(),
+            group_prefix: opts.group_prefix.clone(),
+        })
+    } else {
+        None
     };
-    let (runs_api, apv_api): (Api<AgentRun>, Api<Approval>) = match &scope {
-        Scope::All => (Api::all(client.clone()), Api::all(client.clone())),
-        Scope::Namespace(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-    };
-    let (changes, _) = tokio::sync::watch::channel(0u64);
-    let (runs, runs_w) = reflector::store();
-    let (approvals, apv_w) = reflector::store();
-    let trouble: Trouble = Arc::default();
-    spawn_watch(
-        runs_api,
-        runs_w,
-        "AgentRuns",
-        changes.clone(),
-        trouble.clone(),
-    );
-    spawn_watch(
-        apv_api,
-        apv_w,
-        "Approvals",
-        changes.clone(),
-        trouble.clone(),
-    );
-    // Loopback unless read-only (clap enforces it too): a console that
-    // decides acts with the user's credentials.
-    let loopback = opts.address.ip().is_loopback();
-    if !loopback && !opts.read_only {
-        return Err(Error::Usage("--listen needs --read-only".into()));
-    }
+    Ok(Auth::Users {
+        proxy,
+        sessions: token.then(|| Sessions::new(opts.session_ttl)),
+    })
+}
+
+/// Starts the watches (locally) and serves until interrupted.
+pub async fn serve(
+    config: kube::Config,
+    default_namespace: String,
+    mut opts: Options,
+) -> Result<(), Error> {
     let listener = tokio::net::TcpListener::bind(opts.address).await?;
     let port = listener.local_addr()?.port();
-    let history = Store::Api(ApiStore::new(
-        client.clone(),
-        match &scope {
-            Scope::Namespace(ns) => Some(ns.clone()),
-            Scope::All => None,
-        },
-    ));
+    opts.address.set_port(port);
+    let auth = auth_of(&opts)?;
+    let local = match &auth {
+        Auth::Local { .. } => {
+            let client =
+                Client::try_from(config.clone()).map_err(|e| Error::Config(e.to_string()))?;
+            Some(Arc::new(
+                View::start(
+                    client,
+                    opts.namespace.clone(),
+                    |_| default_namespace.clone(),
+                    !opts.read_only,
+                    false,
+                )
+                .await?,
+            ))
+        }
+        Auth::Users { .. } => None,
+    };
     let console = Arc::new(Console {
-        client,
-        me,
-        scope: scope.clone(),
-        history,
-        runs,
-        approvals,
-        changes,
+        loopback: matches!(auth, Auth::Local { .. }),
+        auth,
+        config,
+        local,
+        views: view::Views::default(),
+        namespace: opts.namespace.clone(),
+        default_namespace,
         port,
         decide: !opts.read_only,
-        trouble,
-        loopback,
     });
-    // Serve once the first lists are in; a watch the API server refuses
-    // shows on every page instead of keeping the console from starting.
-    let ready = Duration::from_secs(10);
-    let _ = tokio::time::timeout(ready, console.runs.wait_until_ready()).await;
-    let _ = tokio::time::timeout(ready, console.approvals.wait_until_ready()).await;
-    let url = format!("http://{}:{port}/", opts.address.ip());
     let mode = if opts.read_only { ", read-only" } else { "" };
-    let what = match &scope {
-        Scope::All => "all namespaces".to_owned(),
-        Scope::Namespace(ns) => format!("namespace {ns}"),
+    let url = match (&console.auth, &console.local) {
+        (Auth::Local { token, .. }, Some(v)) => {
+            let url = format!("http://{}:{port}/?token={token}", opts.address.ip());
+            let what = match &v.scope {
+                Scope::All => "all namespaces".to_owned(),
+                Scope::Namespace(ns) => format!("namespace {ns}"),
+            };
+            println!(
+                "console: {url} ({what}, as {}{mode}); Ctrl-C to stop",
+                v.me.user
+            );
+            url
+        }
+        _ => {
+            let url = format!("http://{}/", opts.address);
+            let how: Vec<String> = opts
+                .auth
+                .iter()
+                .map(|m| format!("{m:?}").to_lowercase())
+                .collect();
+            println!(
+                "console: {url} (each person as themselves, signed in by {}{mode}); Ctrl-C to stop",
+                how.join(" or ")
+            );
+            url
+        }
     };
-    println!(
-        "console: {url} ({what}, as {}{mode}); Ctrl-C to stop",
-        console.me.user
-    );
     if opts.open {
         let opener = if cfg!(target_os = "macos") {
             "open"
@@ -294,11 +230,14 @@ pub async fn serve(client: Client, default_namespace: String, opts: Options) -> 
             eprintln!("console: could not open a browser ({opener}: {e}); open {url}");
         }
     }
-    axum::serve(listener, router(console))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    axum::serve(
+        listener,
+        router(console).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
     Ok(())
 }
 
@@ -316,10 +255,25 @@ fn router(console: Shared) -> Router {
             .route("/ns/{ns}/runs/{run}/retry", post(retry::create))
             .route("/ns/{ns}/runs/{run}/retry/preview", get(retry::preview));
     }
+    if console.namespace.is_none() && matches!(console.auth, Auth::Users { .. }) {
+        r = r.route("/namespace", get(view::choose_namespace));
+    }
+    if let Auth::Users {
+        sessions: Some(_), ..
+    } = &console.auth
+    {
+        r = r
+            .route("/login", get(auth::login_form).post(auth::login))
+            .route("/logout", post(auth::logout));
+    }
     r.route("/events/runs", get(sse::runs))
         .route("/events/approvals", get(sse::approvals))
         .route("/events/ns/{ns}/runs/{run}", get(sse::run))
         .route("/assets/{file}", get(asset))
+        .layer(middleware::from_fn_with_state(
+            console.clone(),
+            auth::authenticate,
+        ))
         .layer(middleware::from_fn_with_state(console.clone(), guard))
         .layer(middleware::from_fn(hardened))
         .with_state(console)
@@ -354,11 +308,13 @@ async fn hardened(req: Request, next: Next) -> Response {
     res
 }
 
-/// Requests must name this console as their host (no DNS rebinding), and a
-/// write must come from its own pages (an htmx request with no foreign
-/// Origin): another site in the browser cannot decide as the user.
+/// Requests must name this console as their host (locally: no DNS
+/// rebinding), and a write must come from its own pages (an htmx request
+/// with no foreign Origin): another site in the browser cannot decide as the
+/// user. The sign-in forms are plain form posts, so they must carry this
+/// console's Origin.
 async fn guard(State(c): State<Shared>, req: Request, next: Next) -> Response {
-    if let Err((code, why)) = allowed(&c, req.method(), req.headers()) {
+    if let Err((code, why)) = allowed(&c, req.method(), req.uri().path(), req.headers()) {
         return (code, why).into_response();
     }
     next.run(req).await
@@ -367,13 +323,19 @@ async fn guard(State(c): State<Shared>, req: Request, next: Next) -> Response {
 fn allowed(
     c: &Console,
     method: &axum::http::Method,
+    path: &str,
     headers: &HeaderMap,
 ) -> Result<(), (StatusCode, &'static str)> {
     let h = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    let ours = [
-        format!("127.0.0.1:{}", c.port),
-        format!("localhost:{}", c.port),
-    ];
+    // Locally the loopback names; behind an ingress, the name it was asked by.
+    let ours: Vec<String> = if c.loopback {
+        vec![
+            format!("127.0.0.1:{}", c.port),
+            format!("localhost:{}", c.port),
+        ]
+    } else {
+        h(header::HOST).map(str::to_owned).into_iter().collect()
+    };
     if c.loopback && !h(header::HOST).is_some_and(|host| ours.iter().any(|o| o == host)) {
         return Err((
             StatusCode::MISDIRECTED_REQUEST,
@@ -381,14 +343,25 @@ fn allowed(
         ));
     }
     if method == axum::http::Method::POST {
-        let origin_ok =
-            h(header::ORIGIN).is_none_or(|o| ours.iter().any(|host| o == format!("http://{host}")));
-        let htmx = headers.get("hx-request").is_some_and(|v| v == "true");
-        if !origin_ok || !htmx {
-            return Err((
-                StatusCode::FORBIDDEN,
-                "decisions come from the console's own pages",
-            ));
+        let same_origin = |o: &str| {
+            ours.iter().any(|host| {
+                o == format!("http://{host}") || (!c.loopback && o == format!("https://{host}"))
+            })
+        };
+        let origin = h(header::ORIGIN);
+        let sign_in = path == "/login" || path == "/logout";
+        let ok = if sign_in {
+            origin.is_some_and(same_origin)
+        } else {
+            origin.is_none_or(same_origin) && headers.get("hx-request").is_some_and(|v| v == "true")
+        };
+        if !ok {
+            let why = if sign_in {
+                "signing in and out happens on the console's own pages"
+            } else {
+                "decisions come from the console's own pages"
+            };
+            return Err((StatusCode::FORBIDDEN, why));
         }
     }
     Ok(())
@@ -398,7 +371,7 @@ fn page(m: Markup) -> Response {
     m.into_response()
 }
 
-async fn runs_page(State(c): State<Shared>, Query(f): Query<RunFilter>) -> Response {
+async fn runs_page(User(c): User, Query(f): Query<RunFilter>) -> Response {
     let (runs, approvals) = (c.runs(), c.approvals());
     page(pages::runs_page(
         &c.frame(),
@@ -410,7 +383,7 @@ async fn runs_page(State(c): State<Shared>, Query(f): Query<RunFilter>) -> Respo
     ))
 }
 
-async fn inbox_page(State(c): State<Shared>) -> Response {
+async fn inbox_page(User(c): User) -> Response {
     page(pages::inbox_page(
         &c.frame(),
         &c.approvals(),
@@ -419,7 +392,7 @@ async fn inbox_page(State(c): State<Shared>) -> Response {
     ))
 }
 
-async fn run_page(State(c): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+async fn run_page(User(c): User, Path((ns, name)): Path<(String, String)>) -> Response {
     let Some((run, approvals)) = c.run(&ns, &name) else {
         let what = format!("No AgentRun {name} in namespace {ns} (or you may not list it).");
         return (StatusCode::NOT_FOUND, pages::not_found(&c.frame(), &what)).into_response();
@@ -444,7 +417,7 @@ async fn run_page(State(c): State<Shared>, Path((ns, name)): Path<(String, Strin
 /// The records that match the filter, newest first, through the history
 /// store as the user; a filter it cannot use or the store's refusal is the
 /// page's message, never an error page.
-async fn history_list(State(c): State<Shared>, Query(f): Query<HistoryFilter>) -> Response {
+async fn history_list(User(c): User, Query(f): Query<HistoryFilter>) -> Response {
     let now = Timestamp::now();
     let all = matches!(c.scope, Scope::All);
     let show = |listed: history_page::Listed<'_>| {
@@ -478,10 +451,7 @@ async fn history_list(State(c): State<Shared>, Query(f): Query<HistoryFilter>) -
 }
 
 /// One record, read-only in every mode.
-async fn history_record(
-    State(c): State<Shared>,
-    Path((ns, record)): Path<(String, String)>,
-) -> Response {
+async fn history_record(User(c): User, Path((ns, record)): Path<(String, String)>) -> Response {
     if let Scope::Namespace(own) = &c.scope
         && *own != ns
     {
@@ -492,7 +462,7 @@ async fn history_record(
         Ok(Some(r)) => {
             let live = c
                 .runs
-                .get(&reflector::ObjectRef::new(&r.run.name).within(&ns))
+                .get(&kube::runtime::reflector::ObjectRef::new(&r.run.name).within(&ns))
                 .is_some_and(|run| run.metadata.uid.as_deref() == Some(r.run.uid.as_str()));
             page(history_page::record_page(
                 &c.frame(),
@@ -550,7 +520,7 @@ struct DecideForm {
 /// One decision, as the user, through the CLI's own write. The result is a
 /// line for the page's decisions log: what was recorded, or the refusal.
 async fn decide(
-    State(c): State<Shared>,
+    User(c): User,
     Path((ns, name)): Path<(String, String)>,
     Form(form): Form<DecideForm>,
 ) -> Response {
@@ -592,4 +562,77 @@ async fn asset(Path(file): Path<String>) -> Response {
         body,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(listen: &str, auth: &[Mode], trusted: &[&str]) -> Options {
+        Options {
+            namespace: None,
+            address: SocketAddr::new(listen.parse().unwrap(), 8099),
+            open: false,
+            read_only: false,
+            auth: auth.to_vec(),
+            trusted_proxies: trusted.iter().map(|c| c.parse().unwrap()).collect(),
+            user_header: "X-Forwarded-User".into(),
+            group_header: "X-Forwarded-Groups".into(),
+            user_prefix: String::new(),
+            group_prefix: String::new(),
+            session_ttl: Duration::from_secs(3600),
+        }
+    }
+
+    fn refusal(o: &Options) -> String {
+        match auth_of(o) {
+            Err(Error::Usage(why)) => why,
+            Err(e) => panic!("not a usage error: {e}"),
+            Ok(_) => panic!("accepted: {o:?}"),
+        }
+    }
+
+    #[test]
+    fn beyond_loopback_the_console_signs_each_person_in() {
+        for listen in ["0.0.0.0", "10.1.2.3", "::"] {
+            let why = refusal(&opts(listen, &[], &[]));
+            assert!(
+                why.contains("--auth proxy") && why.contains("--auth token"),
+                "{why}"
+            );
+        }
+        let why = refusal(&opts("0.0.0.0", &[Mode::Proxy], &[]));
+        assert!(why.contains("--trusted-proxy"), "{why}");
+        let why = refusal(&opts("0.0.0.0", &[Mode::Token], &["10.0.0.0/8"]));
+        assert!(why.contains("--trusted-proxy needs --auth proxy"), "{why}");
+        let mut bad = opts("0.0.0.0", &[Mode::Proxy], &["10.0.0.0/8"]);
+        bad.user_header = "X User".into();
+        assert!(refusal(&bad).contains("--user-header"));
+
+        match auth_of(&opts("127.0.0.1", &[], &[])) {
+            Ok(Auth::Local { token, cookie }) => {
+                assert_eq!(token.len(), 64);
+                assert_eq!(cookie, "agentrun_console_8099");
+            }
+            _ => panic!("loopback without --auth is the local console"),
+        }
+        match auth_of(&opts(
+            "0.0.0.0",
+            &[Mode::Proxy, Mode::Token],
+            &["10.0.0.0/8"],
+        )) {
+            Ok(Auth::Users {
+                proxy: Some(p),
+                sessions: Some(_),
+            }) => assert_eq!(p.from, ["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]),
+            _ => panic!("proxy and token"),
+        }
+        assert!(matches!(
+            auth_of(&opts("0.0.0.0", &[Mode::Token], &[])),
+            Ok(Auth::Users {
+                proxy: None,
+                sessions: Some(_)
+            })
+        ));
+    }
 }

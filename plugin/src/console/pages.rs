@@ -30,6 +30,11 @@ pub const PHASES: [&str; 11] = [
 pub struct Frame<'a> {
     pub me: &'a Identity,
     pub warnings: Vec<String>,
+    /// Signed in with a token (in the cluster): offer to sign out.
+    pub sign_out: bool,
+    /// The namespace shown, when the user may not list every one and may
+    /// choose another.
+    pub namespace: Option<&'a str>,
 }
 
 /// The page around every view: navigation, who you are, the help overlay.
@@ -62,6 +67,16 @@ pub fn layout(title: &str, frame: &Frame<'_>, current: &str, body: Markup) -> Ma
                     span class="whoami" title="Who the API server says you are" {
                         "as " strong id="whoami" { (me.user) }
                     }
+                    @if let Some(ns) = frame.namespace {
+                        form class="namespace" method="get" action="/namespace" {
+                            label { "Namespace "
+                                input type="text" name="name" value=(ns) size="16" required
+                                    pattern="[a-z0-9]([-a-z0-9]*[a-z0-9])?" maxlength="63";
+                            }
+                            button type="submit" { "Show" }
+                        }
+                    }
+                    @if frame.sign_out { (super::auth::sign_out()) }
                     button type="button" class="help-button" aria-haspopup="dialog" aria-controls="help"
                         aria-keyshortcuts="?" { "?" }
                 }
@@ -87,7 +102,7 @@ fn help() -> Markup {
                 dt { kbd { "/" } } dd { "search runs" }
                 dt { kbd { "Esc" } } dd { "close" }
             }
-            p { "Everything here is read and written with your own kubeconfig credentials: "
+            p { "Everything here is read and written as you (your kubeconfig's user, or in the cluster the user you signed in as): "
                 "what you see is what RBAC lets you list, and a decision is refused or accepted "
                 "by the API server and its admission policies exactly as with "
                 code { "kubectl agentrun approve" } "." }

@@ -16,14 +16,14 @@
 
 use agentrun_operator::api::AgentRun;
 use agentrun_operator::engine::fork::ForkPlan;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Form, Path, Query};
 use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
 use kube::Client;
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::Shared;
+use super::view::User;
 use crate::commands::Error;
 use crate::retry::{Retry, default_from, not_retryable};
 
@@ -152,7 +152,7 @@ pub fn created_fragment(ns: &str, outcome: &Result<(AgentRun, ForkPlan), String>
 /// `GET /ns/NS/runs/RUN/retry/preview`: the run read as the user, the
 /// operator's plan for the fork asked for.
 pub(super) async fn preview(
-    State(c): State<Shared>,
+    User(c): User,
     Path((ns, run)): Path<(String, String)>,
     Query(form): Query<RetryForm>,
 ) -> Response {
@@ -168,7 +168,7 @@ pub(super) async fn preview(
 
 /// `POST /ns/NS/runs/RUN/retry`: creates the fork as the user.
 pub(super) async fn create(
-    State(c): State<Shared>,
+    User(c): User,
     Path((ns, run)): Path<(String, String)>,
     Form(form): Form<RetryForm>,
 ) -> Response {

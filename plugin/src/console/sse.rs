@@ -6,47 +6,64 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use std::sync::Arc;
+
+use axum::extract::{Path, Query};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use jiff::Timestamp;
 use maud::Markup;
 
 use super::filter::RunFilter;
-use super::{Shared, pages, run_page};
+use super::view::{User, View};
+use super::{pages, run_page};
 use crate::commands::events_of;
 
 /// Bursts of changes (a status write and its Events) render once.
 const SETTLE: Duration = Duration::from_millis(100);
 
-/// A stream of `name` events, each `render()`ed after a change.
+/// A stream of `name` events, each `render()`ed after a change in the
+/// user's own watches; it ends when their session does.
 fn stream<F, Fut>(
-    c: Shared,
+    c: Arc<View>,
     name: &'static str,
     render: F,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>>
 where
-    F: Fn(Shared) -> Fut + Send + 'static,
+    F: Fn(Arc<View>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Markup> + Send + 'static,
 {
     let rx = c.changes.subscribe();
-    let s = futures::stream::unfold((c, rx, true), move |(c, mut rx, first)| {
-        let r = render(c.clone());
-        async move {
-            if !first {
-                rx.changed().await.ok()?;
-                tokio::time::sleep(SETTLE).await;
-                rx.borrow_and_update();
+    let ended = c.ended();
+    let s = futures::stream::unfold(
+        (c, rx, ended, true),
+        move |(c, mut rx, mut ended, first)| {
+            let r = render(c.clone());
+            async move {
+                if *ended.borrow() {
+                    return None;
+                }
+                if !first {
+                    tokio::select! {
+                        changed = rx.changed() => changed.ok()?,
+                        _ = ended.changed() => return None,
+                    }
+                    tokio::time::sleep(SETTLE).await;
+                    rx.borrow_and_update();
+                }
+                let html = r.await.into_string();
+                Some((
+                    Ok(Event::default().event(name).data(html)),
+                    (c, rx, ended, false),
+                ))
             }
-            let html = r.await.into_string();
-            Some((Ok(Event::default().event(name).data(html)), (c, rx, false)))
-        }
-    });
+        },
+    );
     Sse::new(s).keep_alive(KeepAlive::default())
 }
 
 pub async fn runs(
-    State(c): State<Shared>,
+    User(c): User,
     Query(f): Query<RunFilter>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     stream(c, "runs", move |c| {
@@ -55,16 +72,14 @@ pub async fn runs(
     })
 }
 
-pub async fn approvals(
-    State(c): State<Shared>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+pub async fn approvals(User(c): User) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     stream(c, "inbox", |c| async move {
         pages::inbox(&c.me, &c.approvals(), Timestamp::now(), c.decide)
     })
 }
 
 pub async fn run(
-    State(c): State<Shared>,
+    User(c): User,
     Path((ns, name)): Path<(String, String)>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     stream(c, "run", move |c| {

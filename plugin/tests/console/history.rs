@@ -102,6 +102,8 @@ fn the_record_page_is_the_run_page_of_a_finished_run_read_only() {
     let frame = pages::Frame {
         me: &alice,
         warnings: vec![],
+        sign_out: false,
+        namespace: None,
     };
     let html = history_page::record_page(&frame, &r, false, now()).into_string();
     for want in [
@@ -139,6 +141,8 @@ fn the_history_pages_have_no_form_that_writes() {
     let frame = pages::Frame {
         me: &alice,
         warnings: vec![],
+        sign_out: false,
+        namespace: None,
     };
     let records = [record_of("refund-approved"), hostile()];
     let list = history_page::history_page(
@@ -243,6 +247,8 @@ fn every_string_from_a_record_is_escaped_and_every_link_encoded() {
     let frame = pages::Frame {
         me: &alice,
         warnings: vec![],
+        sign_out: false,
+        namespace: None,
     };
     let why = "runrecords is forbidden: User \"<b>eve</b>\"";
     let page = history_page::history_page(

@@ -1,0 +1,545 @@
+//! One person's view of the cluster: a client that acts as them, who the API
+//! server says they are, and watches (as them) of the runs and Approvals
+//! they may list. Locally there is one, the kubeconfig's user's; in the
+//! cluster one per signed-in user, made on their first request and dropped
+//! when nothing has used it for a while.
+//!
+//! ```text
+//!   request ─▶ authenticate ─▶ Who ─▶ Console::view_for ─▶ Arc<View>
+//!                                        │ cache by who (per user+groups, per session)
+//!                                        └─ new: SelfSubjectReview, scope, 2 watches
+//!   View ── client (impersonating / bearer token / kubeconfig)
+//!        ├─ reflector AgentRuns ─┐
+//!        ├─ reflector Approvals ─┴─▶ change counter ─▶ that user's SSE streams
+//!        └─ history store (as the user)
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentrun_operator::api::{AgentRun, Approval};
+use agentrun_operator::history::{ApiStore, Store};
+use axum::extract::FromRequestParts;
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+
+use super::auth::{Auth, Who};
+use super::{Console, Scope, Shared, pages};
+use crate::commands::{Error, whoami};
+use crate::identity::Identity;
+
+/// A view nobody has used for this long, with no page streaming from it,
+/// is dropped (its watches stop).
+const IDLE: Duration = Duration::from_secs(10 * 60);
+
+/// How long a new view waits for its first lists before the page renders.
+const READY: Duration = Duration::from_secs(10);
+
+/// What every handler reads and acts with: one person's client, identity
+/// and watches.
+pub struct View {
+    pub client: Client,
+    pub me: Identity,
+    pub scope: Scope,
+    /// Where finished runs' records are read (as the user; never written).
+    pub history: Store,
+    pub runs: reflector::Store<AgentRun>,
+    pub approvals: reflector::Store<Approval>,
+    pub changes: tokio::sync::watch::Sender<u64>,
+    /// Decisions are offered (not the read-only view).
+    pub decide: bool,
+    /// A token-mode session's view: a sign-out button.
+    pub session: bool,
+    /// The user may not list every namespace and the console has no `-n`:
+    /// they choose the one they see.
+    pub choosable: bool,
+    /// What each watch last failed with, until it succeeds again.
+    trouble: Trouble,
+    /// Set when the session behind the view ends: its streams close.
+    ended: tokio::sync::watch::Sender<bool>,
+    watches: Vec<tokio::task::AbortHandle>,
+    used: Mutex<Instant>,
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        for w in &self.watches {
+            w.abort();
+        }
+    }
+}
+
+/// A watch's last error by what it watches, shown on every page.
+type Trouble = Arc<Mutex<std::collections::BTreeMap<&'static str, String>>>;
+
+/// The API server's own message where there is one.
+fn said(e: &watcher::Error) -> String {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.message.clone(),
+        watcher::Error::WatchError(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn note(trouble: &Trouble, what: &'static str, error: Option<String>) {
+    if let Ok(mut t) = trouble.lock() {
+        match error {
+            Some(e) => t.insert(what, format!("watching {what}: {e}")),
+            None => t.remove(what),
+        };
+    }
+}
+
+/// Keeps `writer`'s store in step with `api` (as the user), moves the change
+/// counter on every event and every failure, records why the watch fails
+/// while it does, and counts itself `heard` once its first list is in or
+/// refused.
+fn spawn_watch<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    what: &'static str,
+    changes: tokio::sync::watch::Sender<u64>,
+    trouble: Trouble,
+    heard: tokio::sync::watch::Sender<u8>,
+) -> tokio::task::AbortHandle
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    tokio::spawn(async move {
+        let mut s = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .reflect(writer)
+            .boxed();
+        let mut first = true;
+        while let Some(ev) = s.next().await {
+            // Answered: the first list is complete, or refused.
+            let answered = match ev {
+                Ok(ev) => {
+                    note(&trouble, what, None);
+                    matches!(ev, watcher::Event::InitDone)
+                }
+                Err(e) => {
+                    eprintln!("console: watching {what}: {}", said(&e));
+                    note(&trouble, what, Some(said(&e)));
+                    true
+                }
+            };
+            changes.send_modify(|n| *n += 1);
+            if first && answered {
+                first = false;
+                heard.send_modify(|n| *n += 1);
+            }
+        }
+    })
+    .abort_handle()
+}
+
+impl View {
+    /// Asks the API server who `client` is, picks the scope (`namespace`;
+    /// else all namespaces if they may list runs there; else `fallback` of
+    /// who they are), starts the watches and waits (a while) for their first
+    /// answers.
+    pub async fn start(
+        client: Client,
+        namespace: Option<String>,
+        fallback: impl FnOnce(&Identity) -> String,
+        decide: bool,
+        session: bool,
+    ) -> Result<View, Error> {
+        let me = whoami(&client).await?;
+        let mut choosable = false;
+        let scope = match namespace {
+            Some(ns) => Scope::Namespace(ns),
+            None => {
+                let all = Api::<AgentRun>::all(client.clone());
+                match all.list(&kube::api::ListParams::default().limit(1)).await {
+                    Ok(_) => Scope::All,
+                    Err(kube::Error::Api(s)) if s.code == 403 => {
+                        choosable = true;
+                        Scope::Namespace(fallback(&me))
+                    }
+                    Err(e) => return Err(crate::commands::api("listing AgentRuns")(e)),
+                }
+            }
+        };
+        let (runs_api, apv_api): (Api<AgentRun>, Api<Approval>) = match &scope {
+            Scope::All => (Api::all(client.clone()), Api::all(client.clone())),
+            Scope::Namespace(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+        };
+        let (changes, _) = tokio::sync::watch::channel(0u64);
+        let (heard, mut heard_rx) = tokio::sync::watch::channel(0u8);
+        let (runs, runs_w) = reflector::store();
+        let (approvals, apv_w) = reflector::store();
+        let trouble: Trouble = Arc::default();
+        let watches = vec![
+            spawn_watch(
+                runs_api,
+                runs_w,
+                "AgentRuns",
+                changes.clone(),
+                trouble.clone(),
+                heard.clone(),
+            ),
+            spawn_watch(
+                apv_api,
+                apv_w,
+                "Approvals",
+                changes.clone(),
+                trouble.clone(),
+                heard,
+            ),
+        ];
+        // Serve once the first lists are in (or refused: a watch the API
+        // server refuses shows on every page instead of holding it up).
+        let _ = tokio::time::timeout(READY, heard_rx.wait_for(|n| *n >= 2)).await;
+        let history = Store::Api(ApiStore::new(
+            client.clone(),
+            match &scope {
+                Scope::Namespace(ns) => Some(ns.clone()),
+                Scope::All => None,
+            },
+        ));
+        Ok(View {
+            client,
+            me,
+            scope,
+            history,
+            runs,
+            approvals,
+            changes,
+            decide,
+            session,
+            choosable,
+            trouble,
+            ended: tokio::sync::watch::channel(false).0,
+            watches,
+            used: Mutex::new(Instant::now()),
+        })
+    }
+
+    pub fn frame(&self) -> pages::Frame<'_> {
+        let warnings = self
+            .trouble
+            .lock()
+            .map(|t| t.values().cloned().collect())
+            .unwrap_or_default();
+        pages::Frame {
+            me: &self.me,
+            warnings,
+            sign_out: self.session,
+            namespace: match (&self.scope, self.choosable) {
+                (Scope::Namespace(ns), true) => Some(ns),
+                _ => None,
+            },
+        }
+    }
+    pub fn runs(&self) -> Vec<AgentRun> {
+        self.runs.state().iter().map(|r| (**r).clone()).collect()
+    }
+    pub fn approvals(&self) -> Vec<Approval> {
+        self.approvals
+            .state()
+            .iter()
+            .map(|a| (**a).clone())
+            .collect()
+    }
+    pub fn namespaces(&self) -> Vec<String> {
+        let mut ns: Vec<String> = self
+            .runs
+            .state()
+            .iter()
+            .filter_map(|r| r.metadata.namespace.clone())
+            .collect();
+        ns.sort();
+        ns.dedup();
+        ns
+    }
+    pub fn run(&self, ns: &str, name: &str) -> Option<(AgentRun, Vec<Approval>)> {
+        let run = self
+            .runs
+            .get(&reflector::ObjectRef::new(name).within(ns))
+            .map(|r| (*r).clone())?;
+        let uid = run.metadata.uid.clone().unwrap_or_default();
+        let mut approvals: Vec<Approval> = self
+            .approvals()
+            .into_iter()
+            .filter(|a| a.spec.run_uid == uid)
+            .collect();
+        approvals.sort_by_key(|a| a.metadata.creation_timestamp.as_ref().map(|t| t.0));
+        Some((run, approvals))
+    }
+
+    /// Closes when the session behind the view ends (never for the others).
+    pub fn ended(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ended.subscribe()
+    }
+}
+
+/// A signed-in user, and the namespace they chose (if they may not list
+/// every one).
+type Key = (Who, Option<String>);
+
+type Cells = HashMap<Key, Arc<tokio::sync::OnceCell<Arc<View>>>>;
+
+/// The views of the signed-in users, by who they are.
+#[derive(Default)]
+pub struct Views {
+    by_who: Mutex<Cells>,
+}
+
+impl Console {
+    /// The view that acts for `who`: the kubeconfig user's, or the signed-in
+    /// user's (made on first use), in the namespace they `chose` if they may
+    /// not list every one. The one place a request's identity becomes a
+    /// client.
+    pub async fn view_for(&self, who: &Who, chose: Option<&str>) -> Result<Arc<View>, Error> {
+        if let (Who::Local, Some(v)) = (who, &self.local) {
+            return Ok(v.clone());
+        }
+        let cell = {
+            let mut by_who = self
+                .views
+                .by_who
+                .lock()
+                .map_err(|_| Error::Usage("the console's views are poisoned".into()))?;
+            self.sweep(&mut by_who);
+            let chose = chose.filter(|_| self.namespace.is_none());
+            by_who
+                .entry((who.clone(), chose.map(str::to_owned)))
+                .or_default()
+                .clone()
+        };
+        let view = cell
+            .get_or_try_init(|| async {
+                let (client, session) = match who {
+                    // Only a local console ties requests to the kubeconfig's user.
+                    Who::Local => return Err(Error::Refused("not a local console".into())),
+                    Who::Proxy(id) => (self.impersonating(id)?, false),
+                    Who::Session(sid) => {
+                        let token = match &self.auth {
+                            Auth::Users {
+                                sessions: Some(s), ..
+                            } => s.get(sid).map(|s| s.token),
+                            _ => None,
+                        }
+                        .ok_or_else(|| Error::Refused("the session has ended".into()))?;
+                        (self.token_client(&token)?, true)
+                    }
+                };
+                // What they chose; else a ServiceAccount's own namespace;
+                // else the console's.
+                let fallback = |me: &Identity| {
+                    chose
+                        .map(str::to_owned)
+                        .or_else(|| own_namespace(&me.user))
+                        .unwrap_or_else(|| self.default_namespace.clone())
+                };
+                let v = View::start(
+                    client,
+                    self.namespace.clone(),
+                    fallback,
+                    self.decide,
+                    session,
+                )
+                .await?;
+                eprintln!("console: serving {} (as themselves)", v.me.user);
+                Ok::<_, Error>(Arc::new(v))
+            })
+            .await?
+            .clone();
+        if let Ok(mut used) = view.used.lock() {
+            *used = Instant::now();
+        }
+        Ok(view)
+    }
+
+    /// Drops `who`'s views (a session that ended) and closes their streams.
+    pub fn forget(&self, who: &Who) {
+        if let Ok(mut by_who) = self.views.by_who.lock() {
+            by_who.retain(|(w, _), cell| {
+                if w != who {
+                    return true;
+                }
+                if let Some(v) = cell.get() {
+                    v.ended.send_replace(true);
+                }
+                false
+            });
+        }
+    }
+
+    /// Drops the views no page streams from that have been idle, and those
+    /// of sessions that ended.
+    fn sweep(&self, by_who: &mut Cells) {
+        let now = Instant::now();
+        by_who.retain(|(who, _), cell| {
+            let Some(v) = cell.get() else {
+                return true;
+            };
+            let live_session = match (who, &self.auth) {
+                (
+                    Who::Session(id),
+                    Auth::Users {
+                        sessions: Some(s), ..
+                    },
+                ) => s.get(id).is_some(),
+                _ => true,
+            };
+            if !live_session {
+                v.ended.send_replace(true);
+                return false;
+            }
+            let idle = v
+                .used
+                .lock()
+                .map(|u| now.duration_since(*u) > IDLE)
+                .unwrap_or(true);
+            // Only the cell holds it: no page streams from it.
+            !(idle && Arc::strong_count(v) == 1)
+        });
+    }
+
+    /// A client that acts as `id` (Impersonate-User and -Group headers on
+    /// the console's own credentials).
+    fn impersonating(&self, id: &Identity) -> Result<Client, Error> {
+        let mut config = self.config.clone();
+        config.auth_info.impersonate = Some(id.user.clone());
+        config.auth_info.impersonate_groups = (!id.groups.is_empty()).then(|| id.groups.clone());
+        Client::try_from(config).map_err(|e| Error::Config(e.to_string()))
+    }
+
+    /// A client that authenticates with `token` alone (none of the
+    /// console's own credentials).
+    pub fn token_client(&self, token: &str) -> Result<Client, Error> {
+        let mut config = self.config.clone();
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(token.to_owned().into()),
+            ..Default::default()
+        };
+        Client::try_from(config).map_err(|e| Error::Config(e.to_string()))
+    }
+}
+
+/// The view of the person a request acts for: every handler takes this
+/// (`User(c)`), so every read and write is made as them.
+pub struct User(pub Arc<View>);
+
+impl FromRequestParts<Shared> for User {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, c: &Shared) -> Result<User, Response> {
+        let Some(who) = parts.extensions.get::<Who>().cloned() else {
+            return Err(StatusCode::UNAUTHORIZED.into_response());
+        };
+        let chose =
+            super::auth::cookie(&parts.headers, NAMESPACE_COOKIE).filter(|ns| namespace_name(ns));
+        match c.view_for(&who, chose).await {
+            Ok(v) => Ok(User(v)),
+            Err(e) => {
+                eprintln!("console: acting for {}: {e}", who.label());
+                Err((
+                    StatusCode::FORBIDDEN,
+                    format!("The console cannot act for you: {e}"),
+                )
+                    .into_response())
+            }
+        }
+    }
+}
+
+/// A ServiceAccount's namespace, from its user name.
+pub fn own_namespace(user: &str) -> Option<String> {
+    let (ns, _) = user
+        .strip_prefix("system:serviceaccount:")?
+        .split_once(':')?;
+    Some(ns.to_owned()).filter(|ns| namespace_name(ns))
+}
+
+/// The namespace a signed-in user chose to see.
+pub const NAMESPACE_COOKIE: &str = "agentrun_namespace";
+
+/// A namespace's name: a DNS label (RFC 1123).
+pub fn namespace_name(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+#[derive(serde::Deserialize)]
+pub struct Choice {
+    #[serde(default)]
+    name: String,
+}
+
+/// `GET /namespace?name=NS`: the namespace a user who may not list every
+/// one sees (a preference in a cookie; the API server still decides what
+/// they may list there).
+pub async fn choose_namespace(axum::extract::Query(c): axum::extract::Query<Choice>) -> Response {
+    if !namespace_name(&c.name) {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("{:?} is not a namespace name", c.name),
+        )
+            .into_response();
+    }
+    let set = format!(
+        "{NAMESPACE_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
+        c.name
+    );
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (axum::http::header::LOCATION, "/".to_owned()),
+            (axum::http::header::SET_COOKIE, set),
+        ],
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_is_a_dns_label_and_a_service_account_has_one() {
+        for (s, ok) in [
+            ("team-a", true),
+            ("a", true),
+            ("Team", false),
+            ("-a", false),
+            ("a-", false),
+            ("a.b", false),
+            ("", false),
+            (&"a".repeat(64), false),
+            ("a;b=c", false),
+        ] {
+            assert_eq!(namespace_name(s), ok, "{s:?}");
+        }
+        assert_eq!(
+            own_namespace("system:serviceaccount:team-a:reader").as_deref(),
+            Some("team-a")
+        );
+        assert_eq!(own_namespace("alice"), None);
+        assert_eq!(own_namespace("system:serviceaccount:broken"), None);
+    }
+}
