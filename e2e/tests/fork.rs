@@ -7,32 +7,12 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::kubeconfig;
-use agentrun_e2e::support::processes::plugin_binary;
+use agentrun_e2e::support::processes::kubectl_agentrun;
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
 use agentrun_operator::api::{EffectOutcome, Provenance, RunPhase, StepPhase};
 use serde_json::{Value, json};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// `kubectl agentrun ARGS` in the scenario's namespace: exit code and output.
-async fn plugin(s: &Scenario, args: &[&str]) -> (i32, String) {
-    let out = tokio::process::Command::new(plugin_binary())
-        .arg("--kubeconfig")
-        .arg(kubeconfig())
-        .args(["-n", s.namespace()])
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .await
-        .expect("running kubectl-agentrun");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
 
 /// How often `step` of `run` started (its own attempts, not probes).
 fn executions(s: &Scenario, run: &str, step: &str) -> usize {
@@ -78,7 +58,7 @@ async fn a_retry_from_the_failed_step_runs_only_it_and_what_follows() {
     let s = Scenario::start("fork-retry").await;
     failed_order(&s).await;
 
-    let (code, plan) = plugin(&s, &["retry", "order", "--dry-run"]).await;
+    let (code, plan) = kubectl_agentrun(s.namespace(), &["retry", "order", "--dry-run"]).await;
     assert_eq!(code, 0, "{plan}");
     assert!(
         plan.contains("Kept (carried over): fetch, charge, reserve"),
@@ -91,7 +71,8 @@ async fn a_retry_from_the_failed_step_runs_only_it_and_what_follows() {
         "a dry run creates nothing"
     );
 
-    let (code, out) = plugin(&s, &["retry", "order", "--name", "order-retry"]).await;
+    let (code, out) =
+        kubectl_agentrun(s.namespace(), &["retry", "order", "--name", "order-retry"]).await;
     assert_eq!(code, 0, "{out}");
     // Approvals are never carried over: the gate asks again.
     let gate = s
@@ -130,7 +111,7 @@ async fn a_retry_from_the_failed_step_runs_only_it_and_what_follows() {
         ("order", "ship")
     );
     assert_eq!(from.inherited, ["fetch", "charge", "reserve"]);
-    let (_, described) = plugin(&s, &["describe", "order-retry"]).await;
+    let (_, described) = kubectl_agentrun(s.namespace(), &["describe", "order-retry"]).await;
     assert!(
         described.contains("Forked from: run order (UID ") && described.contains("at step ship"),
         "{described}"
@@ -144,15 +125,19 @@ async fn a_retry_that_would_charge_again_needs_the_flag_and_a_person() {
     failed_order(&s).await;
 
     // Without the flag the plugin refuses, and says how.
-    let (code, out) = plugin(&s, &["retry", "order", "--from", "charge", "--dry-run"]).await;
+    let (code, out) = kubectl_agentrun(
+        s.namespace(),
+        &["retry", "order", "--from", "charge", "--dry-run"],
+    )
+    .await;
     assert_eq!(code, 1, "{out}");
     // reserve (Idempotent) acted too, and would act again under a new key.
     assert!(
         out.contains("charge, reserve acted in run order") && out.contains("--rerun-applied"),
         "{out}"
     );
-    let (code, out) = plugin(
-        &s,
+    let (code, out) = kubectl_agentrun(
+        s.namespace(),
         &[
             "retry",
             "order",
@@ -167,8 +152,8 @@ async fn a_retry_that_would_charge_again_needs_the_flag_and_a_person() {
     assert!(s.runs().get_opt("order-retry").await.unwrap().is_none());
 
     // With it, charge waits for a person who is told it charged before.
-    let (code, out) = plugin(
-        &s,
+    let (code, out) = kubectl_agentrun(
+        s.namespace(),
         &[
             "retry",
             "order",

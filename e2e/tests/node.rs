@@ -201,17 +201,7 @@ async fn evicted_sample_runs_as_it_is_and_refunds_once() {
         .wait_step_running("evict-demo", "issue-refund", RUN_TIMEOUT)
         .await;
     let key = step(&before, "issue-refund").idempotency_key.clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while payments.ledger().await["refunds"]
-        .as_array()
-        .is_none_or(|r| r.is_empty())
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no refund was requested"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    payments.wait_for_refund().await;
     let eviction = format!(
         r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{pod}","namespace":"{}"}}}}"#,
         s.namespace()
@@ -276,17 +266,7 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
         .await;
     let key = step(&before, "issue-refund").idempotency_key.clone();
     // Evict once the refund exists: the effect has happened, the step has not finished.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while payments.ledger().await["refunds"]
-        .as_array()
-        .is_none_or(|r| r.is_empty())
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no refund was requested"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    payments.wait_for_refund().await;
     s.pods()
         .evict(&pod, &EvictParams::default())
         .await

@@ -8,11 +8,10 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::kubeconfig;
 use agentrun_e2e::support::node::{
     Payments, REFUND_AGENT_IMAGE, container, node_scenario, pod_template,
 };
-use agentrun_e2e::support::processes::plugin_binary;
+use agentrun_e2e::support::processes::kubectl_agentrun;
 use agentrun_e2e::support::scenario::{Scenario, phase, status};
 use agentrun_operator::api::{
     AgentRun, ApprovalKind, EffectOutcome, Provenance, RunPhase, StepCheckpoint,
@@ -98,17 +97,7 @@ async fn lose_issue_refund_after_it_acted(s: &Scenario, payments: &Payments) -> 
         .wait_step_running("refund", "issue-refund", RUN_TIMEOUT)
         .await;
     let key = step(&before, "issue-refund").idempotency_key.clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while payments.ledger().await["refunds"]
-        .as_array()
-        .is_none_or(|r| r.is_empty())
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no refund was requested"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    payments.wait_for_refund().await;
     s.pods()
         .delete(&pod, &DeleteParams::default().grace_period(0))
         .await
@@ -186,20 +175,7 @@ async fn a_probe_that_cannot_reach_the_provider_leaves_the_refund_to_a_person() 
     let (_, _) = s
         .wait_step_running("refund", "issue-refund", RUN_TIMEOUT)
         .await;
-    let key = {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let ledger = payments.ledger().await;
-            if let Some(k) = ledger["refunds"][0]["idempotencyKey"].as_str() {
-                break k.to_owned();
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no refund was requested"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
+    let key = payments.wait_for_refund().await;
     payments.outage(&["/refunds"]).await;
     let run = s.runs().get("refund").await.expect("the run");
     let pod = step(&run, "issue-refund").pod.expect("issue-refund's Pod");
@@ -231,25 +207,6 @@ async fn a_probe_that_cannot_reach_the_provider_leaves_the_refund_to_a_person() 
     s.finish().await;
 }
 
-/// `kubectl agentrun ARGS` in the scenario's namespace: exit code and output.
-async fn plugin(s: &Scenario, args: &[&str]) -> (i32, String) {
-    let out = tokio::process::Command::new(plugin_binary())
-        .arg("--kubeconfig")
-        .arg(kubeconfig())
-        .args(["-n", s.namespace()])
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .await
-        .expect("running kubectl-agentrun");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
-
 #[tokio::test]
 async fn a_refund_that_failed_at_notify_is_retried_from_there_and_refunds_once() {
     let s = node_scenario("node-retry").await;
@@ -272,8 +229,8 @@ async fn a_refund_that_failed_at_notify_is_retried_from_there_and_refunds_once()
     );
 
     // What a retry from notify-customer keeps, runs and asks, before it is made.
-    let (code, plan) = plugin(
-        &s,
+    let (code, plan) = kubectl_agentrun(
+        s.namespace(),
         &["retry", "refund", "--from", "notify-customer", "--dry-run"],
     )
     .await;
@@ -288,8 +245,8 @@ async fn a_refund_that_failed_at_notify_is_retried_from_there_and_refunds_once()
 
     // The provider is back; the retry runs notify-customer alone.
     payments.outage(&[]).await;
-    let (code, out) = plugin(
-        &s,
+    let (code, out) = kubectl_agentrun(
+        s.namespace(),
         &[
             "retry",
             "refund",

@@ -125,6 +125,22 @@ impl Payments {
         serde_json::from_str(&body).expect("the ledger is JSON")
     }
 
+    /// Waits (up to 60 s) until the service has made a refund; its idempotency key.
+    pub async fn wait_for_refund(&self) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(key) = self.ledger().await["refunds"][0]["idempotencyKey"].as_str() {
+                return key.to_owned();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no refund was requested\n{}",
+                self.process.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Takes the provider down for requests under `paths` (503), or brings
     /// it back (`&[]`).
     pub async fn outage(&self, paths: &[&str]) {

@@ -26,6 +26,26 @@ pub fn operator_binary() -> PathBuf {
     path
 }
 
+/// `kubectl agentrun ARGS` in namespace `ns`, as the plane's admin: its exit
+/// code and its output (stdout, then stderr).
+pub async fn kubectl_agentrun(ns: &str, args: &[&str]) -> (i32, String) {
+    let out = tokio::process::Command::new(plugin_binary())
+        .arg("--kubeconfig")
+        .arg(crate::kubeconfig())
+        .args(["-n", ns])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .expect("running kubectl-agentrun");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
 /// The `kubectl-agentrun` plugin binary.
 pub fn plugin_binary() -> PathBuf {
     let path = std::env::var_os("AGENTRUN_PLUGIN_BIN")
