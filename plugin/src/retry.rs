@@ -72,10 +72,25 @@ pub fn default_from(source: &AgentRun) -> Option<String> {
         .map(|s| s.name.clone())
 }
 
-/// Why `source` cannot be retried now, if it cannot: it has not ended.
+/// Why `source` cannot be retried now, if it cannot: it has not ended, or it
+/// ran nothing (an earlier run's re-creation, D18).
 pub fn not_retryable(source: &AgentRun) -> Option<String> {
     let name = source.metadata.name.as_deref().unwrap_or_default();
     let phase = source.status.as_ref().and_then(|s| s.phase);
+    if phase == Some(RunPhase::AlreadyRan) {
+        let earlier = source
+            .status
+            .as_ref()
+            .and_then(|s| s.already_ran.as_ref())
+            .map_or_else(
+                || "an earlier run".to_owned(),
+                |a| format!("the earlier run recorded in {} ({})", a.record, a.outcome),
+            );
+        return Some(format!(
+            "run {name} ran nothing: it is {earlier}, created again; to run it again, \
+             create it with a new agentrun.dev/rerun annotation"
+        ));
+    }
     (!phase.is_some_and(RunPhase::is_terminal)).then(|| {
         format!(
             "run {name} is {}: only a Failed, Cancelled or Succeeded run can be retried; cancel it first",
@@ -291,6 +306,31 @@ mod tests {
             from: from.map(Into::into),
             ..Retry::default()
         }
+    }
+
+    /// A run recognised as one that already ran (D18) ran nothing: a fork of
+    /// it would carry nothing and run every step again under new keys. The
+    /// refusal names the earlier run's record and how to run it again.
+    #[test]
+    fn a_run_that_already_ran_is_not_retried() {
+        let mut run = source(RunPhase::AlreadyRan, &[]);
+        if let Some(st) = run.status.as_mut() {
+            st.already_ran = Some(agentrun_operator::api::AlreadyRan {
+                record: "order-1a2b3c4d".into(),
+                run_uid: "1a2b3c4d-0000".into(),
+                outcome: "Succeeded".into(),
+                completed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    "2026-12-01T00:00:00Z".parse().unwrap(),
+                ),
+            });
+        }
+        let why = not_retryable(&run).expect("refused");
+        assert_eq!(
+            why,
+            "run order ran nothing: it is the earlier run recorded in order-1a2b3c4d (Succeeded), \
+             created again; to run it again, create it with a new agentrun.dev/rerun annotation"
+        );
+        assert!(matches!(fork_of(&run, &args(None)), Err(Error::Refused(_))));
     }
 
     #[test]

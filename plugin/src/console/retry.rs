@@ -14,7 +14,7 @@
 //! run ends) and is `hx-preserve`d, so a change streamed to the page keeps
 //! the step chosen and the preview shown.
 
-use agentrun_operator::api::AgentRun;
+use agentrun_operator::api::{AgentRun, RunPhase};
 use agentrun_operator::engine::fork::ForkPlan;
 use axum::extract::{Form, Path, Query};
 use axum::response::{IntoResponse, Response};
@@ -63,11 +63,20 @@ pub fn section(run: &AgentRun, decide: bool) -> Markup {
         .as_ref()
         .and_then(|s| s.phase)
         .map_or("not started".to_owned(), |p| format!("{p:?}"));
+    let ended = run
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(RunPhase::is_terminal);
     let from = default_from(run);
     html! {
-        @if not_retryable(run).is_some() {
+        @if let Some(why) = not_retryable(run) {
             p class="retry-absent note" {
-                "Retry is offered once the run has ended (it is " (phase) ")."
+                @if ended {
+                    (why)
+                } @else {
+                    "Retry is offered once the run has ended (it is " (phase) ")."
+                }
             }
         } @else if !decide {
             p class="retry-absent read-only note" {

@@ -48,6 +48,21 @@ fn a_run_that_has_not_ended_says_when_retry_is_offered() {
 }
 
 #[test]
+fn a_run_that_already_ran_says_why_it_is_not_retried() {
+    let (mut run, _) = fixture("charge-rejected");
+    if let Some(st) = run.status.as_mut() {
+        st.phase = Some(agentrun_operator::api::RunPhase::AlreadyRan);
+        st.already_ran = None;
+    }
+    let html = detail(&run, true);
+    assert!(
+        html.contains(r#"<p class="retry-absent note">run charge ran nothing: it is an earlier run, created again; to run it again, create it with a new agentrun.dev/rerun annotation</p>"#),
+        "{html}"
+    );
+    assert!(!html.contains(r#"id="retry""#), "{html}");
+}
+
+#[test]
 fn a_read_only_console_offers_the_command_not_the_form() {
     let (run, _) = fixture("charge-rejected");
     let html = detail(&run, false);
