@@ -145,49 +145,7 @@ pub enum Command {
     Retry(crate::retry::RetryArgs),
     /// A web console on 127.0.0.1, with your own credentials: runs, a
     /// timeline per run, an approvals inbox (docs/console.md).
-    Console {
-        /// The port; by default any free one (the URL printed carries a
-        /// token for this session).
-        #[arg(long, default_value_t = 0)]
-        port: u16,
-        /// Open it in the default browser (the URL with its token).
-        #[arg(long)]
-        open: bool,
-        /// A view without decisions: no forms, no writes.
-        #[arg(long)]
-        read_only: bool,
-        /// Listen on this address instead of 127.0.0.1; beyond loopback only
-        /// with --auth (each person signs in and is served as themselves).
-        #[arg(long)]
-        listen: Option<std::net::IpAddr>,
-        /// How people sign in (in the cluster): `proxy` (an authenticating
-        /// proxy names them; the console impersonates them), `token` (they
-        /// paste a bearer token), or both. Without it: the kubeconfig's
-        /// user, for whoever has the printed URL, on loopback only.
-        #[arg(long, value_enum, value_delimiter = ',')]
-        auth: Vec<crate::console::auth::Mode>,
-        /// With --auth proxy: the proxy's addresses (CIDR, repeatable); the
-        /// user headers of any other peer are refused.
-        #[arg(long = "trusted-proxy", value_name = "CIDR")]
-        trusted_proxy: Vec<ipnet::IpNet>,
-        /// With --auth proxy: the header that names the user.
-        #[arg(long, default_value = "X-Forwarded-User")]
-        user_header: String,
-        /// With --auth proxy: the header that lists the user's groups
-        /// (comma-separated; may repeat).
-        #[arg(long, default_value = "X-Forwarded-Groups")]
-        group_header: String,
-        /// With --auth proxy: put before the user's name (as the API
-        /// server's --oidc-username-prefix does), e.g. `oidc:`.
-        #[arg(long, default_value = "")]
-        user_prefix: String,
-        /// With --auth proxy: put before each group's name.
-        #[arg(long, default_value = "")]
-        group_prefix: String,
-        /// With --auth token: how long a sign-in lasts (e.g. 8h, 30m).
-        #[arg(long, default_value = "8h", value_parser = parse_ttl)]
-        session_ttl: std::time::Duration,
-    },
+    Console(crate::console::args::ConsoleArgs),
     /// The records finished runs left (kept after their TTL): a table, or
     /// RUN's records in full (docs/cli.md).
     History(crate::history::HistoryArgs),
@@ -296,17 +254,6 @@ pub async fn config(g: &Global) -> Result<(Config, String), Error> {
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
     Ok((config, namespace))
-}
-
-/// `8h`, `30m`, `90s`: a session's lifetime.
-fn parse_ttl(s: &str) -> Result<std::time::Duration, String> {
-    let d: jiff::SignedDuration = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 8h, 30m)"))?;
-    std::time::Duration::try_from(d)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("{s:?}: a session lasts a while"))
 }
 
 pub(crate) fn style() -> Style {
@@ -490,35 +437,8 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Retry(args) => crate::retry::retry(&client, &ns, &args).await?,
         Command::Signal(args) => crate::signal::signal(&client, &ns, &args).await?,
         Command::History(args) => crate::history::history(&client, &ns, &args).await?,
-        Command::Console {
-            port,
-            open,
-            read_only,
-            listen,
-            auth,
-            trusted_proxy,
-            user_header,
-            group_header,
-            user_prefix,
-            group_prefix,
-            session_ttl,
-        } => {
-            let opts = crate::console::Options {
-                namespace: cli.global.namespace.clone(),
-                address: std::net::SocketAddr::new(
-                    listen.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()),
-                    port,
-                ),
-                open,
-                read_only,
-                auth,
-                trusted_proxies: trusted_proxy,
-                user_header,
-                group_header,
-                user_prefix,
-                group_prefix,
-                session_ttl,
-            };
+        Command::Console(args) => {
+            let opts = args.options(cli.global.namespace.clone());
             crate::console::serve(config, ns, opts).await?
         }
         Command::Version | Command::Completion { .. } => unreachable!("handled above"),

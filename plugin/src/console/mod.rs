@@ -22,6 +22,7 @@
 //! people and `view` gives each person a client and watches of their own;
 //! this module wires the server.
 
+pub mod args;
 pub mod auth;
 pub mod filter;
 pub mod history_page;
