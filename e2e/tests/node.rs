@@ -7,34 +7,16 @@ use std::time::Duration;
 
 use agentrun_e2e::kubectl_ok;
 use agentrun_e2e::support::node::{
-    NODE_NAME, NODE_PROBE_IMAGE, Payments, REFUND_AGENT_IMAGE, container, node_scenario,
-    pod_template,
+    NODE_NAME, NODE_PROBE_IMAGE, Payments, container, node_scenario, pod_template,
 };
-use agentrun_e2e::support::scenario::{Scenario, phase, status};
-use agentrun_operator::api::{AgentRun, RunPhase, StepCheckpoint, StepPhase};
+use agentrun_e2e::support::scenario::{Scenario, phase, status, step_checkpoint};
+use agentrun_operator::api::{AgentRun, RunPhase, StepPhase};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::EvictParams;
 use serde_json::{Value, json};
 
 /// Real containers start in seconds, but the machine is shared with builds.
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
-
-fn step(run: &AgentRun, name: &str) -> StepCheckpoint {
-    status(run)
-        .steps
-        .into_iter()
-        .rev()
-        .find(|c| c.name == name && c.role.is_step())
-        .unwrap_or_else(|| panic!("no checkpoint for step {name}"))
-}
-
-fn agent(args: &[&str], payments: &Payments) -> Value {
-    container(
-        REFUND_AGENT_IMAGE,
-        args,
-        json!([{"name": "PAYMENTS_API_URL", "value": payments.url()}]),
-    )
-}
 
 fn probe(args: &[&str]) -> Value {
     container(NODE_PROBE_IMAGE, args, json!([]))
@@ -95,7 +77,7 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
             |r| phase(r) == Some(RunPhase::WaitingForApproval),
         )
         .await;
-    let approval = step(&waiting, "issue-refund")
+    let approval = step_checkpoint(&waiting, "issue-refund")
         .approval
         .expect("issue-refund names its Approval");
     s.decide(&approval, "Approved", "checked the photos").await;
@@ -103,7 +85,7 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
     assert_succeeded(&run);
 
     assert_eq!(
-        step(&run, "lookup-order").result,
+        step_checkpoint(&run, "lookup-order").result,
         Some(
             json!({"orderId": 4711, "amount": "23.90 EUR", "status": "delivered",
                     "customer": "c-1029", "note": "item arrived damaged"})
@@ -111,13 +93,13 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
     );
     // draft-refund read lookup-order's result from its context file.
     assert_eq!(
-        step(&run, "draft-refund").result,
+        step_checkpoint(&run, "draft-refund").result,
         Some(
             json!({"orderId": 4711, "amount": "23.90 EUR", "reason": "item arrived damaged",
                     "confidence": 0.92})
         )
     );
-    let issue = step(&run, "issue-refund");
+    let issue = step_checkpoint(&run, "issue-refund");
     assert_eq!(
         issue.result,
         Some(
@@ -126,10 +108,10 @@ async fn refund_sample_runs_to_completion_on_the_real_node() {
         )
     );
     assert_eq!(
-        step(&run, "notify-customer").result,
+        step_checkpoint(&run, "notify-customer").result,
         Some(json!({"messageId": "msg-00001", "channel": "email"}))
     );
-    let draft_tokens = step(&run, "draft-refund")
+    let draft_tokens = step_checkpoint(&run, "draft-refund")
         .tokens
         .expect("draft-refund reported tokens");
     assert!(
@@ -176,7 +158,7 @@ async fn context_file_holds_the_previous_steps_result() {
     .await;
     let run = finished(&s, "context").await;
     assert_succeeded(&run);
-    let second = step(&run, "second");
+    let second = step_checkpoint(&run, "second");
     assert_eq!(
         second.result,
         Some(json!({
@@ -200,7 +182,9 @@ async fn evicted_sample_runs_as_it_is_and_refunds_once() {
     let (before, pod) = s
         .wait_step_running("evict-demo", "issue-refund", RUN_TIMEOUT)
         .await;
-    let key = step(&before, "issue-refund").idempotency_key.clone();
+    let key = step_checkpoint(&before, "issue-refund")
+        .idempotency_key
+        .clone();
     payments.wait_for_refund().await;
     let eviction = format!(
         r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{pod}","namespace":"{}"}}}}"#,
@@ -220,7 +204,7 @@ async fn evicted_sample_runs_as_it_is_and_refunds_once() {
 
     let run = finished(&s, "evict-demo").await;
     assert_succeeded(&run);
-    let issue = step(&run, "issue-refund");
+    let issue = step_checkpoint(&run, "issue-refund");
     // "disruptions: 1 and failures: 0 … a new attempt Pod with the same key"
     assert_eq!((issue.disruptions, issue.failures), (1, 0), "{issue:#?}");
     assert_eq!(issue.idempotency_key, key);
@@ -252,11 +236,11 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
             "podTemplate": pod_template(),
             "steps": [
                 {"name": "lookup-order", "effect": "None", "timeout": "60s",
-                 "container": agent(&["lookup-order", "--order-id=4711"], &payments)},
+                 "container": payments.agent(&["lookup-order", "--order-id=4711"])},
                 {"name": "draft-refund", "effect": "None", "timeout": "60s",
-                 "container": agent(&["draft-refund"], &payments)},
+                 "container": payments.agent(&["draft-refund"])},
                 {"name": "issue-refund", "effect": "Idempotent", "timeout": "120s",
-                 "container": agent(&["issue-refund", "--from-context=draft-refund"], &payments)},
+                 "container": payments.agent(&["issue-refund", "--from-context=draft-refund"])},
             ],
         }),
     )
@@ -264,7 +248,9 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
     let (before, pod) = s
         .wait_step_running("evict", "issue-refund", RUN_TIMEOUT)
         .await;
-    let key = step(&before, "issue-refund").idempotency_key.clone();
+    let key = step_checkpoint(&before, "issue-refund")
+        .idempotency_key
+        .clone();
     // Evict once the refund exists: the effect has happened, the step has not finished.
     payments.wait_for_refund().await;
     s.pods()
@@ -309,7 +295,7 @@ async fn evicted_step_reruns_with_the_same_key_and_refunds_once() {
 
     let run = finished(&s, "evict").await;
     assert_succeeded(&run);
-    let issue = step(&run, "issue-refund");
+    let issue = step_checkpoint(&run, "issue-refund");
     assert_eq!(issue.idempotency_key, key, "same key after the eviction");
     assert_eq!(
         (issue.disruptions, issue.failures, issue.attempt),
@@ -394,7 +380,7 @@ async fn oom_killed_step_is_a_failure_with_that_reason() {
     .await;
     let run = finished(&s, "oom").await;
     assert_eq!(phase(&run), Some(RunPhase::Failed));
-    let hog = step(&run, "hog");
+    let hog = step_checkpoint(&run, "hog");
     assert_eq!(hog.phase, StepPhase::Failed);
     assert_eq!(hog.failures, 1);
     let message = hog.message.unwrap_or_default();
@@ -425,7 +411,7 @@ async fn non_zero_exit_with_a_partial_message_is_a_failure_that_counts_its_token
     let s = node_scenario("node-partial").await;
     let run = run_partial(&s).await;
     assert_eq!(phase(&run), Some(RunPhase::Failed));
-    let pages = step(&run, "pages");
+    let pages = step_checkpoint(&run, "pages");
     assert_eq!((pages.phase, pages.failures), (StepPhase::Failed, 1));
     assert_eq!(
         pages.message.as_deref(),
@@ -461,7 +447,7 @@ async fn non_zero_exit_with_a_partial_message_is_a_failure_that_counts_its_token
 async fn a_failed_attempts_partial_message_is_shown_in_its_checkpoint() {
     let s = node_scenario("node-partial-shown").await;
     let run = run_partial(&s).await;
-    let message = step(&run, "pages").message.unwrap_or_default();
+    let message = step_checkpoint(&run, "pages").message.unwrap_or_default();
     assert!(
         message.contains("upstream tool returned 503 after 2 of 5 pages"),
         "checkpoint message: {message}"
@@ -483,7 +469,7 @@ async fn kubectl_logs_shows_a_step_pods_output() {
     .await;
     let run = finished(&s, "logs").await;
     assert_succeeded(&run);
-    let pod = step(&run, "talk").pod.expect("pod");
+    let pod = step_checkpoint(&run, "talk").pod.expect("pod");
     let out = kubectl_ok(["logs", "-n", s.namespace(), &pod]).await;
     assert_eq!(
         out,

@@ -9,20 +9,11 @@ use std::time::Duration;
 
 use agentrun_e2e::kubectl_ok;
 use agentrun_e2e::support::node::{Payments, node_scenario};
-use agentrun_e2e::support::scenario::{Scenario, phase, status};
-use agentrun_operator::api::{AgentRun, RunPhase, StepCheckpoint, StepPhase};
+use agentrun_e2e::support::scenario::{Scenario, phase, status, step_checkpoint};
+use agentrun_operator::api::{RunPhase, StepPhase};
 use serde_json::json;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(240);
-
-fn step(run: &AgentRun, name: &str) -> StepCheckpoint {
-    status(run)
-        .steps
-        .into_iter()
-        .rev()
-        .find(|c| c.name == name && c.role.is_step())
-        .unwrap_or_else(|| panic!("no checkpoint for step {name}"))
-}
 
 async fn apply(s: &Scenario, files: &[&std::path::Path]) {
     for f in files {
@@ -57,9 +48,9 @@ async fn expert_review_sample_fans_out_to_two_experts_and_joins_them() {
     apply(&s, &[&sample]).await;
     let run = s.wait_finished("expert-review", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    let physicist = step(&run, "physicist");
-    let chemist = step(&run, "chemist");
-    let aggregate = step(&run, "aggregate");
+    let physicist = step_checkpoint(&run, "physicist");
+    let chemist = step_checkpoint(&run, "chemist");
+    let aggregate = step_checkpoint(&run, "aggregate");
     assert_eq!(physicist.result.as_ref().unwrap()["field"], "physics");
     assert_eq!(chemist.result.as_ref().unwrap()["field"], "chemistry");
     // The experts ran side by side: each started before the other finished.
@@ -117,16 +108,16 @@ async fn email_triage_sample_routes_on_the_detectors_verdict() {
             "{run}: {:#?}",
             done.status
         );
-        let verdict = step(&done, "detect-spam").result.unwrap();
+        let verdict = step_checkpoint(&done, "detect-spam").result.unwrap();
         assert_eq!(verdict["isSpam"], run.ends_with("spam"), "{run}: {verdict}");
-        let r = step(&done, ran);
+        let r = step_checkpoint(&done, ran);
         assert_eq!(r.phase, StepPhase::Succeeded, "{run}");
         let out = r.result.unwrap();
         assert!(
             out.get("reply").or(out.get("quarantined")).is_some(),
             "{run}: {ran} returned {out}"
         );
-        let k = step(&done, skipped);
+        let k = step_checkpoint(&done, skipped);
         assert_eq!(
             (k.phase, k.pod.as_deref(), k.attempt),
             (StepPhase::Skipped, None, 0),
@@ -166,7 +157,7 @@ async fn expense_sample_asks_two_approvals_at_once_and_pays_out_once() {
         })
         .await;
     assert_eq!(
-        step(&run, "budget-check").phase,
+        step_checkpoint(&run, "budget-check").phase,
         StepPhase::WaitingForApproval
     );
     assert!(
@@ -179,7 +170,7 @@ async fn expense_sample_asks_two_approvals_at_once_and_pays_out_once() {
     s.decide(&budget, "Approved", "budget ok").await;
     let run = s.wait_finished("expense-ex-77", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    let reimburse = step(&run, "reimburse");
+    let reimburse = step_checkpoint(&run, "reimburse");
     let ledger = payments.ledger().await;
     let payouts = ledger["payouts"].as_array().unwrap();
     assert_eq!(payouts.len(), 1, "{ledger}");
@@ -210,7 +201,7 @@ async fn return_sample_waits_for_the_scan_then_the_window_and_notifies_once() {
         })
         .await;
     assert_eq!(phase(&waiting), Some(RunPhase::Waiting));
-    let signal = step(&waiting, "parcel-received")
+    let signal = step_checkpoint(&waiting, "parcel-received")
         .signal
         .expect("the Signal");
     let scan = json!({"spec": {"id": "scan-0042", "data": {"condition": "damaged", "dock": "B3"}}})
@@ -231,17 +222,17 @@ async fn return_sample_waits_for_the_scan_then_the_window_and_notifies_once() {
     }
     let run = s.wait_finished("return-4711", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    let received = step(&run, "parcel-received");
+    let received = step_checkpoint(&run, "parcel-received");
     assert_eq!(
         received.result,
         Some(json!({"condition": "damaged", "dock": "B3"}))
     );
-    let window = step(&run, "inspection-window");
+    let window = step_checkpoint(&run, "inspection-window");
     assert!(
         window.started_at.unwrap().0 >= received.finished_at.unwrap().0,
         "the window starts after the scan"
     );
-    let notify = step(&run, "notify-customer");
+    let notify = step_checkpoint(&run, "notify-customer");
     assert!(notify.started_at.unwrap().0 >= window.wake_at.unwrap().0);
     let ledger = payments.ledger().await;
     let sent = ledger["notifications"].as_array().unwrap();

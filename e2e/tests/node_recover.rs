@@ -8,14 +8,10 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::support::node::{
-    Payments, REFUND_AGENT_IMAGE, container, node_scenario, pod_template,
-};
+use agentrun_e2e::support::node::{Payments, node_scenario, pod_template};
 use agentrun_e2e::support::processes::kubectl_agentrun;
-use agentrun_e2e::support::scenario::{Scenario, phase, status};
-use agentrun_operator::api::{
-    AgentRun, ApprovalKind, EffectOutcome, Provenance, RunPhase, StepCheckpoint,
-};
+use agentrun_e2e::support::scenario::{Scenario, phase, status, step_checkpoint};
+use agentrun_operator::api::{ApprovalKind, EffectOutcome, Provenance, RunPhase};
 use agentrun_operator::labels;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -25,23 +21,6 @@ use serde_json::{Value, json};
 /// Real containers start in seconds, but the machine is shared with builds.
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 
-fn agent(args: &[&str], payments: &Payments) -> Value {
-    container(
-        REFUND_AGENT_IMAGE,
-        args,
-        json!([{"name": "PAYMENTS_API_URL", "value": payments.url()}]),
-    )
-}
-
-fn step(run: &AgentRun, name: &str) -> StepCheckpoint {
-    status(run)
-        .steps
-        .into_iter()
-        .rev()
-        .find(|c| c.name == name && c.role.is_step())
-        .unwrap_or_else(|| panic!("no checkpoint for step {name}"))
-}
-
 /// The refund agent's four steps; issue-refund is NonIdempotent with the agent's own
 /// verify probe (`verify-refund`: GET /refunds?idempotencyKey=…).
 fn refund(payments: &Payments) -> Value {
@@ -49,16 +28,16 @@ fn refund(payments: &Payments) -> Value {
         "podTemplate": pod_template(),
         "steps": [
             {"name": "lookup-order", "effect": "None", "timeout": "60s",
-             "container": agent(&["lookup-order", "--order-id=4711"], payments)},
+             "container": payments.agent(&["lookup-order", "--order-id=4711"])},
             {"name": "draft-refund", "effect": "None", "timeout": "60s",
-             "container": agent(&["draft-refund"], payments)},
+             "container": payments.agent(&["draft-refund"])},
             {"name": "issue-refund", "effect": "NonIdempotent", "timeout": "120s",
              "retry": {"limit": 1, "backoff": {"initial": "1s", "max": "1s"}},
-             "container": agent(&["issue-refund", "--from-context=draft-refund"], payments),
-             "verify": agent(&["verify-refund"], payments)},
+             "container": payments.agent(&["issue-refund", "--from-context=draft-refund"]),
+             "verify": payments.agent(&["verify-refund"])},
             {"name": "notify-customer", "effect": "Idempotent", "timeout": "60s",
              "retry": {"limit": 0},
-             "container": agent(&["notify-customer", "--template=refund-issued"], payments)},
+             "container": payments.agent(&["notify-customer", "--template=refund-issued"])},
         ],
     })
 }
@@ -96,7 +75,9 @@ async fn lose_issue_refund_after_it_acted(s: &Scenario, payments: &Payments) -> 
     let (before, pod) = s
         .wait_step_running("refund", "issue-refund", RUN_TIMEOUT)
         .await;
-    let key = step(&before, "issue-refund").idempotency_key.clone();
+    let key = step_checkpoint(&before, "issue-refund")
+        .idempotency_key
+        .clone();
     payments.wait_for_refund().await;
     s.pods()
         .delete(&pod, &DeleteParams::default().grace_period(0))
@@ -114,7 +95,7 @@ async fn a_lost_refund_pod_is_settled_by_its_verify_probe_with_one_refund_and_no
 
     let run = s.wait_finished("refund", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    let issue = step(&run, "issue-refund");
+    let issue = step_checkpoint(&run, "issue-refund");
     assert_eq!(
         (
             issue.effect,
@@ -178,7 +159,9 @@ async fn a_probe_that_cannot_reach_the_provider_leaves_the_refund_to_a_person() 
     let key = payments.wait_for_refund().await;
     payments.outage(&["/refunds"]).await;
     let run = s.runs().get("refund").await.expect("the run");
-    let pod = step(&run, "issue-refund").pod.expect("issue-refund's Pod");
+    let pod = step_checkpoint(&run, "issue-refund")
+        .pod
+        .expect("issue-refund's Pod");
     s.pods()
         .delete(&pod, &DeleteParams::default().grace_period(0))
         .await
@@ -222,7 +205,9 @@ async fn a_refund_that_failed_at_notify_is_retried_from_there_and_refunds_once()
         "{:#?}",
         failed.status
     );
-    let refund_key = step(&failed, "issue-refund").idempotency_key.clone();
+    let refund_key = step_checkpoint(&failed, "issue-refund")
+        .idempotency_key
+        .clone();
     assert_eq!(
         payments.ledger().await["refunds"].as_array().map(Vec::len),
         Some(1)
@@ -268,12 +253,12 @@ async fn a_refund_that_failed_at_notify_is_retried_from_there_and_refunds_once()
     assert_eq!(step_pods(&s, "refund-retry").await, ["notify-customer"]);
     for kept in ["lookup-order", "draft-refund", "issue-refund"] {
         assert_eq!(
-            step(&retried, kept).provenance,
+            step_checkpoint(&retried, kept).provenance,
             Some(Provenance::Inherited),
             "{kept} carried over"
         );
     }
-    let issue = step(&retried, "issue-refund");
+    let issue = step_checkpoint(&retried, "issue-refund");
     assert_eq!(
         issue.result.as_ref().map(|r| r["refundId"].clone()),
         Some(json!("re_0001"))

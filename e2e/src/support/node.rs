@@ -125,6 +125,15 @@ impl Payments {
         serde_json::from_str(&body).expect("the ledger is JSON")
     }
 
+    /// The example refund agent's container running `args`, pointed at this service.
+    pub fn agent(&self, args: &[&str]) -> Value {
+        container(
+            REFUND_AGENT_IMAGE,
+            args,
+            json!([{"name": "PAYMENTS_API_URL", "value": self.url()}]),
+        )
+    }
+
     /// Waits (up to 60 s) until the service has made a refund; its idempotency key.
     pub async fn wait_for_refund(&self) -> String {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);

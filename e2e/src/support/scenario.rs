@@ -354,6 +354,17 @@ pub fn status(run: &AgentRun) -> AgentRunStatus {
 }
 
 /// A step spec for the simulated kubelet: `sim` is the `SIM_STEP` JSON.
+/// The latest checkpoint of step `name` (its own, not a probe's or a
+/// compensation's), or a panic naming it.
+pub fn step_checkpoint(run: &AgentRun, name: &str) -> agentrun_operator::api::StepCheckpoint {
+    status(run)
+        .steps
+        .into_iter()
+        .rev()
+        .find(|c| c.name == name && c.role.is_step())
+        .unwrap_or_else(|| panic!("no checkpoint for step {name}"))
+}
+
 pub fn sim_step(name: &str, effect: &str, sim: Value) -> Value {
     json!({
         "name": name,
