@@ -21,13 +21,28 @@ pub(super) struct Answer {
     pub(super) body: String,
 }
 
-/// A raw HTTP/1.0 request from `from` (a loopback address) to the console.
+/// A raw HTTP/1.0 request from `from` (a loopback address) to the console;
+/// a POST carries a decision.
 pub(super) async fn request(
     from: [u8; 4],
     port: u16,
     method: &str,
     path: &str,
     headers: &str,
+) -> Answer {
+    let form = (method == "POST").then_some("decision=Approved");
+    exchange(from, port, method, path, headers, form).await
+}
+
+/// A raw HTTP/1.0 request from `from` to the console, with `form` (URL-encoded)
+/// as its body if given.
+pub(super) async fn exchange(
+    from: [u8; 4],
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &str,
+    form: Option<&str>,
 ) -> Answer {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket
@@ -37,13 +52,9 @@ pub(super) async fn request(
         .connect(([127, 0, 0, 1], port).into())
         .await
         .expect("connecting to the console");
-    let (body, ctype) = if method == "POST" {
-        (
-            "decision=Approved",
-            "Content-Type: application/x-www-form-urlencoded\r\n",
-        )
-    } else {
-        ("", "")
+    let (body, ctype) = match form {
+        Some(f) => (f, "Content-Type: application/x-www-form-urlencoded\r\n"),
+        None => ("", ""),
     };
     let req = format!(
         "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{headers}{ctype}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",

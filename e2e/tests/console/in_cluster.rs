@@ -19,9 +19,8 @@ use agentrun_e2e::support::scenario::{Scenario, phase, sim_step};
 use agentrun_e2e::{TestNamespace, client, client_as, kubeconfig, kubectl_ok};
 use agentrun_operator::api::{AgentRun, Approval, RunPhase};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::auth::{Answer, Stream, first_event, request};
+use super::auth::{Answer, Stream, exchange, first_event, request};
 use super::{PAGE_TIMEOUT, RUN_TIMEOUT, gated, started};
 
 /// The chart's console objects for `mode` (ServiceAccount, and the role the
@@ -487,28 +486,6 @@ async fn the_token_mode_console_serves_each_token_what_it_may_list() {
 
 /// POST /login with `token`.
 async fn login_with(port: u16, token: &str, headers: &str) -> Answer {
-    let body = format!("token={token}");
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    let mut s = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
-    let req = format!(
-        "POST /login HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{headers}Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    tokio::time::timeout(PAGE_TIMEOUT, s.read_to_end(&mut buf))
-        .await
-        .expect("an answer")
-        .unwrap();
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Answer {
-        code: head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0),
-        head: head.to_ascii_lowercase(),
-        body: body.to_owned(),
-    }
+    let form = format!("token={token}");
+    exchange([127, 0, 0, 1], port, "POST", "/login", headers, Some(&form)).await
 }
