@@ -1,0 +1,415 @@
+//! The life of one Pod: its facts, where its status says it stands, and the
+//! task that drives it from Pending to terminated, writing its status and
+//! the ledger.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrun_e2e::ledger::{LedgerEntry, LedgerEvent, Outcome};
+use agentrun_operator::labels;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{ContainerStateRunning, Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use crate::argo::{ArgoTask, TaskResultWriter, step_container};
+use crate::sim_step::{Behaviour, SimStep, reported_effect, truncate_message};
+use crate::status::{running_status, terminated_status};
+use crate::{BAD_SIM_STEP_EXIT, Context, FIELD_MANAGER, SIGKILL_EXIT, SIM_STEP};
+
+#[derive(Clone, Debug)]
+pub(crate) struct PodFacts {
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) uid: String,
+    pub(crate) generation: Option<i64>,
+    pub(crate) run: Option<String>,
+    pub(crate) step: Option<String>,
+    pub(crate) role: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) attempt: Option<u32>,
+    /// (name, image) of every regular container.
+    pub(crate) containers: Vec<(String, String)>,
+    /// Index in `containers` of the step: the first, or Argo's `main`.
+    pub(crate) step_container: usize,
+    /// Names of the init containers (they have run to completion once the Pod runs).
+    pub(crate) init_containers: Vec<(String, String)>,
+    /// The task result this Pod's Argo `wait` sidecar writes (`--argo-task-results`).
+    pub(crate) argo: Option<ArgoTask>,
+    pub(crate) behaviour: std::result::Result<Behaviour, String>,
+}
+
+impl PodFacts {
+    pub(crate) fn of(pod: &Pod, default_run: Duration, argo_task_results: bool) -> Self {
+        let labels = pod.labels();
+        let containers: Vec<(String, String)> = pod
+            .spec
+            .as_ref()
+            .map(|s| {
+                s.containers
+                    .iter()
+                    .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let init_containers: Vec<(String, String)> = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_ref())
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let argo = argo_task_results.then(|| ArgoTask::of(pod)).flatten();
+        let step_container = step_container(pod, argo.is_some());
+        let env = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.get(step_container))
+            .and_then(|c| c.env.as_ref());
+        let env_value = |name: &str| {
+            env.and_then(|env| env.iter().find(|e| e.name == name))
+                .map(|e| e.value.clone())
+        };
+        let attempt = env_value(labels::env::ATTEMPT)
+            .flatten()
+            .or_else(|| labels.get(labels::ATTEMPT).cloned())
+            .and_then(|a| a.trim().parse::<u32>().ok());
+        let idempotency_key = pod
+            .annotations()
+            .get(labels::IDEMPOTENCY_KEY)
+            .cloned()
+            .or_else(|| env_value(labels::env::IDEMPOTENCY_KEY).flatten());
+        let behaviour = match env_value(SIM_STEP) {
+            None => Ok(SimStep::default()),
+            Some(None) => Err(format!("{SIM_STEP} must be a literal value")),
+            Some(Some(json)) => SimStep::parse(&json),
+        }
+        .and_then(|s| s.for_run(labels.get(labels::RUN).map(String::as_str)))
+        .and_then(|s| s.for_attempt(attempt.unwrap_or(1)))
+        .map(|s| s.behaviour(default_run));
+        Self {
+            name: pod.name_any(),
+            namespace: pod.namespace().unwrap_or_default(),
+            uid: pod.uid().unwrap_or_default(),
+            generation: pod.metadata.generation,
+            run: labels.get(labels::RUN).cloned(),
+            step: labels.get(labels::STEP).cloned(),
+            role: labels.get(labels::ROLE).cloned(),
+            idempotency_key,
+            attempt,
+            containers,
+            step_container,
+            init_containers,
+            argo,
+            behaviour,
+        }
+    }
+
+    fn ledger_entry(&self, started_at: Timestamp) -> LedgerEntry {
+        LedgerEntry {
+            event: LedgerEvent::Started,
+            pod: self.name.clone(),
+            namespace: self.namespace.clone(),
+            uid: self.uid.clone(),
+            run: self.run.clone(),
+            step: self.step.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            attempt: self.attempt,
+            role: self.role.clone(),
+            started_at,
+            exit_code: None,
+            outcome: None,
+            finished_at: None,
+            reported_effect: None,
+        }
+    }
+}
+
+/// Where a Pod's life stands, as its status shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Pending,
+    Running { started_at: Timestamp },
+    Terminated,
+}
+
+fn observe(pod: &Pod, step_container: usize) -> Stage {
+    let status = pod.status.as_ref();
+    let step = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.get(step_container))
+        .map(|c| c.name.as_str());
+    let state = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| Some(c.name.as_str()) == step))
+        .and_then(|c| c.state.as_ref());
+    if state.is_some_and(|s| s.terminated.is_some()) {
+        return Stage::Terminated;
+    }
+    let terminal_phase = matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    // Failed by someone else and not being deleted: nothing left for a kubelet to do.
+    if terminal_phase && pod.metadata.deletion_timestamp.is_none() {
+        return Stage::Terminated;
+    }
+    match state.and_then(|s| s.running.as_ref()) {
+        Some(ContainerStateRunning {
+            started_at: Some(Time(started_at)),
+        }) => Stage::Running {
+            started_at: *started_at,
+        },
+        _ => Stage::Pending,
+    }
+}
+
+/// How a step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The step exited by itself with this code.
+    Exited(i32),
+    /// Killed (SIGKILL) because the Pod is being deleted.
+    Killed,
+}
+
+impl Ending {
+    pub(crate) fn exit_code(self) -> i32 {
+        match self {
+            Ending::Exited(code) => code,
+            Ending::Killed => SIGKILL_EXIT,
+        }
+    }
+
+    fn outcome(self) -> Outcome {
+        match self {
+            Ending::Exited(0) => Outcome::Succeeded,
+            Ending::Exited(_) => Outcome::Failed,
+            Ending::Killed => Outcome::Killed,
+        }
+    }
+}
+
+/// What the Pod's channel said while we waited.
+enum Wake {
+    Elapsed,
+    Deleting,
+    Gone,
+}
+
+/// Waits for `delay` (forever if `None`), or until the Pod is being deleted or gone.
+async fn wait(rx: &mut watch::Receiver<bool>, delay: Option<Duration>) -> Wake {
+    let sleep = async {
+        match delay {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep);
+    loop {
+        if *rx.borrow_and_update() {
+            return Wake::Deleting;
+        }
+        tokio::select! {
+            () = &mut sleep => return Wake::Elapsed,
+            changed = rx.changed() => if changed.is_err() { return Wake::Gone },
+        }
+    }
+}
+
+/// The life of one Pod, from wherever its status says it is.
+pub(crate) async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<bool>) {
+    let facts = PodFacts::of(&pod, ctx.default_run, ctx.argo_task_results);
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &facts.namespace);
+    let task_results = facts.argo.as_ref().map(|task| TaskResultWriter {
+        api: Api::namespaced_with(
+            ctx.client.clone(),
+            &facts.namespace,
+            &ArgoTask::api_resource(),
+        ),
+        task,
+        pod: &facts.name,
+    });
+    let pods = PodWriter {
+        api: &api,
+        facts: &facts,
+    };
+    let behaviour = match &facts.behaviour {
+        Ok(b) => b.clone(),
+        Err(problem) => {
+            warn!(pod = %facts.name, namespace = %facts.namespace, %problem, "step fails");
+            Behaviour {
+                pending: Duration::ZERO,
+                run: Duration::ZERO,
+                hang: false,
+                exit_code: BAD_SIM_STEP_EXIT,
+                message: truncate_message(format!("simkubelet: {problem}")),
+            }
+        }
+    };
+    let had_start_time = pod.status.as_ref().and_then(|s| s.start_time.as_ref());
+
+    let started_at = match observe(&pod, facts.step_container) {
+        Stage::Terminated => return,
+        Stage::Running { started_at } => {
+            debug!(pod = %facts.name, "resuming a running pod");
+            started_at
+        }
+        Stage::Pending => {
+            match wait(&mut rx, Some(behaviour.pending)).await {
+                Wake::Gone => return,
+                Wake::Deleting => {
+                    // Deleted before it ever ran: no side effect, no ledger line.
+                    let now = Timestamp::now();
+                    let status = terminated_status(&facts, None, now, Ending::Killed, None);
+                    pods.write(&mut rx, status).await;
+                    return;
+                }
+                Wake::Elapsed => {}
+            }
+            let now = Timestamp::now();
+            let start_time = had_start_time.map(|t| t.0).unwrap_or(now);
+            match pods
+                .write(&mut rx, running_status(&facts, start_time, now))
+                .await
+            {
+                Written::Yes => {}
+                Written::Gone | Written::Rejected => return,
+            }
+            info!(pod = %facts.name, namespace = %facts.namespace, "running");
+            ctx.record(&facts.ledger_entry(now));
+            if let Some(w) = &task_results {
+                // argoexec wait's InitializeOutput, as the sidecar starts.
+                w.create_placeholder(&mut rx).await;
+            }
+            now
+        }
+    };
+
+    let run_for = (!behaviour.hang).then(|| {
+        let ends = started_at + behaviour.run;
+        std::time::Duration::try_from(ends.duration_since(Timestamp::now()))
+            .unwrap_or(Duration::ZERO)
+    });
+    let ending = match wait(&mut rx, run_for).await {
+        Wake::Elapsed => Ending::Exited(behaviour.exit_code),
+        Wake::Deleting => Ending::Killed,
+        Wake::Gone => {
+            // Vanished while running (force-deleted): the process died with it.
+            info!(pod = %facts.name, namespace = %facts.namespace, "gone while running");
+            ctx.record(&facts.ledger_entry(started_at).finished(
+                SIGKILL_EXIT,
+                Outcome::Killed,
+                Timestamp::now(),
+            ));
+            return;
+        }
+    };
+    if let (Some(w), Ending::Exited(_)) = (&task_results, ending) {
+        // argoexec wait, once main has exited: ReportOutputs, then FinalizeOutput.
+        w.report_outputs(&mut rx).await;
+    }
+    let finished_at = Timestamp::now();
+    let message = match ending {
+        Ending::Exited(_) => Some(behaviour.message.clone()),
+        Ending::Killed => None,
+    };
+    // What the step says it did, as the operator will read it from the message.
+    let reported = message.as_deref().and_then(reported_effect);
+    let status = terminated_status(&facts, Some(started_at), finished_at, ending, message);
+    let written = pods.write(&mut rx, status).await;
+    info!(
+        pod = %facts.name,
+        namespace = %facts.namespace,
+        exit_code = ending.exit_code(),
+        ?written,
+        "terminated"
+    );
+    // Gone or not, the step has ended; a rejected write means the Pod is not as we think.
+    if written != Written::Rejected {
+        let outcome = if written == Written::Gone {
+            Outcome::Killed
+        } else {
+            ending.outcome()
+        };
+        let exit_code = if written == Written::Gone {
+            SIGKILL_EXIT
+        } else {
+            ending.exit_code()
+        };
+        let reported = reported.filter(|_| written == Written::Yes);
+        ctx.record(
+            &facts
+                .ledger_entry(started_at)
+                .finished(exit_code, outcome, finished_at)
+                .reporting(reported),
+        );
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Written {
+    Yes,
+    /// 404, or 409 on the UID precondition: this Pod no longer exists.
+    Gone,
+    /// The apiserver refused the status (a bug here or an unexpected Pod); logged.
+    Rejected,
+}
+
+struct PodWriter<'a> {
+    api: &'a Api<Pod>,
+    facts: &'a PodFacts,
+}
+
+impl PodWriter<'_> {
+    /// Patches the status, retrying transient errors with a capped backoff for as long as
+    /// the Pod exists. The UID in the patch is a precondition: a new Pod of the same name
+    /// is not ours.
+    async fn write(&self, rx: &mut watch::Receiver<bool>, status: PodStatus) -> Written {
+        let patch = json!({
+            "metadata": { "uid": self.facts.uid },
+            "status": status,
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self
+                .api
+                .patch_status(&self.facts.name, &params, &Patch::Strategic(&patch))
+                .await
+            {
+                Ok(_) => return Written::Yes,
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                    debug!(pod = %self.facts.name, code = s.code, "pod gone");
+                    return Written::Gone;
+                }
+                Err(kube::Error::Api(s))
+                    if (400..500).contains(&s.code) && s.code != 429 && s.code != 408 =>
+                {
+                    error!(pod = %self.facts.name, namespace = %self.facts.namespace,
+                        code = s.code, message = %s.message, "status rejected");
+                    return Written::Rejected;
+                }
+                Err(e) => {
+                    warn!(pod = %self.facts.name, error = %e, ?backoff, "status write failed; retrying");
+                }
+            }
+            if rx.has_changed().is_err() {
+                return Written::Gone;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+}
