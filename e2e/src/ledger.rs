@@ -5,7 +5,8 @@
 //! Pod reaches Running  ──▶ {"event":"started",  "uid":…, "idempotencyKey":…, "startedAt":…}
 //! Pod's step ends      ──▶ {"event":"finished", "uid":…, "idempotencyKey":…, "exitCode":…,
 //!                            "outcome":"Succeeded|Failed|Killed", "startedAt":…, "finishedAt":…,
-//!                            "reportedEffect":"NotApplied"}   (when the step said so)
+//!                            "reportedEffect":"NotApplied",   (when the step said so)
+//!                            "acted":true}                    (whether it performed its effect)
 //! ```
 //!
 //! A `started` line is one execution (one side effect performed); a `finished` line with
@@ -113,6 +114,10 @@ pub struct LedgerEntry {
     /// message reported (`NotApplied`: the attempt says it did not act).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reported_effect: Option<EffectOutcome>,
+    /// Only on `finished` lines: whether the attempt performed its effect, as
+    /// the simulated system it changes records it (a probe reads the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acted: Option<bool>,
 }
 
 impl LedgerEntry {
@@ -136,6 +141,14 @@ impl LedgerEntry {
     pub fn reporting(self, effect: Option<EffectOutcome>) -> Self {
         Self {
             reported_effect: effect,
+            ..self
+        }
+    }
+
+    /// This `finished` line, with whether the attempt acted.
+    pub fn acting(self, acted: bool) -> Self {
+        Self {
+            acted: Some(acted),
             ..self
         }
     }
@@ -330,6 +343,7 @@ mod tests {
             outcome: None,
             finished_at: None,
             reported_effect: None,
+            acted: None,
         }
     }
 

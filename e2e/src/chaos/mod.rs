@@ -19,8 +19,9 @@
 //!
 //! One module per peer and per fault: `operators` (the processes), `proxy`
 //! (API faults), `disruptions` (Pod evictions and deletes), `edits` (steps
-//! changed during their backoff), `workload` (the runs, and the faults that
-//! live in them), `approver` (the person), `verdict` (the referee), `report`.
+//! changed during their backoff), `probes` (operator kills while a verify
+//! probe runs), `workload` (the runs, and the faults that live in them),
+//! `approver` (the person), `verdict` (the referee), `report`.
 //!
 //! `chaos::run` is used by the `chaos` binary (the long run, `make chaos`) and
 //! by `tests/chaos.rs` (the bounded short run inside `make test`).
@@ -29,6 +30,7 @@ mod approver;
 mod disruptions;
 pub mod edits;
 pub mod operators;
+mod probes;
 pub mod proxy;
 mod report;
 pub mod rng;
@@ -57,6 +59,7 @@ use crate::support::processes::{OperatorConfig, log_dir, start_simkubelet};
 use disruptions::{Hound, disrupt};
 use edits::Editor;
 use operators::Operators;
+use probes::ProbeKiller;
 use proxy::{FaultProxy, ProxyConfig};
 pub use report::Report;
 use rng::Rng;
@@ -76,6 +79,8 @@ pub struct ChaosConfig {
     pub apiserver_restarts_min: u64,
     /// And this many operator aborts right after a status write.
     pub failpoint_crashes_min: u64,
+    /// And this many operator kills while a verify probe runs.
+    pub probe_kills_min: u64,
     /// Longest fault phase; then the faults stop whatever the count.
     pub duration_limit: Duration,
     /// How long runs get to finish once the faults stop.
@@ -120,6 +125,7 @@ impl ChaosConfig {
             paused_leaders_min: 6,
             apiserver_restarts_min: 2,
             failpoint_crashes_min: 5,
+            probe_kills_min: 3,
             duration_limit: Duration::from_secs(900),
             settle: Duration::from_secs(180),
             seed,
@@ -154,6 +160,7 @@ impl ChaosConfig {
             paused_leaders_min: 2,
             apiserver_restarts_min: 1,
             failpoint_crashes_min: 1,
+            probe_kills_min: 1,
             duration_limit: Duration::from_secs(120),
             settle: Duration::from_secs(60),
             kill_every: (Duration::from_secs(5), Duration::from_secs(10)),
@@ -274,6 +281,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
     let mut rng = Rng::new(cfg.seed);
     let mut workload_rng = rng.fork(1);
     let mut chaos_rng = rng.fork(2);
+    let mut probe_killer = ProbeKiller::new(rng.fork(3));
     let plans: Vec<workload::RunPlan> = (0..cfg.runs)
         .map(|i| workload::generate(&mut workload_rng, i))
         .collect();
@@ -324,6 +332,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         let enough = faults >= cfg.faults_min
             && operators.counts.paused_leaders >= cfg.paused_leaders_min
             && operators.counts.failpoint_crashes >= cfg.failpoint_crashes_min
+            && probe_killer.kills >= cfg.probe_kills_min
             && apiserver_restarts >= cfg.apiserver_restarts_min;
         if all_created && restarting.is_none() && (enough || terminal >= created.len()) {
             break;
@@ -392,6 +401,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
             next_delete = next(&mut chaos_rng, now, cfg.delete_every);
         }
         repeated_evictions += hound.tick(&pods_api, &shared).await;
+        probe_killer.tick(&pods_api, &mut operators, busy).await;
         editor.tick(&runs_api, &created).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -492,6 +502,8 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         paused_leaders_min: cfg.paused_leaders_min,
         apiserver_restarts_min: cfg.apiserver_restarts_min,
         failpoint_crashes_min: cfg.failpoint_crashes_min,
+        probe_kills: probe_killer.kills,
+        probe_kills_min: cfg.probe_kills_min,
     };
     if report.passed() {
         release_finalizers(&pods_api).await;

@@ -50,6 +50,9 @@ pub struct Report {
     pub paused_leaders_min: u64,
     pub apiserver_restarts_min: u64,
     pub failpoint_crashes_min: u64,
+    /// Operator kills while a verify probe ran (also counted in `operators.kills`).
+    pub probe_kills: u64,
+    pub probe_kills_min: u64,
 }
 
 impl Report {
@@ -92,7 +95,7 @@ impl Report {
             Err(e) => format!("unknown ({e})"),
         };
         let mut out = format!(
-            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} signals_sent={} (again {}, refused {}) status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nduplicates: after_commit={} second_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={}",
+            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} signals_sent={} (again {}, refused {}) status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nprobes={} (applied {}, not_applied {}) probe_kills={}\nduplicates: after_commit={} second_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={} early_probes={}",
             self.namespace,
             self.wall_time.as_secs_f64(),
             self.fault_phase.as_secs_f64(),
@@ -121,6 +124,10 @@ impl Report {
             v.executions,
             v.successful_executions,
             v.phases,
+            v.probes,
+            v.probes_applied,
+            v.probes_not_applied,
+            self.probe_kills,
             v.after_commit,
             v.second_success,
             v.overlapping,
@@ -131,6 +138,7 @@ impl Report {
             v.watch_failures,
             v.reconcile_unexpected,
             v.early_wakes,
+            v.early_probes,
         );
         match &self.finalizers_held {
             Ok(0) => {}
@@ -155,13 +163,15 @@ impl Report {
         }
         if !self.enough_of_each_fault() {
             out.push_str(&format!(
-                "\ntoo few of a kind: paused_leaders={} (min {}), apiserver_restarts={} (min {}), failpoint_crashes={} (min {})",
+                "\ntoo few of a kind: paused_leaders={} (min {}), apiserver_restarts={} (min {}), failpoint_crashes={} (min {}), probe_kills={} (min {})",
                 o.paused_leaders,
                 self.paused_leaders_min,
                 self.apiserver_restarts,
                 self.apiserver_restarts_min,
                 o.failpoint_crashes,
-                self.failpoint_crashes_min
+                self.failpoint_crashes_min,
+                self.probe_kills,
+                self.probe_kills_min
             ));
         }
         for f in &v.findings {
@@ -188,6 +198,7 @@ impl Report {
         self.operators.paused_leaders >= self.paused_leaders_min
             && self.apiserver_restarts >= self.apiserver_restarts_min
             && self.operators.failpoint_crashes >= self.failpoint_crashes_min
+            && self.probe_kills >= self.probe_kills_min
     }
 }
 
@@ -230,6 +241,8 @@ mod tests {
             paused_leaders_min: 2,
             apiserver_restarts_min: 1,
             failpoint_crashes_min: 1,
+            probe_kills: 1,
+            probe_kills_min: 1,
         }
     }
 

@@ -19,6 +19,12 @@
 //!                leaders and a skewed clock must neither lose it nor wake it early;
 //!                in every other run with a wait, a wait for a signal instead, which
 //!                the driver sends twice (`signaler.rs`): taken once, with its data
+//!   verify       every third run's NonIdempotent steps carry a verify probe and act
+//!                halfway through an attempt: an attempt killed, timed out or failed
+//!                is probed (simkubelet answers from what really happened: Applied
+//!                with the step's result, or NotApplied); some probes fail once first,
+//!                some cannot tell (Unknown: a person is asked); the driver kills the
+//!                operator while some probes run (`probes.rs`)
 //! ```
 //!
 //! Every step's result is `{"run": <run>, "step": <step>}` on every attempt, so
@@ -63,7 +69,24 @@ pub struct StepPlan {
     pub wait_ms: Option<u64>,
     /// The wait is for a signal instead (sent by the driver), not a timer.
     pub signal: bool,
+    /// A verify probe, and how it behaves; the step's attempts then act
+    /// halfway through their run, not as they start.
+    pub verify: Option<Probe>,
 }
+
+/// How a step's verify probe behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// Answers what happened.
+    Truthful,
+    /// Its first attempt fails; then it answers what happened.
+    FailsOnce,
+    /// Answers `Unknown`: a person is asked.
+    Unknown,
+}
+
+/// How long a probe runs: long enough for an operator kill to land on some.
+const PROBE_MS: u64 = 800;
 
 /// One generated run.
 #[derive(Clone, Debug, PartialEq)]
@@ -168,6 +191,20 @@ pub fn generate(rng: &mut Rng, index: usize) -> RunPlan {
         // settle time) stay as they were.
         s.signal = !index.is_multiple_of(2);
     }
+    // Every third run's NonIdempotent steps carry a probe: by the run's and
+    // the step's index, so the draws (and every seed's workload) stay as
+    // they were.
+    if index.is_multiple_of(3) {
+        for (i, s) in steps.iter_mut().enumerate() {
+            if s.effect == "NonIdempotent" && s.wait_ms.is_none() {
+                s.verify = Some(match (index / 3 + i) % 5 {
+                    0 => Probe::FailsOnce,
+                    1 => Probe::Unknown,
+                    _ => Probe::Truthful,
+                });
+            }
+        }
+    }
     RunPlan {
         name: format!("c{index:03}"),
         steps,
@@ -210,6 +247,7 @@ fn base_step(rng: &mut Rng, i: usize) -> StepPlan {
         pending_ms: 0,
         wait_ms: None,
         signal: false,
+        verify: None,
     }
 }
 
@@ -250,31 +288,53 @@ fn ms(ms: u64) -> String {
 
 /// What simkubelet makes the step's container do, attempt by attempt.
 fn sim(run: &str, s: &StepPlan) -> Value {
-    let ok = json!({
+    // A step with a probe acts halfway through an attempt, so one stopped
+    // early did not act and its probe says so.
+    let acts = |mut attempt: Value| {
+        if s.verify.is_some() {
+            attempt["actAtMs"] = json!(attempt["runMs"].as_u64().unwrap_or(0) / 2);
+        }
+        attempt
+    };
+    let ok = acts(json!({
         "pendingMs": s.pending_ms,
         "runMs": s.run_ms,
         "result": expected_result(run, &s.name),
         "tokens": {"input": 10, "output": 5},
-    });
+    }));
     let mut attempts: Vec<Value> = (0..s.fail_times)
         .map(|_| {
             let mut failed = json!({"pendingMs": s.pending_ms, "runMs": s.run_ms, "exitCode": 1, "tokens": {"input": 3, "output": 0}});
             if s.fails_not_applied {
                 failed["effect"] = json!("NotApplied");
             }
-            failed
+            acts(failed)
         })
         .collect();
     if let Some((_, first_ms)) = s.timeout_ms {
         let mut outlives = ok.clone();
         outlives["runMs"] = json!(first_ms);
-        attempts.push(outlives);
+        attempts.push(acts(outlives));
     }
     if attempts.is_empty() {
         return ok;
     }
     attempts.push(ok);
     json!({"attempts": attempts})
+}
+
+/// What simkubelet makes the step's probe do: answer from what the step's
+/// attempts really did (`probe`), after failing once, or say it cannot tell.
+fn probe_sim(run: &str, s: &StepPlan, probe: Probe) -> Value {
+    let answers = json!({"runMs": PROBE_MS, "probe": {"result": expected_result(run, &s.name)}});
+    match probe {
+        Probe::Truthful => answers,
+        Probe::FailsOnce => json!({"attempts": [{"runMs": PROBE_MS / 2, "exitCode": 1}, answers]}),
+        Probe::Unknown => json!({
+            "runMs": PROBE_MS,
+            "rawMessage": json!({"effect": "Unknown", "result": {"saw": "no record either way"}}).to_string(),
+        }),
+    }
 }
 
 /// The AgentRun spec of a plan.
@@ -312,6 +372,12 @@ pub fn spec(plan: &RunPlan) -> Value {
             }
             if s.approval {
                 step["approval"] = json!({"required": true, "question": format!("May {} run?", s.name)});
+            }
+            if let Some(probe) = s.verify {
+                step["verify"] = json!({
+                    "image": "registry.example/chaos-verify:1",
+                    "env": sim_env(&probe_sim(&plan.name, s, probe)),
+                });
             }
             if s.compensate {
                 step["compensate"] = json!({
@@ -387,12 +453,26 @@ mod tests {
         let evicted = steps().filter(|s| s.evictions > 0).count();
         let waits = steps().filter(|s| s.wait_ms.is_some() && !s.signal).count();
         let signals = steps().filter(|s| s.signal).count();
+        let may_have_acted =
+            |s: &&StepPlan| s.effect == "NonIdempotent" && s.fail_times > 0 && !s.fails_not_applied;
         let asks = steps()
-            .filter(|s| s.effect == "NonIdempotent" && s.fail_times > 0 && !s.fails_not_applied)
+            .filter(may_have_acted)
+            .filter(|s| s.verify.is_none())
             .count();
+        // Probed for sure: an attempt that fails without saying, or outlives its timeout.
+        let probed = |p: Probe| {
+            steps()
+                .filter(|s| s.verify == Some(p))
+                .filter(|s| may_have_acted(s) || s.timeout_ms.is_some())
+                .count()
+        };
         // The forty runs of the short chaos run (seed 7) meet each a few times.
         // Two of the waits are waits for a signal, each sent twice.
         assert!(signals >= 2, "signals: {signals}");
+        assert!(
+            probed(Probe::FailsOnce) + probed(Probe::Unknown) >= 1,
+            "probes that fail once or cannot tell"
+        );
         for (what, n) in [
             ("graphs", graphs),
             ("fan-ins", fan_in),
@@ -402,6 +482,7 @@ mod tests {
             ("repeated evictions", evicted),
             ("waits", waits),
             ("failures that may have acted", asks),
+            ("probes that answer", probed(Probe::Truthful)),
         ] {
             assert!(n >= 3, "{what}: {n}");
         }

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod argo;
+mod effects;
 mod pod;
 mod sim_step;
 mod status;
@@ -33,7 +34,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrun_e2e::ledger::{LedgerEntry, LedgerError, LedgerWriter};
+use agentrun_e2e::ledger::{Ledger, LedgerEntry, LedgerError, LedgerWriter};
 use agentrun_operator::labels;
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
@@ -44,6 +45,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use effects::Effects;
 use pod::drive;
 
 const FIELD_MANAGER: &str = "simkubelet";
@@ -164,6 +166,11 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client> {
 
 async fn run(args: Args) -> Result<()> {
     let client = client(args.kubeconfig.as_ref()).await?;
+    // What earlier attempts did, as a restarted simkubelet finds it.
+    let effects = match &args.ledger {
+        Some(path) => Effects::from_ledger(&Ledger::read(path).map_err(Error::Ledger)?),
+        None => Effects::default(),
+    };
     let ledger = args
         .ledger
         .as_ref()
@@ -173,6 +180,7 @@ async fn run(args: Args) -> Result<()> {
     let ctx = Arc::new(Context {
         client: client.clone(),
         ledger,
+        effects,
         default_run: Duration::from_millis(args.default_run_ms),
         argo_task_results: args.argo_task_results,
     });
@@ -211,6 +219,8 @@ async fn run(args: Args) -> Result<()> {
 struct Context {
     client: Client,
     ledger: Option<LedgerWriter>,
+    /// What the steps changed, for the probes that ask.
+    effects: Effects,
     default_run: Duration,
     argo_task_results: bool,
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentrun_e2e::ledger::{LedgerEntry, LedgerEvent, Outcome};
+use agentrun_operator::api::EffectOutcome;
 use agentrun_operator::labels;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStateRunning, Pod, PodStatus};
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
 use crate::argo::{ArgoTask, TaskResultWriter, step_container};
+use crate::effects;
 use crate::sim_step::{Behaviour, SimStep, reported_effect, truncate_message};
 use crate::status::{running_status, terminated_status};
 use crate::{BAD_SIM_STEP_EXIT, Context, FIELD_MANAGER, SIGKILL_EXIT, SIM_STEP};
@@ -112,6 +114,14 @@ impl PodFacts {
         }
     }
 
+    /// Whether this Pod's attempt acted, having run for `ran`: a probe only
+    /// reads; a step acts once it ran past its `actAtMs`.
+    fn acts(&self, behaviour: &Behaviour, ran: Duration, said_not_applied: bool) -> bool {
+        self.role.as_deref() != Some("verify")
+            && behaviour.probe.is_none()
+            && effects::acted(ran, behaviour.act_at, said_not_applied)
+    }
+
     fn ledger_entry(&self, started_at: Timestamp) -> LedgerEntry {
         LedgerEntry {
             event: LedgerEvent::Started,
@@ -128,8 +138,14 @@ impl PodFacts {
             outcome: None,
             finished_at: None,
             reported_effect: None,
+            acted: None,
         }
     }
+}
+
+/// How long a container that started at `from` ran until `to`.
+fn ran(from: Timestamp, to: Timestamp) -> Duration {
+    Duration::try_from(to.duration_since(from)).unwrap_or(Duration::ZERO)
 }
 
 /// Where a Pod's life stands, as its status shows it.
@@ -252,6 +268,8 @@ pub(crate) async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<b
                 hang: false,
                 exit_code: BAD_SIM_STEP_EXIT,
                 message: truncate_message(format!("simkubelet: {problem}")),
+                act_at: Duration::ZERO,
+                probe: None,
             }
         }
     };
@@ -305,11 +323,15 @@ pub(crate) async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<b
         Wake::Gone => {
             // Vanished while running (force-deleted): the process died with it.
             info!(pod = %facts.name, namespace = %facts.namespace, "gone while running");
-            ctx.record(&facts.ledger_entry(started_at).finished(
-                SIGKILL_EXIT,
-                Outcome::Killed,
-                Timestamp::now(),
-            ));
+            let now = Timestamp::now();
+            let acted = facts.acts(&behaviour, ran(started_at, now), false);
+            ctx.effects.record(facts.idempotency_key.as_deref(), acted);
+            ctx.record(
+                &facts
+                    .ledger_entry(started_at)
+                    .finished(SIGKILL_EXIT, Outcome::Killed, now)
+                    .acting(acted),
+            );
             return;
         }
     };
@@ -318,12 +340,20 @@ pub(crate) async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<b
         w.report_outputs(&mut rx).await;
     }
     let finished_at = Timestamp::now();
-    let message = match ending {
-        Ending::Exited(_) => Some(behaviour.message.clone()),
-        Ending::Killed => None,
+    let message = match (ending, &behaviour.probe) {
+        // A probe reads the effects record as it answers.
+        (Ending::Exited(0), Some(result)) => {
+            Some(ctx.effects.answer(facts.idempotency_key.as_deref(), result))
+        }
+        (Ending::Exited(_), _) => Some(behaviour.message.clone()),
+        (Ending::Killed, _) => None,
     };
     // What the step says it did, as the operator will read it from the message.
     let reported = message.as_deref().and_then(reported_effect);
+    // The effect happened (or not) before anyone can see the attempt ended.
+    let said_not_applied = reported == Some(EffectOutcome::NotApplied);
+    let acted = facts.acts(&behaviour, ran(started_at, finished_at), said_not_applied);
+    ctx.effects.record(facts.idempotency_key.as_deref(), acted);
     let status = terminated_status(&facts, Some(started_at), finished_at, ending, message);
     let written = pods.write(&mut rx, status).await;
     info!(
@@ -350,7 +380,8 @@ pub(crate) async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<b
             &facts
                 .ledger_entry(started_at)
                 .finished(exit_code, outcome, finished_at)
-                .reporting(reported),
+                .reporting(reported)
+                .acting(acted),
         );
     }
 }

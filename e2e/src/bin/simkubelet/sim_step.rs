@@ -27,12 +27,27 @@ pub(crate) struct SimStep {
     raw_message: Option<String>,
     #[serde(default)]
     hang: bool,
+    /// When the attempt performs its effect, in ms after it starts running
+    /// (default: as it starts). Killed before then, it did not act.
+    act_at_ms: Option<u64>,
+    /// A verify probe: its termination message says whether an attempt under
+    /// the Pod's idempotency key acted (the effects record), with this
+    /// `result` when one did.
+    probe: Option<Probe>,
     /// Per-attempt behaviour: attempt N uses entry N-1, the last entry repeats.
     attempts: Option<Vec<SimStep>>,
     /// Per-run behaviour: the entry for the Pod's run (label `agentrun.dev/run`)
     /// replaces the rest, so a retried run (`kubectl agentrun retry`, the same
     /// spec) can do what its source did not.
     runs: Option<std::collections::BTreeMap<String, SimStep>>,
+}
+
+/// What a probe reports when the effect it asks about happened.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Probe {
+    #[serde(default)]
+    result: Value,
 }
 
 /// One attempt's behaviour, resolved.
@@ -43,6 +58,10 @@ pub(crate) struct Behaviour {
     pub(crate) hang: bool,
     pub(crate) exit_code: i32,
     pub(crate) message: String,
+    /// When it acts, after it starts running.
+    pub(crate) act_at: Duration,
+    /// A probe: the result it reports for an applied effect.
+    pub(crate) probe: Option<Value>,
 }
 
 impl SimStep {
@@ -91,6 +110,8 @@ impl SimStep {
             hang: self.hang,
             exit_code: self.exit_code,
             message: truncate_message(self.message()),
+            act_at: Duration::from_millis(self.act_at_ms.unwrap_or(0)),
+            probe: self.probe.as_ref().map(|p| p.result.clone()),
         }
     }
 

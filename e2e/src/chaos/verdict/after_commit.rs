@@ -59,6 +59,39 @@ mod tests {
     }
 
     #[test]
+    fn a_committed_probe_is_not_its_steps_outcome() {
+        // The probe (role Verify, the step's own key) answered NotApplied and
+        // was committed at 20; the step's attempt 2 under the same key ran at 30.
+        let mut o = Observer::default();
+        let mut probe = committed("a", "k", "r");
+        probe.role = agentrun_operator::api::StepRole::Verify;
+        let mut step = committed("a", "k", "r");
+        step.phase = StepPhase::Pending;
+        step.checkpoint = agentrun_operator::api::CheckpointState::Pending;
+        let r = run("r", 5, vec![step, probe.clone()], RunPhase::Running);
+        o.observe(&r, Timestamp::from_second(20).unwrap());
+        assert!(!o.committed_at.contains_key("k"), "{:?}", o.committed_at);
+        let mut ledger = acting(exec("1", "k", 10, Outcome::Killed, 11), false).to_vec();
+        ledger.extend(probe_at(12, 13));
+        ledger.extend(exec("2", "k", 30, Outcome::Succeeded, 31));
+        let finals = [run(
+            "r",
+            6,
+            vec![committed("a", "k", "r"), probe],
+            RunPhase::Succeeded,
+        )];
+        o.observe(&finals[0], Timestamp::from_second(40).unwrap());
+        let v = judge(&o, &finals, ledger);
+        assert!(v.passed(), "{v:?}");
+    }
+
+    /// A probe of key `k` from second `start` to `end` that found nothing applied.
+    fn probe_at(start: i64, end: i64) -> [crate::ledger::LedgerEntry; 2] {
+        let t = |s: i64| Timestamp::from_second(s).unwrap().to_string();
+        probe("v", "k", &t(start), "NotApplied", &t(end))
+    }
+
+    #[test]
     fn an_execution_a_second_after_the_status_write_is_a_duplicate_though_the_driver_saw_it_later()
     {
         // The driver's watch saw the commit only at 10:00:40; the API server

@@ -149,4 +149,37 @@ mod tests {
         );
         assert!(judge(&o, &[r], killed_then_succeeded(Outcome::Killed)).passed());
     }
+
+    #[test]
+    fn a_probe_that_found_the_attempt_not_applied_lets_it_run_again_only_when_true() {
+        let mut o = Observer::default();
+        saw_finish(&mut o);
+        let finals = [run(
+            "r",
+            5,
+            vec![committed("a", "k", "r")],
+            RunPhase::Succeeded,
+        )];
+        let rerun = |first_acted: bool, probe_start: &str| {
+            let mut ledger = killed_then_succeeded(Outcome::Killed);
+            ledger[1] = ledger[1].clone().acting(first_acted);
+            ledger.extend(probe(
+                "v",
+                "k",
+                probe_start,
+                "NotApplied",
+                "2026-01-01T10:00:13Z",
+            ));
+            judge_with(&o, &finals, &[], ledger)
+        };
+        // Killed before it acted (10:00:11), probed after (10:00:12): no person needed.
+        let v = rerun(false, "2026-01-01T10:00:12Z");
+        assert!(v.passed(), "{v:?}");
+        // The ledger says it acted: the probe's NotApplied is not believed.
+        let v = rerun(true, "2026-01-01T10:00:12Z");
+        assert_eq!((v.duplicates, v.blind_reruns), (1, 1), "{v:?}");
+        // A probe beside the live attempt settles nothing (and is a finding of its own).
+        let v = rerun(false, "2026-01-01T10:00:10.500Z");
+        assert_eq!((v.blind_reruns, v.early_probes), (1, 1), "{v:?}");
+    }
 }

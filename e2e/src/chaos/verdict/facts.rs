@@ -11,7 +11,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use agentrun_operator::api::{Approval, ApprovalKind, ApprovalPhase, Decision, Effect};
+use agentrun_operator::api::{
+    Approval, ApprovalKind, ApprovalPhase, Decision, Effect, EffectOutcome,
+};
 use jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
@@ -32,6 +34,14 @@ pub(super) struct Execution<'a> {
     pub finished_at: Option<Timestamp>,
     /// Its termination message said `effect: NotApplied`.
     pub said_not_applied: bool,
+    /// Its termination message said `effect: Applied` (a probe's answer).
+    pub said_applied: bool,
+    /// Whether it performed its effect, as the simulated system records it
+    /// (`None`: the ledger does not say).
+    pub acted: Option<bool>,
+    /// A probe of its key that started after it ended answered `NotApplied`,
+    /// and the ledger does not say it acted: it is known not to have acted.
+    pub probed_not_applied: bool,
 }
 
 impl Execution<'_> {
@@ -54,19 +64,27 @@ impl Execution<'_> {
         self.role.is_none_or(|r| r == "step")
     }
 
-    /// It started, so it may have acted, unless it said it did not.
+    /// It started, so it may have acted, unless it said it did not or a
+    /// probe found it did not.
     pub fn may_have_acted(&self) -> bool {
-        !self.said_not_applied
+        !self.said_not_applied && !self.probed_not_applied
     }
 
     /// It ended without a result that says whether it acted: killed, failed
-    /// without saying `NotApplied`, or never seen to end (D6 "may have acted").
+    /// without saying `NotApplied`, or never seen to end (D6 "may have acted"),
+    /// and no probe found it did not act.
     pub fn unsettled(&self) -> bool {
-        match self.outcome {
+        let unknown = match self.outcome {
             Some(Outcome::Succeeded) => false,
             Some(Outcome::Failed) => !self.said_not_applied,
             Some(Outcome::Killed) | None => true,
-        }
+        };
+        unknown && !self.probed_not_applied
+    }
+
+    /// A verify probe (role `verify`).
+    pub fn is_probe(&self) -> bool {
+        self.role == Some("verify")
     }
 
     /// `run r key k pod p started t (outcome)`.
@@ -112,6 +130,8 @@ pub(super) struct Facts<'a> {
     /// Per key, its executions in start order (verify probes, which carry
     /// their step's key and only read, are left out).
     pub by_key: BTreeMap<&'a str, Vec<usize>>,
+    /// Per key, its verify probes in start order.
+    pub probes: BTreeMap<&'a str, Vec<usize>>,
     /// Per (run, step name), the step's executions under every key and plan
     /// revision, in start order. Steps of the plan only.
     pub by_step: BTreeMap<(&'a str, &'a str), Vec<usize>>,
@@ -139,15 +159,23 @@ impl<'a> Facts<'a> {
                     outcome: finished.and_then(|f| f.outcome),
                     finished_at: finished.and_then(|f| f.finished_at),
                     said_not_applied: finished.is_some_and(|f| f.said_not_applied()),
+                    said_applied: finished
+                        .is_some_and(|f| f.reported_effect == Some(EffectOutcome::Applied)),
+                    acted: finished.and_then(|f| f.acted),
+                    probed_not_applied: false,
                 }
             })
             .collect();
+        settled_by_probes(&mut executions);
         // Stable: executions that started at the same instant keep file order.
         executions.sort_by(|a, b| (a.key, a.started_at).cmp(&(b.key, b.started_at)));
         let mut by_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        let mut probes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         let mut by_step: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
         for (i, x) in executions.iter().enumerate() {
-            if x.role != Some("verify") {
+            if x.is_probe() {
+                probes.entry(x.key).or_default().push(i);
+            } else {
                 by_key.entry(x.key).or_default().push(i);
             }
             if x.is_step() && !x.run.is_empty() && !x.step.is_empty() {
@@ -178,6 +206,7 @@ impl<'a> Facts<'a> {
             e,
             executions,
             by_key,
+            probes,
             by_step,
             effects,
             timeouts,
@@ -194,6 +223,27 @@ impl<'a> Facts<'a> {
         };
         x.finished_at
             .is_none_or(|f| f.duration_since(x.started_at) > *t)
+    }
+
+    /// The probes of one key, in start order, with their indexes.
+    pub fn probes_of(&self, key: &str) -> impl Iterator<Item = (usize, &Execution<'a>)> {
+        self.probes
+            .get(key)
+            .into_iter()
+            .flatten()
+            .map(|&i| (i, &self.executions[i]))
+    }
+
+    /// A probe's `Applied` answer about `key` is true: a probe that started
+    /// after an execution of the key ended said so, and the ledger says that
+    /// execution acted (or, without the record, may have).
+    pub fn verified(&self, key: &str) -> bool {
+        self.of_key(key).any(|(_, x)| {
+            x.acted.unwrap_or(!x.said_not_applied)
+                && self
+                    .probes_of(key)
+                    .any(|(_, p)| p.succeeded() && p.said_applied && p.started_at >= x.live_until())
+        })
     }
 
     /// The declared effect of step `step` of run `run` (`None`: the run is gone).
@@ -230,6 +280,23 @@ impl<'a> Facts<'a> {
             .filter_map(leave)
             .filter(|l| l.kind == LeaveKind::Retry && l.key == Some(key))
             .collect()
+    }
+}
+
+/// Marks the executions a probe found not to have acted: a probe of the
+/// same key that started once the execution had ended and answered
+/// `NotApplied`. A probe that runs beside the execution proves nothing
+/// (`early_probe`), and an answer the ledger contradicts is not believed.
+fn settled_by_probes(executions: &mut [Execution<'_>]) {
+    let answers: Vec<(String, Timestamp)> = executions
+        .iter()
+        .filter(|p| p.is_probe() && p.succeeded() && p.said_not_applied)
+        .map(|p| (p.key.to_owned(), p.started_at))
+        .collect();
+    for x in executions.iter_mut().filter(|x| !x.is_probe()) {
+        let until = x.live_until();
+        x.probed_not_applied =
+            x.acted != Some(true) && answers.iter().any(|(key, at)| key == x.key && *at >= until);
     }
 }
 

@@ -98,6 +98,7 @@ pub fn started(uid: &str, key: &str, start: &str) -> LedgerEntry {
         outcome: None,
         finished_at: None,
         reported_effect: None,
+        acted: None,
     }
 }
 
@@ -124,6 +125,24 @@ pub fn not_applied([s, f]: [LedgerEntry; 2]) -> [LedgerEntry; 2] {
         s,
         f.reporting(Some(agentrun_operator::api::EffectOutcome::NotApplied)),
     ]
+}
+
+/// The execution's finished line says whether it acted.
+pub fn acting([s, f]: [LedgerEntry; 2], acted: bool) -> [LedgerEntry; 2] {
+    [s, f.acting(acted)]
+}
+
+/// A verify probe of run `r` step `a` under `key`, from `start` to `end`,
+/// that exited 0 answering `answer`.
+pub fn probe(uid: &str, key: &str, start: &str, answer: &str, end: &str) -> [LedgerEntry; 2] {
+    let mut s = started(uid, key, start);
+    s.role = Some("verify".into());
+    let answer = serde_json::from_value(json!(answer)).unwrap();
+    let f = s
+        .finished(0, Outcome::Succeeded, ts(end))
+        .reporting(Some(answer))
+        .acting(false);
+    [s, f]
 }
 
 /// An Approval about run `r` step `a` key `k` (a NonIdempotent step).

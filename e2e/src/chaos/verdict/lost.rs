@@ -3,12 +3,13 @@
 //! a terminal phase that changed (the Observer's violations); a committed
 //! `Succeeded` step whose result is not the one the step reported, or none
 //! of whose key's executions succeeded (unless a person marked it
-//! succeeded); a successful execution whose key is not committed `Succeeded`
-//! at the end (a dropped result).
+//! succeeded, or its verify probe truly found it applied:
+//! `Facts::verified`); a successful execution whose key is not committed
+//! `Succeeded` at the end (a dropped result).
 
 use std::collections::BTreeSet;
 
-use agentrun_operator::api::{ApprovalKind, CheckpointState, Decision, StepPhase};
+use agentrun_operator::api::{ApprovalKind, CheckpointState, Decision, Provenance, StepPhase};
 use kube::ResourceExt;
 
 use super::facts::{Facts, approval_key};
@@ -53,7 +54,16 @@ pub(super) fn check(f: &Facts<'_>) -> Vec<(String, String)> {
             if !c.role.is_step() || c.pod.is_none() {
                 continue;
             }
-            if successes.get(&c.idempotency_key).copied().unwrap_or(0) == 0 {
+            let verified = c.provenance == Some(Provenance::Verified);
+            if verified && !f.verified(&c.idempotency_key) {
+                out.push((
+                    name.clone(),
+                    format!(
+                        "lost: run {name} step {} committed Succeeded as verified, but no probe of key {} answered Applied after an execution that acted",
+                        c.name, c.idempotency_key
+                    ),
+                ));
+            } else if !verified && successes.get(&c.idempotency_key).copied().unwrap_or(0) == 0 {
                 out.push((
                     name.clone(),
                     format!(
@@ -161,6 +171,37 @@ mod tests {
         assert_eq!(v.lost, 1, "{v:?}");
         assert!(
             v.findings[0].contains("committed result"),
+            "{:?}",
+            v.findings
+        );
+    }
+
+    #[test]
+    fn a_verified_step_stands_only_on_a_true_applied_answer() {
+        let mut o = Observer::default();
+        saw_finish(&mut o);
+        let mut cp = committed("a", "k", "r");
+        cp.provenance = Some(agentrun_operator::api::Provenance::Verified);
+        let r = run("r", 5, vec![cp], RunPhase::Succeeded);
+        let ledger = |acted: bool| {
+            let mut l = acting(exec("1", "k", 10, Outcome::Killed, 11), acted).to_vec();
+            l.extend(probe(
+                "v",
+                "k",
+                "1970-01-01T00:00:12Z",
+                "Applied",
+                "1970-01-01T00:00:13Z",
+            ));
+            l
+        };
+        // The attempt acted before it was killed; the probe found it.
+        let v = judge(&o, std::slice::from_ref(&r), ledger(true));
+        assert_eq!(v.lost, 0, "{v:?}");
+        // Nothing acted: the probe's Applied is made up.
+        let v = judge(&o, std::slice::from_ref(&r), ledger(false));
+        assert_eq!(v.lost, 1, "{v:?}");
+        assert!(
+            v.findings[0].contains("committed Succeeded as verified"),
             "{:?}",
             v.findings
         );

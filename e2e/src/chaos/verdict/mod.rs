@@ -23,18 +23,26 @@
 //! | a run the driver's watch never saw finish | `unobserved` | unobserved runs |
 //! | a Reconcile question no injected fault explains (D6) | `reconcile_unexpected` | unexpected |
 //! | a step after a wait step started before the wait's `wakeAt` (D10) | `early_wake` | early |
+//! | a verify probe started while an execution of its key was live (D2) | `early_probe` | early probes |
 //!
 //! The first five judge executions: one execution counts once as a duplicate
 //! however many of them name it, and each rule's own count is kept. The unit
 //! the contract protects is the step's effect, (run, step name), across plan
 //! revisions and keys: the per-key rules catch a key run twice, and
-//! `repeated_effect` catches a step run again under a new key.
+//! `repeated_effect` catches a step run again under a new key. A verify
+//! probe's `NotApplied` answer, given once the execution it asks about has
+//! ended and not contradicted by the ledger's record of what that execution
+//! did, settles it like a person's `Retry` (`facts::settled_by_probes`); an
+//! `Applied` answer counts for a committed step only when true
+//! (`Facts::verified`).
 //!
 //! Any duplicate, unapproved, lost, stuck or unobserved run, watch failure
-//! (observer.rs), unexpected Reconcile approval or early wake fails the verdict.
+//! (observer.rs), unexpected Reconcile approval, early wake or early probe
+//! fails the verdict.
 
 mod after_commit;
 mod blind_rerun;
+mod early_probe;
 mod early_wake;
 mod facts;
 mod lost;
@@ -96,6 +104,12 @@ pub struct Verdict {
     pub reconcile_unexpected: usize,
     /// Steps that started before the wait step they come after woke.
     pub early_wakes: usize,
+    /// Verify probes that started beside a live execution of their key.
+    pub early_probes: usize,
+    /// Verify probes run, and those that answered `Applied` / `NotApplied`.
+    pub probes: usize,
+    pub probes_applied: usize,
+    pub probes_not_applied: usize,
     /// Outcomes of the runs, by phase.
     pub phases: BTreeMap<String, usize>,
     /// One line per finding.
@@ -112,6 +126,7 @@ impl Verdict {
             && self.watch_failures == 0
             && self.reconcile_unexpected == 0
             && self.early_wakes == 0
+            && self.early_probes == 0
     }
 }
 
@@ -131,6 +146,17 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
         runs: e.created.len(),
         executions: f.executions.len(),
         successful_executions: f.executions.iter().filter(|x| x.succeeded()).count(),
+        probes: f.probes.values().map(Vec::len).sum(),
+        probes_applied: f
+            .executions
+            .iter()
+            .filter(|x| x.is_probe() && x.succeeded() && x.said_applied)
+            .count(),
+        probes_not_applied: f
+            .executions
+            .iter()
+            .filter(|x| x.is_probe() && x.succeeded() && x.said_not_applied)
+            .count(),
         ..Verdict::default()
     };
 
@@ -177,6 +203,10 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
 
     let early = early_wake::check(&f);
     v.early_wakes = early.len();
+    v.findings.extend(early);
+
+    let early = early_probe::check(&f);
+    v.early_probes = early.len();
     v.findings.extend(early);
 
     let unobserved = unobserved::check(&f);

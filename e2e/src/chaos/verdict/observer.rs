@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use agentrun_operator::api::{AgentRun, Approval, CheckpointState, RunPhase, StepPhase};
+use agentrun_operator::api::{AgentRun, Approval, CheckpointState, RunPhase, StepPhase, StepRole};
 use agentrun_operator::labels;
 use jiff::Timestamp;
 use kube::ResourceExt;
@@ -127,9 +127,13 @@ impl Observer {
                 json!({"phase": c.phase, "key": c.idempotency_key, "attempt": c.attempt,
                        "result": c.result, "finishedAt": c.finished_at, "effect": c.effect}),
             );
-            self.committed_at
-                .entry(c.idempotency_key.clone())
-                .or_insert(commit(c.phase));
+            // A probe carries its step's key, but its outcome is its answer,
+            // not the step's: the step may still retry under the key.
+            if c.role != StepRole::Verify {
+                self.committed_at
+                    .entry(c.idempotency_key.clone())
+                    .or_insert(commit(c.phase));
+            }
         }
         for c in &status.compensations {
             if !c.phase.is_terminal() {
