@@ -1,4 +1,4 @@
-//! The cluster benchmark's driver (`make bench`, e2e/src/bin/bench.rs), run on
+//! The cluster benchmark's driver (`make bench`, e2e/src/bin/bench/), run on
 //! the test plane with the debug binaries and one batch of one 10-step run, so
 //! that the driver cannot rot unnoticed; and the operator's API writes of that
 //! run, counted the way the benchmark counts them (kube-apiserver
