@@ -41,27 +41,22 @@ mod tests {
         judge_with(&o, &finals, &[], ledger)
     }
 
-    #[test]
-    fn a_probe_beside_a_live_attempt_of_its_key_is_a_finding() {
+    /// Key `k`'s attempt killed (before it acted) at `killed`, and its
+    /// probe from `probed` to a second later (minutes past 10:00, seconds).
+    fn killed_then_probed(killed: u32, probed: u32) -> Vec<crate::ledger::LedgerEntry> {
+        let t = |s: u32| format!("2026-01-01T10:00:{s:02}Z");
         let mut ledger = acting(
-            exec_at(
-                "1",
-                "k",
-                "2026-01-01T10:00:10Z",
-                Outcome::Killed,
-                "2026-01-01T10:00:20Z",
-            ),
+            exec_at("1", "k", &t(10), Outcome::Killed, &t(killed)),
             false,
         )
         .to_vec();
-        ledger.extend(probe(
-            "v",
-            "k",
-            "2026-01-01T10:00:15Z",
-            "NotApplied",
-            "2026-01-01T10:00:16Z",
-        ));
-        let v = verdict_of(ledger);
+        ledger.extend(probe("v", "k", &t(probed), "NotApplied", &t(probed + 1)));
+        ledger
+    }
+
+    #[test]
+    fn a_probe_beside_a_live_attempt_of_its_key_is_a_finding() {
+        let v = verdict_of(killed_then_probed(20, 15));
         assert_eq!(v.early_probes, 1, "{v:?}");
         assert!(!v.passed());
         assert!(
@@ -75,24 +70,7 @@ mod tests {
 
     #[test]
     fn a_probe_after_the_attempt_ended_is_not() {
-        let mut ledger = acting(
-            exec_at(
-                "1",
-                "k",
-                "2026-01-01T10:00:10Z",
-                Outcome::Killed,
-                "2026-01-01T10:00:12Z",
-            ),
-            false,
-        )
-        .to_vec();
-        ledger.extend(probe(
-            "v",
-            "k",
-            "2026-01-01T10:00:13Z",
-            "NotApplied",
-            "2026-01-01T10:00:14Z",
-        ));
+        let mut ledger = killed_then_probed(12, 13);
         // Another key's live attempt does not matter.
         ledger.push(started("2", "other", "2026-01-01T10:00:12Z"));
         assert_eq!(verdict_of(ledger).early_probes, 0);
