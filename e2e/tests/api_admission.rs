@@ -12,6 +12,9 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, CustomResourceExt};
 use serde_json::{Value, json};
 
+#[path = "api_admission/step_names.rs"]
+mod step_names;
+
 const RUN_UID: &str = "0b7c6a1e-0000-4000-8000-000000000001";
 
 fn run(spec: Value) -> Value {
@@ -197,7 +200,7 @@ fn cases() -> Vec<Case> {
         refused(
             "duplicate step names",
             run(json!({ "steps": [step("fetch"), step("fetch")] })),
-            &["spec.steps[1]", "Duplicate value", "fetch"],
+            &["spec.steps: Invalid value", "step names must be unique"],
         ),
         refused(
             "step name of 49 characters",

@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{StepSpec, any_json};
 
+// Its lists are atomic (one field to the field manager, replaced whole by an
+// apply): the operator alone writes them, by JSON patch at indices, and a
+// checkpoint has no key of its own (one per step and plan revision). The
+// conditions stay a map keyed by `type`, the Kubernetes convention, which lets
+// a second writer apply one condition without taking the others.
 /// The durable record of a run. Everything the operator knows lives here.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -21,9 +26,11 @@ pub struct AgentRunStatus {
     pub plan: Option<PlanStatus>,
     /// One checkpoint per (step, plan revision) that has started, in start order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub steps: Vec<StepCheckpoint>,
     /// Checkpoints of compensations run for applied steps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub compensations: Vec<CompensationCheckpoint>,
     /// Tokens reported by every attempt so far, failed ones included.
     #[serde(default)]
@@ -65,7 +72,7 @@ pub struct AgentRunStatus {
     /// was created with, an edit adds one (at most 16). The run's record
     /// keeps them, so a run created again from any of them is recognised (D18).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "atomic"))]
     pub spec_digests: Vec<String>,
     /// The RunRecord written for this run once it finished (D18): set only
     /// after the record was stored, and the TTL deletes the run only then.
@@ -108,6 +115,7 @@ pub struct ForkedFrom {
     pub requested_by: Option<String>,
     /// The steps whose checkpoints were carried over (provenance Inherited).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub inherited: Vec<String>,
 }
 
@@ -166,11 +174,12 @@ pub struct PlanStatus {
     pub source: PlanSource,
     /// The names of the steps of this plan, in order.
     #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub step_names: Vec<String>,
     /// The full step definitions when the planner wrote the plan (empty when the
     /// plan is `spec.steps`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 500))]
+    #[schemars(length(max = 500), extend("x-kubernetes-list-type" = "atomic"))]
     pub steps: Vec<StepSpec>,
     /// Set by a re-plan for freshness (D8): the steps that run again at this
     /// revision, with new keys: the stale reads, and the steps after them
@@ -179,7 +188,7 @@ pub struct PlanStatus {
     /// never run again unless a person approves it. Empty (and no
     /// `rerunFrom`): every step of the plan runs at this revision.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 500))]
+    #[schemars(length(max = 500), extend("x-kubernetes-list-type" = "atomic"))]
     pub rerun: Vec<String>,
     /// Written by earlier versions instead of `rerun`: the first step that
     /// runs again at this revision; it and every later step run again.

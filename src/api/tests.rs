@@ -2,6 +2,7 @@
 //! feature). The same rules are proven against the real apiserver in
 //! `e2e/tests/api_admission.rs`.
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 use kube::core::cel::{Validator, validate_cel, validate_cel_update};
 use serde_json::{Value, json};
@@ -73,6 +74,11 @@ fn invalid_runs_are_refused_with_a_message_naming_the_field() {
             "steps omitted and no planner",
             json!({}),
             "at least one step is required",
+        ),
+        (
+            "two steps of one name",
+            json!({"steps": [step("fetch"), step("summarize"), step("fetch")]}),
+            "step names must be unique",
         ),
         (
             "backoff initial longer than max",
@@ -272,4 +278,90 @@ fn every_field_says_what_it_is_not_what_its_type_is() {
         walk(&schema, &crd.spec.names.kind, &mut found);
     }
     assert!(found.is_empty(), "described by their type: {found:?}");
+}
+
+/// Every list of a CRD: its path (`.spec.steps`, `[]` for the items of a
+/// list) and its `x-kubernetes-list-type` with the map keys, `None` where
+/// the schema leaves it to the default (atomic).
+fn list_types(crd: &CustomResourceDefinition) -> Vec<(String, Option<String>)> {
+    fn walk(schema: &Value, path: &str, out: &mut Vec<(String, Option<String>)>) {
+        if schema["type"] == "array" {
+            let kind = schema["x-kubernetes-list-type"].as_str().map(|t| {
+                match schema["x-kubernetes-list-map-keys"].as_array() {
+                    Some(keys) => format!("{t} {}", Value::Array(keys.clone())),
+                    None => t.to_owned(),
+                }
+            });
+            out.push((path.to_owned(), kind));
+            walk(&schema["items"], &format!("{path}[]"), out);
+        }
+        if let Some(properties) = schema["properties"].as_object() {
+            for (name, property) in properties {
+                walk(property, &format!("{path}.{name}"), out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    walk(&schema["openAPIV3Schema"], "", &mut out);
+    out
+}
+
+/// The plan and the operator's own records are atomic lists, said so in
+/// the CRD: one field each to the field manager (which every status write
+/// pays for per item otherwise), one owner under server-side apply.
+#[test]
+fn the_plan_and_the_checkpoints_are_atomic_lists() {
+    let types = list_types(&AgentRun::crd());
+    for path in [
+        ".spec.steps",
+        ".status.steps",
+        ".status.compensations",
+        ".status.plan.steps",
+        ".status.plan.stepNames",
+        ".status.plan.rerun",
+        ".status.specDigests",
+        ".status.forkedFrom.inherited",
+    ] {
+        let found = types.iter().find(|(p, _)| p == path);
+        assert_eq!(
+            found.map(|(_, t)| t.as_deref()),
+            Some(Some("atomic")),
+            "{path}"
+        );
+    }
+}
+
+/// The only list-maps are the conditions (keyed by `type`, what
+/// kstatus-style readers and a second writer's apply of one condition
+/// expect) and an Approval's deliveries (keyed by `id`: the notifier applies
+/// one delivery at a time beside the engine's fields).
+#[test]
+fn the_only_list_maps_are_conditions_and_deliveries() {
+    let maps: Vec<(String, String)> = crds()
+        .iter()
+        .flat_map(|crd| {
+            list_types(crd)
+                .into_iter()
+                .filter(|(_, t)| t.as_deref().is_some_and(|t| t.starts_with("map")))
+                .map(|(p, t)| (format!("{} {p}", crd.spec.names.kind), t.unwrap()))
+        })
+        .collect();
+    assert_eq!(
+        maps,
+        [
+            (
+                "AgentRun .status.conditions".to_owned(),
+                r#"map ["type"]"#.to_owned()
+            ),
+            (
+                "Approval .status.conditions".to_owned(),
+                r#"map ["type"]"#.to_owned()
+            ),
+            (
+                "Approval .status.notifications".to_owned(),
+                r#"map ["id"]"#.to_owned()
+            ),
+        ]
+    );
 }
