@@ -13,10 +13,12 @@
 //! start one: node tests never pass by skipping.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::process::Command;
@@ -193,6 +195,32 @@ pub async fn node_scenario(test_name: &str) -> super::scenario::Scenario {
         operator_config,
         simkubelet: None,
     }
+}
+
+/// Places every Pod of `namespace` on the node, so plain manifests (a Deployment such as
+/// examples/refund-agent/deploy.yaml) run there as they are: the plane's PodNodeSelector
+/// and PodTolerationRestriction admission plugins add the node's selector and a
+/// toleration of its taint from these namespace annotations.
+pub async fn place_namespace_on_node(client: &Client, namespace: &str) {
+    let toleration =
+        json!([{"key": NODE_KEY, "operator": "Equal", "value": "real", "effect": "NoSchedule"}]);
+    let patch = json!({"metadata": {"annotations": {
+        "scheduler.alpha.kubernetes.io/node-selector": format!("{NODE_KEY}=real"),
+        "scheduler.alpha.kubernetes.io/defaultTolerations": toleration.to_string(),
+    }}});
+    Api::<Namespace>::all(client.clone())
+        .patch(namespace, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("annotating namespace {namespace} for the node: {e}"));
+}
+
+/// Where `e2e/cluster` keeps the plane and the node (`AGENTRUN_E2E_DIR`, else
+/// `<repo>/target/e2e`); the node's pidfiles are under `node/state/`.
+pub fn e2e_dir() -> PathBuf {
+    std::env::var_os("AGENTRUN_E2E_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/e2e"))
 }
 
 /// A step container of one of the node's images (never pulled: imported by `node up`).
