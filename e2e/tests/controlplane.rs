@@ -492,3 +492,34 @@ async fn assert_deleting(namespaces: &Api<Namespace>, name: &str) {
         ),
     }
 }
+
+/// A scenario's operator, killed and started again, comes up even when the
+/// loopback ports it had were taken meanwhile (by any test's connection: an
+/// outgoing connection's local port comes from the same range); its config
+/// then names the ports it has now.
+#[tokio::test]
+async fn a_restarted_scenario_operator_comes_up_though_its_old_ports_were_taken() {
+    let mut s = agentrun_e2e::support::scenario::Scenario::start("restart-ports").await;
+    let old = s.operator_config.clone();
+    s.kill_operator().await;
+    let _taken = [
+        std::net::TcpListener::bind(("127.0.0.1", old.metrics_port)).expect("the old port is free"),
+        std::net::TcpListener::bind(("127.0.0.1", old.health_port)).expect("the old port is free"),
+    ];
+    s.start_operator(None);
+    let port = s.operator_config.health_port;
+    assert_ne!(port, old.health_port, "a restart takes new ports");
+    let addr = ([127, 0, 0, 1], port).into();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok((200, _)) = agentrun_e2e::support::http::http_get(addr, "/readyz").await {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the restarted operator is not ready on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    s.finish().await;
+}

@@ -21,7 +21,9 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::env::TestEnv;
-use super::processes::{OperatorConfig, Process, log_dir, start_operator, start_simkubelet};
+use super::processes::{
+    OperatorConfig, Process, free_port, log_dir, start_operator, start_simkubelet,
+};
 use crate::ledger::Ledger;
 
 /// A running scenario.
@@ -116,8 +118,13 @@ impl Scenario {
             .to_owned()
     }
 
-    /// (Re)starts the operator with `failpoint` (or none).
+    /// (Re)starts the operator with `failpoint` (or none), on loopback ports
+    /// of its own: the ports a killed operator had may be anyone's by now (an
+    /// outgoing connection's local port comes from the same range), and
+    /// `operator_config` names the new ones.
     pub fn start_operator(&mut self, failpoint: Option<&str>) {
+        self.operator_config.metrics_port = free_port();
+        self.operator_config.health_port = free_port();
         let mut cfg = self.operator_config.clone();
         cfg.failpoint = failpoint.map(str::to_owned);
         self.operator = Some(start_operator(&cfg));
