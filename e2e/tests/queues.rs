@@ -60,7 +60,13 @@ async fn runs_over_the_cap_queue_in_order_and_start_as_places_free() {
         "queued at position 2: 1 of 1 runs active in namespace {ns} (maxActiveRunsPerNamespace)"
             .replace("{ns}", s.namespace())
     );
-    let q2 = s.runs().get("q2").await.unwrap();
+    // Positions follow creation order, whichever of the two queued runs the
+    // operator wrote first.
+    let q2 = s
+        .wait_run("q2", "first in the queue", RUN_TIMEOUT, |r| {
+            status(r).queue_position.is_some()
+        })
+        .await;
     assert_eq!(
         (phase(&q2), status(&q2).queue_position),
         (Some(RunPhase::Queued), Some(1))
