@@ -66,8 +66,9 @@ mod tests {
         ledger
     }
 
-    #[test]
-    fn a_non_idempotent_step_re_run_after_a_kill_needs_a_retry_decision_before_it() {
+    /// An observer that saw run `r` finish, and the run: step `a` committed
+    /// Succeeded under key `k`.
+    fn seen_succeeded() -> (Observer, [agentrun_operator::api::AgentRun; 1]) {
         let mut o = Observer::default();
         saw_finish(&mut o);
         let finals = [run(
@@ -76,6 +77,12 @@ mod tests {
             vec![committed("a", "k", "r")],
             RunPhase::Succeeded,
         )];
+        (o, finals)
+    }
+
+    #[test]
+    fn a_non_idempotent_step_re_run_after_a_kill_needs_a_retry_decision_before_it() {
+        let (o, finals) = seen_succeeded();
         let ledger = killed_then_succeeded(Outcome::Killed);
         // No Reconcile approval at all.
         let v = judge_with(&o, &finals, &[], ledger.clone());
@@ -102,14 +109,7 @@ mod tests {
 
     #[test]
     fn a_failure_that_did_not_say_not_applied_needs_a_retry_decision_too() {
-        let mut o = Observer::default();
-        saw_finish(&mut o);
-        let finals = [run(
-            "r",
-            5,
-            vec![committed("a", "k", "r")],
-            RunPhase::Succeeded,
-        )];
+        let (o, finals) = seen_succeeded();
         let v = judge_with(&o, &finals, &[], killed_then_succeeded(Outcome::Failed));
         assert_eq!((v.duplicates, v.blind_reruns), (1, 1), "{v:?}");
         let v = judge_with(
@@ -123,14 +123,7 @@ mod tests {
 
     #[test]
     fn a_failure_that_said_not_applied_is_retried_without_asking() {
-        let mut o = Observer::default();
-        saw_finish(&mut o);
-        let finals = [run(
-            "r",
-            5,
-            vec![committed("a", "k", "r")],
-            RunPhase::Succeeded,
-        )];
+        let (o, finals) = seen_succeeded();
         let mut ledger = killed_then_succeeded(Outcome::Failed);
         ledger[1] = ledger[1]
             .clone()
@@ -152,14 +145,7 @@ mod tests {
 
     #[test]
     fn a_probe_that_found_the_attempt_not_applied_lets_it_run_again_only_when_true() {
-        let mut o = Observer::default();
-        saw_finish(&mut o);
-        let finals = [run(
-            "r",
-            5,
-            vec![committed("a", "k", "r")],
-            RunPhase::Succeeded,
-        )];
+        let (o, finals) = seen_succeeded();
         let rerun = |first_acted: bool, probe_start: &str| {
             let mut ledger = killed_then_succeeded(Outcome::Killed);
             ledger[1] = ledger[1].clone().acting(first_acted);
