@@ -39,21 +39,14 @@ pub(crate) fn running_status(facts: &PodFacts, start_time: Timestamp, now: Times
     let container_statuses = facts
         .containers
         .iter()
-        .map(|(name, image)| ContainerStatus {
-            name: name.clone(),
-            image: image.clone(),
-            image_id: format!("sim://{image}"),
-            container_id: Some(container_id(facts, name)),
-            ready: true,
-            started: Some(true),
-            restart_count: 0,
-            state: Some(ContainerState {
+        .map(|(name, image)| {
+            let running = ContainerState {
                 running: Some(ContainerStateRunning {
                     started_at: Some(Time(now)),
                 }),
                 ..ContainerState::default()
-            }),
-            ..ContainerStatus::default()
+            };
+            container_status(facts, name, image, (true, true), running)
         })
         .collect();
     PodStatus {
@@ -109,15 +102,12 @@ pub(crate) fn terminated_status(
                 e if i == facts.step_container => e.exit_code(),
                 _ => 0,
             };
-            ContainerStatus {
-                name: name.clone(),
-                image: image.clone(),
-                image_id: format!("sim://{image}"),
-                container_id: Some(container_id(facts, name)),
-                ready: false,
-                started: Some(false),
-                restart_count: 0,
-                state: Some(ContainerState {
+            container_status(
+                facts,
+                name,
+                image,
+                (false, false),
+                ContainerState {
                     terminated: Some(ContainerStateTerminated {
                         exit_code,
                         reason: Some(if exit_code == 0 { "Completed" } else { "Error" }.into()),
@@ -132,9 +122,8 @@ pub(crate) fn terminated_status(
                         ..ContainerStateTerminated::default()
                     }),
                     ..ContainerState::default()
-                }),
-                ..ContainerStatus::default()
-            }
+                },
+            )
         })
         .collect();
     PodStatus {
@@ -156,27 +145,46 @@ fn init_statuses(facts: &PodFacts, at: Timestamp) -> Option<Vec<ContainerStatus>
     let statuses = facts
         .init_containers
         .iter()
-        .map(|(name, image)| ContainerStatus {
-            name: name.clone(),
-            image: image.clone(),
-            image_id: format!("sim://{image}"),
-            container_id: Some(container_id(facts, name)),
-            ready: true,
-            started: Some(false),
-            restart_count: 0,
-            state: Some(ContainerState {
-                terminated: Some(ContainerStateTerminated {
-                    exit_code: 0,
-                    reason: Some("Completed".into()),
-                    started_at: Some(Time(at)),
-                    finished_at: Some(Time(at)),
-                    container_id: Some(container_id(facts, name)),
-                    ..ContainerStateTerminated::default()
-                }),
-                ..ContainerState::default()
-            }),
-            ..ContainerStatus::default()
+        .map(|(name, image)| {
+            container_status(
+                facts,
+                name,
+                image,
+                (true, false),
+                ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: 0,
+                        reason: Some("Completed".into()),
+                        started_at: Some(Time(at)),
+                        finished_at: Some(Time(at)),
+                        container_id: Some(container_id(facts, name)),
+                        ..ContainerStateTerminated::default()
+                    }),
+                    ..ContainerState::default()
+                },
+            )
         })
         .collect();
     Some(statuses)
+}
+
+/// A container's status in `state`; `(ready, started)` as a kubelet reports them.
+fn container_status(
+    facts: &PodFacts,
+    name: &str,
+    image: &str,
+    (ready, started): (bool, bool),
+    state: ContainerState,
+) -> ContainerStatus {
+    ContainerStatus {
+        name: name.to_owned(),
+        image: image.to_owned(),
+        image_id: format!("sim://{image}"),
+        container_id: Some(container_id(facts, name)),
+        ready,
+        started: Some(started),
+        restart_count: 0,
+        state: Some(state),
+        ..ContainerStatus::default()
+    }
 }
