@@ -14,6 +14,7 @@
 mod agentrun;
 mod approval;
 mod approvers;
+pub mod archive;
 mod duration;
 mod notify;
 mod record;
@@ -23,6 +24,7 @@ mod signal;
 pub use agentrun::*;
 pub use approval::*;
 pub use approvers::*;
+pub use archive::ArchivedSteps;
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
 pub use notify::*;
 pub use record::*;

@@ -24,9 +24,12 @@ pub struct AgentRunStatus {
     /// The plan being executed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<PlanStatus>,
-    /// One checkpoint per (step, plan revision) that has started, in start order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    /// One checkpoint per (step, plan revision) that has started, in start
+    /// order: every one of them here, in memory. Stored as `steps` and, for a
+    /// long run, `archivedSteps` with the oldest finished ones compressed
+    /// (`super::archive`).
+    #[serde(flatten, with = "super::archive")]
+    #[schemars(with = "super::archive::StoredSteps")]
     pub steps: Vec<StepCheckpoint>,
     /// Checkpoints of compensations run for applied steps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

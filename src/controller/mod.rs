@@ -27,6 +27,7 @@ mod orphans;
 mod owned;
 mod queue;
 mod reconcile;
+mod status_write;
 mod step_pod;
 
 use std::collections::HashMap;

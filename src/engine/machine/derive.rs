@@ -293,7 +293,12 @@ impl<'a> Machine<'a> {
         if self.status == self.committed {
             return; // nothing is written: nothing grows
         }
-        let size = |s: &AgentRunStatus| serde_json::to_vec(s).map_or(0, |v| v.len());
+        // Measured with every checkpoint inline, as before the archive
+        // (`crate::api::archive::inline`): the archive makes writes cheaper,
+        // it does not change what a long run keeps.
+        let size = |s: &AgentRunStatus| {
+            crate::api::archive::inline(|| serde_json::to_vec(s).map_or(0, |v| v.len()))
+        };
         let mut excess = size(&self.status).saturating_sub(COMPACT_STATUS_ABOVE);
         if excess == 0 {
             return;
