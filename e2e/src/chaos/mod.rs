@@ -81,6 +81,9 @@ pub struct ChaosConfig {
     pub failpoint_crashes_min: u64,
     /// And this many operator kills while a verify probe runs.
     pub probe_kills_min: u64,
+    /// Runs whose status must hold archived checkpoints at the end (the
+    /// workload's long runs, `workload::LONG_STEPS`).
+    pub archived_runs_min: u64,
     /// Longest fault phase; then the faults stop whatever the count.
     pub duration_limit: Duration,
     /// How long runs get to finish once the faults stop.
@@ -126,6 +129,7 @@ impl ChaosConfig {
             apiserver_restarts_min: 2,
             failpoint_crashes_min: 5,
             probe_kills_min: 3,
+            archived_runs_min: 3,
             duration_limit: Duration::from_secs(900),
             settle: Duration::from_secs(180),
             seed,
@@ -161,6 +165,7 @@ impl ChaosConfig {
             apiserver_restarts_min: 1,
             failpoint_crashes_min: 1,
             probe_kills_min: 1,
+            archived_runs_min: 1,
             duration_limit: Duration::from_secs(120),
             settle: Duration::from_secs(60),
             kill_every: (Duration::from_secs(5), Duration::from_secs(10)),
@@ -464,6 +469,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         .await
         .expect("chaos: listing the approvals")
         .items;
+    let archived = archived_counts(&client, &ns).await;
     let ledger = Ledger::read(&ledger_path).expect("chaos: reading the ledger");
     let observer = std::mem::take(&mut *lock(&shared.observer));
     let disrupted_keys = lock(&shared.disrupted_keys).clone();
@@ -504,6 +510,9 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         failpoint_crashes_min: cfg.failpoint_crashes_min,
         probe_kills: probe_killer.kills,
         probe_kills_min: cfg.probe_kills_min,
+        archived_runs: archived.len() as u64,
+        archived_checkpoints: archived.iter().sum(),
+        archived_runs_min: cfg.archived_runs_min,
     };
     if report.passed() {
         release_finalizers(&pods_api).await;
@@ -513,6 +522,21 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         std::mem::forget(env); // keep the namespace for inspection
     }
     report
+}
+
+/// `status.archivedSteps.count` of each run that has one, as the API server
+/// stores it (the typed client reads the archive back into `status.steps`).
+async fn archived_counts(client: &kube::Client, ns: &str) -> Vec<u64> {
+    use kube::api::{ApiResource, DynamicObject};
+    let resource = ApiResource::erase::<AgentRun>(&());
+    let runs: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    runs.list(&ListParams::default())
+        .await
+        .expect("chaos: listing the runs as stored")
+        .items
+        .iter()
+        .filter_map(|r| r.data["status"]["archivedSteps"]["count"].as_u64())
+        .collect()
 }
 
 /// The directory of the e2e plane behind the kubeconfig (`e2e/cluster up`

@@ -53,6 +53,11 @@ pub struct Report {
     /// Operator kills while a verify probe ran (also counted in `operators.kills`).
     pub probe_kills: u64,
     pub probe_kills_min: u64,
+    /// Runs whose stored status holds `status.archivedSteps` at the end, and
+    /// how many checkpoints those archives hold (as the API server stores them).
+    pub archived_runs: u64,
+    pub archived_checkpoints: u64,
+    pub archived_runs_min: u64,
 }
 
 impl Report {
@@ -95,7 +100,7 @@ impl Report {
             Err(e) => format!("unknown ({e})"),
         };
         let mut out = format!(
-            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} signals_sent={} (again {}, refused {}) status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nprobes={} (applied {}, not_applied {}) probe_kills={}\nduplicates: after_commit={} second_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={} early_probes={}",
+            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} signals_sent={} (again {}, refused {}) status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nprobes={} (applied {}, not_applied {}) probe_kills={} archived_runs={} (checkpoints {})\nduplicates: after_commit={} second_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={} early_probes={}",
             self.namespace,
             self.wall_time.as_secs_f64(),
             self.fault_phase.as_secs_f64(),
@@ -128,6 +133,8 @@ impl Report {
             v.probes_applied,
             v.probes_not_applied,
             self.probe_kills,
+            self.archived_runs,
+            self.archived_checkpoints,
             v.after_commit,
             v.second_success,
             v.overlapping,
@@ -163,7 +170,7 @@ impl Report {
         }
         if !self.enough_of_each_fault() {
             out.push_str(&format!(
-                "\ntoo few of a kind: paused_leaders={} (min {}), apiserver_restarts={} (min {}), failpoint_crashes={} (min {}), probe_kills={} (min {})",
+                "\ntoo few of a kind: paused_leaders={} (min {}), apiserver_restarts={} (min {}), failpoint_crashes={} (min {}), probe_kills={} (min {}), archived_runs={} (min {})",
                 o.paused_leaders,
                 self.paused_leaders_min,
                 self.apiserver_restarts,
@@ -171,7 +178,9 @@ impl Report {
                 o.failpoint_crashes,
                 self.failpoint_crashes_min,
                 self.probe_kills,
-                self.probe_kills_min
+                self.probe_kills_min,
+                self.archived_runs,
+                self.archived_runs_min
             ));
         }
         for f in &v.findings {
@@ -199,6 +208,7 @@ impl Report {
             && self.apiserver_restarts >= self.apiserver_restarts_min
             && self.operators.failpoint_crashes >= self.failpoint_crashes_min
             && self.probe_kills >= self.probe_kills_min
+            && self.archived_runs >= self.archived_runs_min
     }
 }
 
@@ -243,6 +253,9 @@ mod tests {
             failpoint_crashes_min: 1,
             probe_kills: 1,
             probe_kills_min: 1,
+            archived_runs: 1,
+            archived_checkpoints: 50,
+            archived_runs_min: 1,
         }
     }
 

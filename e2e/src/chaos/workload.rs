@@ -25,6 +25,10 @@
 //!                with the step's result, or NotApplied); some probes fail once first,
 //!                some cannot tell (Unknown: a person is asked); the driver kills the
 //!                operator while some probes run (`probes.rs`)
+//!   long         every tenth run (index 7, 17, …), when it is not a graph, goes on with
+//!                LONG_STEPS quick steps of every effect: past 50 checkpoints the oldest
+//!                are stored in status.archivedSteps, batch by batch, while the faults
+//!                go on (a checkpoint moved into the archive is never run again)
 //! ```
 //!
 //! Every step's result is `{"run": <run>, "step": <step>}` on every attempt, so
@@ -205,10 +209,45 @@ pub fn generate(rng: &mut Rng, index: usize) -> RunPlan {
             }
         }
     }
+    // Every tenth run goes on long enough to archive checkpoints: by the
+    // run's index and after every draw, so the workload of every seed is
+    // otherwise as it was.
+    if index % 10 == 7 && !graph {
+        steps.extend((0..LONG_STEPS).map(long_step));
+    }
     RunPlan {
         name: format!("c{index:03}"),
         steps,
         parallelism,
+    }
+}
+
+/// The quick steps a long run adds: at 75 checkpoints or more, its status
+/// has archived two batches of checkpoints (`agentrun_operator::api::archive`) while the faults go on.
+pub const LONG_STEPS: usize = 72;
+
+/// The `j`th step a long run adds: quick, of each effect in turn, no fault
+/// of its own (the driver's evictions, deletes and kills still find it).
+fn long_step(j: usize) -> StepPlan {
+    StepPlan {
+        name: format!("t{j:02}-{}", VERBS[j % VERBS.len()]),
+        effect: ["None", "Idempotent", "NonIdempotent"][j % 3],
+        fail_times: 0,
+        fails_not_applied: false,
+        retry_limit: 0,
+        backoff_ms: (200, 1000),
+        approval: false,
+        run_ms: 20,
+        compensate: false,
+        depends_on: vec![],
+        fresh_for_ms: None,
+        timeout_ms: None,
+        edit_in_backoff: false,
+        evictions: 0,
+        pending_ms: 0,
+        wait_ms: None,
+        signal: false,
+        verify: None,
     }
 }
 
@@ -408,7 +447,8 @@ mod tests {
     #[test]
     fn generated_specs_deserialize_and_stay_in_bounds() {
         for plan in plans(200) {
-            assert!((3..=8).contains(&plan.steps.len()));
+            let n = plan.steps.len();
+            assert!((3..=8).contains(&n) || (3 + LONG_STEPS..=8 + LONG_STEPS).contains(&n));
             let spec: AgentRunSpec =
                 serde_json::from_value(spec(&plan)).expect("spec deserializes");
             assert_eq!(spec.steps.len(), plan.steps.len());
@@ -469,6 +509,9 @@ mod tests {
         // The forty runs of the short chaos run (seed 7) meet each a few times.
         // Two of the waits are waits for a signal, each sent twice.
         assert!(signals >= 2, "signals: {signals}");
+        // A long run archives checkpoints while the faults go on.
+        let long = plans.iter().filter(|p| p.steps.len() >= 75).count();
+        assert!(long >= 1, "long runs: {long}");
         assert!(
             probed(Probe::FailsOnce) + probed(Probe::Unknown) >= 1,
             "probes that fail once or cannot tell"

@@ -1,0 +1,175 @@
+//! Long runs on the real control plane with the operator and the simulated
+//! kubelet: past 50 checkpoints the oldest are stored compressed in
+//! `status.archivedSteps` (src/api/archive.rs), and nothing of the contract
+//! moves: every step runs once, across an operator restart, and every
+//! checkpoint reads back. Under an AgentRun CRD that prunes the archive (one
+//! older than the operator), the operator finds out before it archives and
+//! keeps every checkpoint in `status.steps`.
+//!
+//! ```text
+//!   c0 … c24 | c25 … c59      stored: archivedSteps {count: 25, data} + steps [c25 … c59]
+//! ```
+//!
+//! Fails (never skips) without the plane.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use agentrun_e2e::kubectl_ok;
+use agentrun_e2e::ledger::LedgerEvent;
+use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
+use agentrun_operator::api::{CheckpointState, RunPhase, StepPhase};
+use serde_json::{Value, json};
+use tokio::sync::RwLock;
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(240);
+const STEPS: usize = 60;
+
+/// The AgentRun CRD is the cluster's: the test that replaces it holds this
+/// exclusively, the others shared.
+static CRD: RwLock<()> = RwLock::const_new(());
+
+/// `n` quick steps of every effect in turn.
+fn long_spec(n: usize) -> Value {
+    let effects = ["None", "Idempotent", "NonIdempotent"];
+    let steps: Vec<Value> = (0..n)
+        .map(|i| sim_step(&format!("s{i:02}"), effects[i % 3], json!({"runMs": 5})))
+        .collect();
+    json!({ "steps": steps })
+}
+
+/// The run as the API server stores it.
+async fn stored(s: &Scenario, run: &str) -> Value {
+    let out = kubectl_ok(["get", "agentrun", run, "-n", s.namespace(), "-o", "json"]).await;
+    serde_json::from_str(&out).expect("kubectl get -o json prints JSON")
+}
+
+/// How many Pods the kubelet started for each step of `run`.
+fn starts(s: &Scenario, run: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for e in s.ledger().entries {
+        if e.event == LedgerEvent::Started && e.run.as_deref() == Some(run) {
+            *out.entry(e.step.unwrap_or_default()).or_default() += 1;
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_long_run_archives_its_oldest_checkpoints_and_runs_each_step_once_across_a_restart() {
+    let _crd = CRD.read().await;
+    let mut s = Scenario::start("long-archive").await;
+    s.create_run("long", long_spec(STEPS)).await;
+
+    // The operator is killed once the archive is stored, and started again.
+    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
+    while stored(&s, "long").await["status"]["archivedSteps"]["count"] != json!(25) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no archive within {RUN_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    s.kill_operator().await;
+    s.start_operator(None);
+
+    let run = s.wait_finished("long", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    // Read back: every checkpoint, in order, each committed once.
+    let st = status(&run);
+    let names: Vec<&str> = st.steps.iter().map(|c| c.name.as_str()).collect();
+    let want: Vec<String> = (0..STEPS).map(|i| format!("s{i:02}")).collect();
+    assert_eq!(names, want, "every checkpoint, in start order");
+    for c in &st.steps {
+        assert_eq!(c.phase, StepPhase::Succeeded, "{c:?}");
+        assert_eq!(c.checkpoint, CheckpointState::Committed, "{c:?}");
+        assert_eq!(c.attempt, 1, "{c:?}");
+    }
+    // As stored: the oldest 25 archived, 35 readable.
+    let raw = stored(&s, "long").await;
+    assert_eq!(
+        raw["status"]["archivedSteps"]["count"], 25,
+        "{}",
+        raw["status"]
+    );
+    let inline = raw["status"]["steps"].as_array().expect("status.steps");
+    assert_eq!(inline.len(), STEPS - 25);
+    assert_eq!(inline[0]["name"], "s25");
+    // Each step's Pod started once: the archive is never mistaken for steps not run.
+    let starts = starts(&s, "long");
+    assert_eq!(starts.len(), STEPS, "{starts:?}");
+    assert!(starts.values().all(|&n| n == 1), "{starts:?}");
+    s.finish().await;
+}
+
+/// Puts the installed AgentRun CRD back when dropped (the test may panic).
+struct RestoreCrd(Value);
+
+impl Drop for RestoreCrd {
+    fn drop(&mut self) {
+        let file = std::env::temp_dir().join(format!("agentrun-crd-{}.json", std::process::id()));
+        std::fs::write(&file, self.0.to_string()).expect("writing the CRD");
+        let status = std::process::Command::new(agentrun_e2e::support::kubectl::kubectl_binary())
+            .args(["replace", "-f"])
+            .arg(&file)
+            .status()
+            .expect("running kubectl replace");
+        assert!(status.success(), "putting the AgentRun CRD back failed");
+    }
+}
+
+#[tokio::test]
+async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
+    let _crd = CRD.write().await;
+    // The test environment installs the CRDs of this tree as it starts: the
+    // older one replaces it afterwards, before the run is created.
+    let s = Scenario::start("long-pruned").await;
+    let crd_json = kubectl_ok(["get", "crd", "agentruns.agentrun.dev", "-o", "json"]).await;
+    let installed: Value = serde_json::from_str(&crd_json).unwrap();
+    let mut original = installed.clone();
+    for k in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "generation",
+        "managedFields",
+    ] {
+        original["metadata"].as_object_mut().unwrap().remove(k);
+    }
+    original.as_object_mut().unwrap().remove("status");
+    let restore = RestoreCrd(original.clone());
+    // The CRD as it was before the archive existed: no status.archivedSteps.
+    let mut older = installed.clone();
+    older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        .as_object_mut()
+        .unwrap()
+        .remove("archivedSteps")
+        .expect("the installed CRD has status.archivedSteps");
+    let file = std::env::temp_dir().join(format!("agentrun-older-crd-{}.json", std::process::id()));
+    std::fs::write(&file, older.to_string()).unwrap();
+    kubectl_ok(["replace", "-f", file.to_str().unwrap()]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // the apiserver serves the new schema
+
+    let n = 55;
+    s.create_run("pruned", long_spec(n)).await;
+    let run = s.wait_finished("pruned", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    assert_eq!(status(&run).steps.len(), n);
+    let raw = stored(&s, "pruned").await;
+    assert!(
+        raw["status"].get("archivedSteps").is_none(),
+        "{}",
+        raw["status"]
+    );
+    assert_eq!(raw["status"]["steps"].as_array().map(Vec::len), Some(n));
+    let starts = starts(&s, "pruned");
+    assert_eq!(starts.len(), n, "{starts:?}");
+    assert!(starts.values().all(|&k| k == 1), "{starts:?}");
+    let log = std::fs::read_to_string(s.operator_log()).unwrap_or_default();
+    assert!(
+        log.contains("the API server dropped status.archivedSteps"),
+        "the operator says why it keeps every checkpoint inline"
+    );
+    s.finish().await;
+    drop(restore);
+}
