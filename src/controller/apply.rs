@@ -310,6 +310,10 @@ pub(super) async fn apply(
             }
             Action::ReleaseFinalizer { pod: pod_name } => {
                 let cached = world.pods.iter().find(|p| p.name_any() == pod_name);
+                // Behind the starts of the first round after a start (`resume`).
+                if ctx.resume.hold_release(&ns, &pod_name, cached) {
+                    continue;
+                }
                 if let Some(released) = release_finalizer(&pods, cached, &pod_name)
                     .await
                     .map_err(|e| fail(format!("releasing finalizer of pod {pod_name}"), e))?
@@ -399,8 +403,14 @@ pub(super) async fn apply(
                     action,
                     secondary: None,
                 };
-                // Events are best effort and never delay the run.
-                ctx.events.publish(event, run.object_ref(&()));
+                // Events are best effort and never delay the run; the
+                // routine ones wait behind the first round's starts.
+                let regarding = run.object_ref(&());
+                if !ROUTINE_STEP_EVENTS.contains(&reason) {
+                    ctx.events.publish(event, regarding);
+                } else if let Some((event, regarding)) = ctx.resume.hold_event(event, regarding) {
+                    ctx.events.publish(event, regarding);
+                }
             }
         }
     }

@@ -27,6 +27,7 @@ mod orphans;
 mod owned;
 mod queue;
 mod reconcile;
+mod resume;
 mod status_write;
 mod step_pod;
 
@@ -151,6 +152,8 @@ pub struct Context {
     history: Option<crate::history::Settings>,
     /// The operator watches every namespace (and may read them).
     all_namespaces: bool,
+    /// The first round after a start, and the work held behind it.
+    resume: Arc<resume::Lane>,
 }
 
 /// Reconciles that do work at once, granted first come, first served
@@ -318,6 +321,7 @@ pub async fn run(
         capacity: capacity::Capacity::new(scope.caps.clone()),
         history: scope.history.clone(),
         all_namespaces: scope.namespace.is_none(),
+        resume: Arc::default(),
     });
     if let Some(history) = scope.history.clone() {
         tokio::spawn(history::prune_now_and_then(

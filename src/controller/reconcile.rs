@@ -204,16 +204,20 @@ fn fork_source(run: &AgentRun, ctx: &Context) -> Option<AgentRun> {
 /// logged and decides when the run is tried again ([`error_policy`]).
 pub(super) async fn reconcile(run: super::RunRef, ctx: Arc<Context>) -> Action {
     ctx.caches_synced().await;
+    ctx.resume.begin(&ctx);
     let Some(guard) = ctx.runs.get(&run) else {
+        ctx.resume.reconciled(&ctx, &run);
         return Action::await_change(); // deleted
     };
-    match reconcile_one(guard.clone(), ctx.clone()).await {
+    let action = match reconcile_one(guard.clone(), ctx.clone()).await {
         Ok(action) => action,
         Err(err) => {
             warn!(%run, error = %err, category = ?err.category(), "reconcile failed");
-            error_policy(guard, &err, ctx)
+            error_policy(guard, &err, ctx.clone())
         }
-    }
+    };
+    ctx.resume.reconciled(&ctx, &run);
+    action
 }
 
 #[instrument(skip(guard, ctx), fields(run = %guard.name_any(), namespace = guard.namespace().unwrap_or_default()))]

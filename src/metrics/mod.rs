@@ -67,6 +67,13 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// Label set `{kind="…"}` of the work held behind the first round after a
+/// start: `release` (a result finalizer) or `event` (a routine Event).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
 /// A notification delivery attempt: the channel and what came of it
 /// (`delivered`, `retry`, `failed`, `refused`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -124,6 +131,9 @@ pub struct Metrics {
     /// Reads or writes of the run history that failed.
     pub history_errors: Counter,
     pub status_writes: Family<ResultLabel, Counter>,
+    /// Finalizer releases and routine Events held until the first round
+    /// after a start was over (`controller::resume`).
+    pub held_behind_starts: Family<KindLabel, Counter>,
     pub step_duration: HistogramFamily<AttemptLabels>,
     pub handoff_latency: Histogram,
     pub approval_wait: Histogram,
@@ -161,6 +171,7 @@ impl Metrics {
             history_records: Counter::default(),
             history_errors: Counter::default(),
             status_writes: Family::default(),
+            held_behind_starts: Family::default(),
             step_duration: Family::new_with_constructor(long_durations),
             handoff_latency: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             approval_wait: long_durations(),
@@ -250,6 +261,11 @@ impl Metrics {
             Info::new(BuildLabels {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
             }),
+        );
+        r.register(
+            "held_behind_starts",
+            "Finalizer releases and routine Events held until every run found at a start had been reconciled once, by kind",
+            m.held_behind_starts.clone(),
         );
         r.register(
             "status_writes",
@@ -387,6 +403,15 @@ impl Metrics {
                 result: result.to_owned(),
             })
             .inc();
+    }
+
+    /// Work held behind the first round after a start.
+    pub fn held_behind_starts(&self, kind: &str, n: usize) {
+        self.held_behind_starts
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            })
+            .inc_by(n as u64);
     }
 
     /// Counts a reconcile holding a slot until the guard is dropped.

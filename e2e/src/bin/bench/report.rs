@@ -161,6 +161,7 @@ pub fn summary(
             "\nResume, {} runs in flight, operator SIGKILLed and restarted: ready (caches listed) after {} s; \
              every run has its next Pod after {} s (p50 {} s); all runs finished after {} s; \
              duplicate Pods {} (total over repeats), steps executed more than once {}; creates suppressed {}; \
+             held behind the starts until every run was reconciled once: {} finalizer releases, {} Events; \
              operator RSS idle {} MiB, peak after the restart (VmHWM, {} runs and their Pods in cache) {} MiB, i.e. {} KiB per run\n",
             resumes[0].runs,
             spread(per(&|r| r.ready_s), 2),
@@ -174,6 +175,8 @@ pub fn summary(
             resumes.iter().map(|r| r.duplicate_pods).sum::<usize>(),
             resumes.iter().map(|r| r.duplicate_executions).sum::<usize>(),
             spread(per(&|r| r.suppressed_creates), 0),
+            spread(per(&|r| r.held_releases), 0),
+            spread(per(&|r| r.held_events), 0),
             spread(per(&|r| mib(r.rss_idle_kib)), 1),
             resumes[0].runs,
             spread(per(&|r| mib(r.hwm_kib)), 1),

@@ -32,6 +32,10 @@ pub struct Resume {
     pub duplicate_pods: usize,
     pub duplicate_executions: usize,
     pub suppressed_creates: f64,
+    /// Finalizer releases and routine Events the restarted operator held
+    /// until every run it found had been reconciled once.
+    pub held_releases: f64,
+    pub held_events: f64,
     pub rss_idle_kib: u64,
     pub hwm_kib: u64,
 }
@@ -40,7 +44,8 @@ impl Resume {
     pub fn line(&self) -> String {
         format!(
             "resume runs={} repeat={}: operator ready {:.2} s after restart; every run has its next Pod after {:.2} s (p50 {:.2} s); \
-             all finished after {:.1} s; duplicate Pods {}, steps executed more than once {}, creates suppressed {}; RSS idle {} KiB, peak after restart {} KiB",
+             all finished after {:.1} s; duplicate Pods {}, steps executed more than once {}, creates suppressed {}; \
+             held behind the starts: {} finalizer releases, {} Events; RSS idle {} KiB, peak after restart {} KiB",
             self.runs,
             self.repeat,
             self.ready_s,
@@ -50,6 +55,8 @@ impl Resume {
             self.duplicate_pods,
             self.duplicate_executions,
             self.suppressed_creates,
+            self.held_releases,
+            self.held_events,
             self.rss_idle_kib,
             self.hwm_kib
         )
@@ -175,6 +182,14 @@ pub async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume>
         duplicate_pods,
         duplicate_executions,
         suppressed_creates: metric(&op_metrics, "agentrun_duplicate_creates_suppressed_total"),
+        held_releases: metric(
+            &op_metrics,
+            "agentrun_held_behind_starts_total{kind=\"release\"}",
+        ),
+        held_events: metric(
+            &op_metrics,
+            "agentrun_held_behind_starts_total{kind=\"event\"}",
+        ),
         rss_idle_kib: rss_idle,
         hwm_kib: hwm,
     };
