@@ -12,8 +12,6 @@ use std::time::Duration;
 use agentrun_e2e::ledger::LedgerEvent;
 use agentrun_e2e::support::scenario::{Scenario, phase, sim_step, status};
 use agentrun_operator::api::{RunPhase, StepPhase};
-use agentrun_operator::labels;
-use kube::ResourceExt;
 use serde_json::json;
 
 const RUNS: usize = 12;
@@ -63,25 +61,7 @@ async fn after_a_restart_every_run_gets_its_next_pod_and_the_held_releases_follo
     assert_eq!(starts.len(), 2 * RUNS, "{starts:?}");
     assert!(starts.values().all(|&n| n == 1), "{starts:?}");
     // The releases held in the first round were sent: no step Pod keeps the finalizer.
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let held: Vec<String> = s
-            .list_pods()
-            .await
-            .iter()
-            .filter(|p| p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
-            .map(|p| p.name_any())
-            .collect();
-        if held.is_empty() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "step Pods still hold {}: {held:?}",
-            labels::RESULT_FINALIZER
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    s.wait_finalizers_released(TIMEOUT).await;
     let log = without_colours(&std::fs::read_to_string(s.operator_log()).unwrap_or_default());
     // The log holds both operators' lines: the restarted one's come last.
     let line = log

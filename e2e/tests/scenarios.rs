@@ -973,25 +973,7 @@ async fn no_pod_keeps_the_result_finalizer_after_its_run_is_gone() {
             .expect("deletion accepted");
         agentrun_e2e::wait_for_deleted(&s.runs(), run, Duration::from_secs(30)).await;
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let held: Vec<String> = s
-            .list_pods()
-            .await
-            .into_iter()
-            .filter(|p| p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
-            .map(|p| p.name_any())
-            .collect();
-        if held.is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pods still hold {}: {held:?}",
-            labels::RESULT_FINALIZER
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    s.wait_finalizers_released(Duration::from_secs(30)).await;
     // The orphaned run's Pod stays (that is what Orphan asks for), released.
     let left: Vec<String> = s.list_pods().await.iter().map(|p| p.name_any()).collect();
     assert_eq!(left.len(), 1, "{left:?}");

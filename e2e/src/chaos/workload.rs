@@ -229,25 +229,37 @@ pub const LONG_STEPS: usize = 72;
 /// The `j`th step a long run adds: quick, of each effect in turn, no fault
 /// of its own (the driver's evictions, deletes and kills still find it).
 fn long_step(j: usize) -> StepPlan {
-    StepPlan {
-        name: format!("t{j:02}-{}", VERBS[j % VERBS.len()]),
-        effect: ["None", "Idempotent", "NonIdempotent"][j % 3],
-        fail_times: 0,
-        fails_not_applied: false,
-        retry_limit: 0,
-        backoff_ms: (200, 1000),
-        approval: false,
-        run_ms: 20,
-        compensate: false,
-        depends_on: vec![],
-        fresh_for_ms: None,
-        timeout_ms: None,
-        edit_in_backoff: false,
-        evictions: 0,
-        pending_ms: 0,
-        wait_ms: None,
-        signal: false,
-        verify: None,
+    StepPlan::quick(
+        format!("t{j:02}-{}", VERBS[j % VERBS.len()]),
+        ["None", "Idempotent", "NonIdempotent"][j % 3],
+        20,
+    )
+}
+
+impl StepPlan {
+    /// A step that succeeds on its first attempt after `run_ms`: no gate, no
+    /// fault of its own.
+    fn quick(name: String, effect: &'static str, run_ms: u64) -> StepPlan {
+        StepPlan {
+            name,
+            effect,
+            fail_times: 0,
+            fails_not_applied: false,
+            retry_limit: 0,
+            backoff_ms: (200, 1000),
+            approval: false,
+            run_ms,
+            compensate: false,
+            depends_on: vec![],
+            fresh_for_ms: None,
+            timeout_ms: None,
+            edit_in_backoff: false,
+            evictions: 0,
+            pending_ms: 0,
+            wait_ms: None,
+            signal: false,
+            verify: None,
+        }
     }
 }
 
@@ -263,30 +275,24 @@ fn base_step(rng: &mut Rng, i: usize) -> StepPlan {
     } else {
         fail_times + rng.below(2) as u32
     };
+    // Drawn in the order they always were: every seed's workload stays as it was.
+    let name = format!("s{i}-{}", rng.pick(&VERBS));
+    let fails_not_applied = rng.chance(0.5);
+    let approval = rng.chance(0.12);
+    // Mostly quick steps; some slow enough to be caught mid-run.
+    let run_ms = if rng.chance(0.15) {
+        rng.range(1000, 3000)
+    } else {
+        rng.range(20, 300)
+    };
+    let compensate = effect == "NonIdempotent" && rng.chance(0.3);
     StepPlan {
-        name: format!("s{i}-{}", rng.pick(&VERBS)),
-        effect,
         fail_times,
-        fails_not_applied: rng.chance(0.5),
+        fails_not_applied,
         retry_limit,
-        backoff_ms: (200, 1000),
-        approval: rng.chance(0.12),
-        // Mostly quick steps; some slow enough to be caught mid-run.
-        run_ms: if rng.chance(0.15) {
-            rng.range(1000, 3000)
-        } else {
-            rng.range(20, 300)
-        },
-        compensate: effect == "NonIdempotent" && rng.chance(0.3),
-        depends_on: vec![],
-        fresh_for_ms: None,
-        timeout_ms: None,
-        edit_in_backoff: false,
-        evictions: 0,
-        pending_ms: 0,
-        wait_ms: None,
-        signal: false,
-        verify: None,
+        approval,
+        compensate,
+        ..StepPlan::quick(name, effect, run_ms)
     }
 }
 

@@ -288,6 +288,34 @@ impl Scenario {
             .unwrap_or_else(|e| panic!("deciding {approval}: {e}"));
     }
 
+    /// Waits until no step Pod of the namespace holds the result finalizer
+    /// (D5); panics with the ones that still do after `timeout`.
+    pub async fn wait_finalizers_released(&self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let held: Vec<String> = self
+                .list_pods()
+                .await
+                .iter()
+                .filter(|p| {
+                    p.finalizers()
+                        .iter()
+                        .any(|f| f == agentrun_operator::labels::RESULT_FINALIZER)
+                })
+                .map(|p| p.name_any())
+                .collect();
+            if held.is_empty() {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "step Pods still hold {}: {held:?}",
+                agentrun_operator::labels::RESULT_FINALIZER
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Stops the processes and deletes the namespace.
     pub async fn finish(mut self) {
         self.kill_operator().await;
