@@ -699,7 +699,7 @@ const PROVEN_ELSEWHERE: &[(&str, &str)] = &[
     ),
     (
         " and can no longer be decided",
-        "scenarios.rs: an_approval_releases_only_the_step_it_was_asked_about",
+        "scenarios/approvals.rs: an_approval_releases_only_the_step_it_was_asked_about",
     ),
     (
         "spec.votes: each user votes once",
