@@ -4,7 +4,8 @@
 #   make test          everything CI runs: lint, CRD drift, unit tests, and the
 #                      integration tests on a real local control plane (with promtool,
 #                      lua and Jaeger for the alert, GitOps and trace tests, and a
-#                      throwaway PostgreSQL for the history store tests)
+#                      throwaway PostgreSQL for the history store tests); the operator
+#                      image (make image) for the install in the cluster on the real node
 #   make cluster-up    build (if needed) and start the local control plane
 #   make cluster-down  stop it (and the node, if one is up)
 #   make node-up       the plane plus a real node (kubelet, containerd, runc; root)
@@ -133,6 +134,7 @@ integration:
 
 test: lint check-crds unit sdk-test
 	$(CARGO) build --workspace --bins --locked
+	release/build image
 	$(CLUSTER) build
 	$(CLUSTER) node build
 	$(CLUSTER) tools
@@ -238,3 +240,4 @@ node-down:
 # The step images as OCI tarballs (what e2e/kind/run.sh loads into kind).
 images:
 	$(CLUSTER) images
+
