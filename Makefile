@@ -4,7 +4,10 @@
 #   make test          everything CI runs: lint, CRD drift, unit tests, and the
 #                      integration tests on a real local control plane (with promtool,
 #                      lua and Jaeger for the alert, GitOps and trace tests, and a
-#                      throwaway PostgreSQL for the history store tests)
+#                      throwaway PostgreSQL for the history store tests); the operator
+#                      image (make image) for the install in the cluster on the real node
+#   make test-upgrade  the chart and image of an earlier commit (UPGRADE_FROM) on the real
+#                      node, runs in flight, then the upgrade to this checkout's
 #   make cluster-up    build (if needed) and start the local control plane
 #   make cluster-down  stop it (and the node, if one is up)
 #   make node-up       the plane plus a real node (kubelet, containerd, runc; root)
@@ -133,6 +136,7 @@ integration:
 
 test: lint check-crds unit sdk-test
 	$(CARGO) build --workspace --bins --locked
+	release/build image
 	$(CLUSTER) build
 	$(CLUSTER) node build
 	$(CLUSTER) tools
@@ -224,7 +228,7 @@ chaos:
 # ---------------------------------------------------------------------------
 # The real local node and the step SDKs (e2e/cluster node ..., sdk/). `test` brings the
 # node up after the plane; e2e/tests/node.rs runs on it and fails without it.
-.PHONY: sdk-test node-up node-down images
+.PHONY: sdk-test node-up node-down images test-upgrade
 
 sdk-test:
 	cd sdk/python && python3 -m unittest -v
@@ -238,3 +242,31 @@ node-down:
 # The step images as OCI tarballs (what e2e/kind/run.sh loads into kind).
 images:
 	$(CLUSTER) images
+
+# An upgrade with runs in flight (e2e/tests/upgrade.rs): the chart and the operator image
+# of UPGRADE_FROM, built the same way from a worktree of it under target/upgrade with a
+# target directory of its own (kept, so a second run only builds this checkout), installed
+# on the real node; runs mid-step, waiting for an approval and in backoff; then the
+# upgrade to this checkout as docs/install.md, "Upgrading", says. UPGRADE_FROM predates
+# spec.steps becoming an atomic list with a CEL uniqueness rule, so the upgrade crosses a
+# CRD change. Not part of `make test` (see docs/install.md for its time).
+UPGRADE_FROM ?= ce26e079637a921411ecb5b37dff78f71a8c2c46
+UPGRADE_DIR := $(CURDIR)/target/upgrade
+UPGRADE_SRC := $(UPGRADE_DIR)/src-$(UPGRADE_FROM)
+UPGRADE_DIST := $(UPGRADE_DIR)/dist-$(UPGRADE_FROM)
+
+test-upgrade:
+	$(CARGO) build --workspace --bins --locked
+	release/build image
+	if [ ! -d $(UPGRADE_SRC) ]; then git worktree prune; \
+	  git worktree add --quiet --detach $(UPGRADE_SRC) $(UPGRADE_FROM); fi
+	if ! ls $(UPGRADE_DIST)/agentrun-operator-image-*.tar >/dev/null 2>&1; then \
+	  (cd $(UPGRADE_SRC) && CARGO_TARGET_DIR=$(UPGRADE_DIR)/target release/build image --out $(UPGRADE_DIST)); fi
+	$(CLUSTER) build
+	$(CLUSTER) node build
+	$(CLUSTER) tools
+	trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; $(CLUSTER) node up; \
+	  eval "$$($(CLUSTER) env)"; \
+	  AGENTRUN_UPGRADE_FROM_SRC=$(UPGRADE_SRC) \
+	  AGENTRUN_UPGRADE_FROM_IMAGE=$$(ls $(UPGRADE_DIST)/agentrun-operator-image-*.tar) \
+	  $(CARGO) test --locked -p agentrun-e2e --features upgrade --test upgrade -- --nocapture

@@ -23,6 +23,7 @@ pub mod support {
     pub mod env;
     pub mod history;
     pub mod http;
+    pub mod incluster;
     pub mod jaeger;
     pub mod kubectl;
     pub mod namespace;

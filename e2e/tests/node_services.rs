@@ -16,16 +16,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use agentrun_e2e::support::node::{
-    NODE_NAME, REFUND_AGENT_IMAGE, e2e_dir, node_scenario, place_namespace_on_node, require_node,
+    NODE_NAME, e2e_dir, node_scenario, place_namespace_on_node, require_node, run_probe,
 };
 use agentrun_e2e::support::scenario::{phase, step_checkpoint};
 use agentrun_e2e::{TestEnv, kubectl_ok, repo_root, wait_for};
 use agentrun_operator::api::RunPhase;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::{Api, Client};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::RwLock;
 
 /// Pods start in seconds, but the machine is shared with builds.
@@ -34,80 +34,6 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// Held shared by the tests that use the node, exclusively by the one that restarts it.
 static NODE: RwLock<()> = RwLock::const_new(());
-
-/// Runs `script` (Python) in a Pod of the example image on the node and returns what it
-/// wrote to its termination message, as JSON. `container` adds fields to the container
-/// (env, mounts), `volumes` are the Pod's. Panics, with the message (the traceback on
-/// failure), unless the Pod ran on the node and succeeded.
-async fn run_probe(
-    client: &Client,
-    namespace: &str,
-    script: &str,
-    container: Value,
-    volumes: Value,
-) -> Value {
-    let name = "probe";
-    let mut probe = json!({
-        "name": name,
-        "image": REFUND_AGENT_IMAGE,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["python3", "-c", script],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    });
-    if let (Some(probe), Value::Object(extra)) = (probe.as_object_mut(), container) {
-        probe.extend(extra);
-    }
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": false,
-            "nodeSelector": {"agentrun.dev/node": "real"},
-            "tolerations": [{"key": "agentrun.dev/node", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [probe],
-            "volumes": volumes,
-        },
-    }))
-    .expect("a Pod");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .unwrap_or_else(|e| panic!("creating Pod {name}: {e}"));
-    let done = wait_for(
-        &pods,
-        name,
-        |p: Option<&Pod>| matches!(pod_phase(p).as_deref(), Some("Succeeded") | Some("Failed")),
-        POD_TIMEOUT,
-    )
-    .await
-    .expect("the Pod exists");
-    let message = done
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.first())
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.terminated.as_ref())
-        .and_then(|t| t.message.clone())
-        .unwrap_or_default();
-    assert_eq!(
-        pod_phase(Some(&done)).as_deref(),
-        Some("Succeeded"),
-        "probe {name} failed:\n{message}"
-    );
-    assert_eq!(
-        done.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-        Some(NODE_NAME)
-    );
-    serde_json::from_str(&message)
-        .unwrap_or_else(|e| panic!("probe {name} wrote no JSON ({e}):\n{message}"))
-}
-
-fn pod_phase(p: Option<&Pod>) -> Option<String> {
-    p.and_then(|p| p.status.as_ref())
-        .and_then(|s| s.phase.clone())
-}
 
 /// Applies examples/refund-agent/deploy.yaml as it is (its comment's command) and waits
 /// until the payments Deployment has an available replica.

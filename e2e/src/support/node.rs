@@ -17,8 +17,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node};
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::process::Command;
@@ -226,4 +226,81 @@ pub fn e2e_dir() -> PathBuf {
 /// A step container of one of the node's images (never pulled: imported by `node up`).
 pub fn container(image: &str, args: &[&str], env: Value) -> Value {
     json!({"image": image, "imagePullPolicy": "IfNotPresent", "args": args, "env": env})
+}
+
+/// How long a probe Pod may take: Pods start in seconds, but the machine is shared with builds.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Runs `script` (Python) in a Pod of the example image on the node and returns what it
+/// wrote to its termination message, as JSON. `container` adds fields to the container
+/// (env, mounts), `volumes` are the Pod's. Panics, with the message (the traceback on
+/// failure), unless the Pod ran on the node and succeeded.
+pub async fn run_probe(
+    client: &Client,
+    namespace: &str,
+    script: &str,
+    container: Value,
+    volumes: Value,
+) -> Value {
+    let name = "probe";
+    let mut probe = json!({
+        "name": name,
+        "image": REFUND_AGENT_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-c", script],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    });
+    if let (Some(probe), Value::Object(extra)) = (probe.as_object_mut(), container) {
+        probe.extend(extra);
+    }
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "nodeSelector": {"agentrun.dev/node": "real"},
+            "tolerations": [{"key": "agentrun.dev/node", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [probe],
+            "volumes": volumes,
+        },
+    }))
+    .expect("a Pod");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating Pod {name}: {e}"));
+    let done = super::wait::wait_for(
+        &pods,
+        name,
+        |p: Option<&Pod>| matches!(pod_phase(p).as_deref(), Some("Succeeded") | Some("Failed")),
+        PROBE_TIMEOUT,
+    )
+    .await
+    .expect("the Pod exists");
+    let message = done
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.message.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        pod_phase(Some(&done)).as_deref(),
+        Some("Succeeded"),
+        "probe {name} failed:\n{message}"
+    );
+    assert_eq!(
+        done.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(NODE_NAME)
+    );
+    serde_json::from_str(&message)
+        .unwrap_or_else(|e| panic!("probe {name} wrote no JSON ({e}):\n{message}"))
+}
+
+fn pod_phase(p: Option<&Pod>) -> Option<String> {
+    p.and_then(|p| p.status.as_ref())
+        .and_then(|s| s.phase.clone())
 }
