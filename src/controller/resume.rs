@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::runtime::events::Event;
 use kube::runtime::reflector::ObjectRef;
@@ -54,6 +55,23 @@ struct State {
     /// Finalizer releases held, by (namespace, Pod), with the cached Pod.
     releases: BTreeMap<(String, String), Option<Pod>>,
     events: Vec<(Event, ObjectReference)>,
+}
+
+/// What the release of a held Pod reads of it (its finalizers, whether it
+/// ended: `apply::release_finalizer`), and nothing else: a thousand resumed
+/// runs hold a thousand of these.
+fn sketch(pod: &Pod) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            finalizers: pod.metadata.finalizers.clone(),
+            ..ObjectMeta::default()
+        },
+        status: pod.status.as_ref().map(|s| PodStatus {
+            phase: s.phase.clone(),
+            ..PodStatus::default()
+        }),
+        ..Pod::default()
+    }
 }
 
 /// What the round held, sent when it ends.
@@ -109,7 +127,7 @@ impl Lane {
         }
         state
             .releases
-            .insert((namespace.to_owned(), pod.to_owned()), cached.cloned());
+            .insert((namespace.to_owned(), pod.to_owned()), cached.map(sketch));
         true
     }
 
