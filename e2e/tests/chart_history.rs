@@ -42,7 +42,21 @@ fn chart_history_defaults_to_runrecords_for_720h() {
         ]
     );
     assert!(env_named(&d, "AGENTRUN_HISTORY_DATABASE_URL").is_none());
-    assert!(d["spec"]["template"]["spec"]["volumes"].is_null());
+    assert_eq!(volume_names(&d), ["kube-api-access"], "no CA volume");
+}
+
+/// The names of the Deployment's volumes; the operator's own token
+/// (`kube-api-access`) is always one.
+fn volume_names(d: &Value) -> Vec<&str> {
+    d["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .map(|vs| vs.iter().filter_map(|v| v["name"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// The item of `list` (volumes, volume mounts) named `name`.
+fn named<'v>(list: &'v Value, name: &str) -> Option<&'v Value> {
+    list.as_array()?.iter().find(|v| v["name"] == name)
 }
 
 #[test]
@@ -74,7 +88,7 @@ fn chart_history_in_postgres_takes_the_url_from_a_secret_only() {
             "valueFrom": {"secretKeyRef": {"name": "agentrun-history-db", "key": "DATABASE_URL"}},
         }))
     );
-    assert!(d["spec"]["template"]["spec"]["volumes"].is_null());
+    assert_eq!(volume_names(&d), ["kube-api-access"], "no CA volume");
 
     // A private CA: mounted from its Secret, read-only, named by the flag.
     let d = deployment(&[
@@ -92,16 +106,22 @@ fn chart_history_in_postgres_takes_the_url_from_a_secret_only() {
         "{:?}",
         history_args(&d)
     );
+    assert_eq!(volume_names(&d), ["kube-api-access", "history-database-ca"]);
     assert_eq!(
-        d["spec"]["template"]["spec"]["volumes"],
-        json!([{"name": "history-database-ca", "secret": {
+        named(
+            &d["spec"]["template"]["spec"]["volumes"],
+            "history-database-ca"
+        ),
+        Some(&json!({"name": "history-database-ca", "secret": {
             "secretName": "agentrun-history-db-ca",
             "items": [{"key": "ca.crt", "path": "ca.crt"}],
-        }}])
+        }}))
     );
     assert_eq!(
-        container(&d)["volumeMounts"],
-        json!([{"name": "history-database-ca", "mountPath": "/etc/agentrun/history-database-ca", "readOnly": true}])
+        named(&container(&d)["volumeMounts"], "history-database-ca"),
+        Some(
+            &json!({"name": "history-database-ca", "mountPath": "/etc/agentrun/history-database-ca", "readOnly": true})
+        )
     );
     for strict in [false, true] {
         let mut cmd = helm_cmd();
