@@ -102,13 +102,17 @@ async fn a_long_run_archives_its_oldest_checkpoints_and_runs_each_step_once_acro
     s.finish().await;
 }
 
-/// Puts the installed AgentRun CRD back when dropped (the test may panic).
-struct RestoreCrd(Value);
+/// Puts the installed AgentRun CRD back: [`RestoreCrd::now`], or when
+/// dropped (the test may panic).
+struct RestoreCrd(Option<Value>);
 
-impl Drop for RestoreCrd {
-    fn drop(&mut self) {
+impl RestoreCrd {
+    fn now(&mut self) {
+        let Some(crd) = self.0.take() else {
+            return;
+        };
         let file = std::env::temp_dir().join(format!("agentrun-crd-{}.json", std::process::id()));
-        std::fs::write(&file, self.0.to_string()).expect("writing the CRD");
+        std::fs::write(&file, crd.to_string()).expect("writing the CRD");
         let status = std::process::Command::new(agentrun_e2e::support::kubectl::kubectl_binary())
             .args(["replace", "-f"])
             .arg(&file)
@@ -118,12 +122,55 @@ impl Drop for RestoreCrd {
     }
 }
 
+impl Drop for RestoreCrd {
+    fn drop(&mut self) {
+        self.now();
+    }
+}
+
+/// Waits until the API server keeps `status.archivedSteps` (`kept`) or
+/// prunes it: it serves a replaced CRD's schema a moment after the replace,
+/// and an operator whose dry run meets the older schema keeps every
+/// checkpoint inline for its lifetime.
+async fn wait_archive_served(s: &Scenario, run: &str, kept: bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = kubectl_ok([
+            "patch",
+            "agentrun",
+            run,
+            "-n",
+            s.namespace(),
+            "--subresource=status",
+            "--type=merge",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-p",
+            r#"{"status":{"archivedSteps":{"count":0,"data":""}}}"#,
+        ])
+        .await;
+        let answer: Value = serde_json::from_str(&out).expect("kubectl patch -o json prints JSON");
+        if answer["status"]["archivedSteps"].is_object() == kept {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "status.archivedSteps kept: {} 60 s after the CRD was replaced",
+            !kept
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
     let _crd = CRD.write().await;
     // The test environment installs the CRDs of this tree as it starts: the
     // older one replaces it afterwards, before the run is created.
-    let s = Scenario::start("long-pruned").await;
+    // The operator starts once the older CRD is served: replacing a CRD
+    // under a running operator's watch is not what this test is about.
+    let mut s = Scenario::start_without_operator("long-pruned").await;
     let crd_json = kubectl_ok(["get", "crd", "agentruns.agentrun.dev", "-o", "json"]).await;
     let installed: Value = serde_json::from_str(&crd_json).unwrap();
     let mut original = installed.clone();
@@ -137,7 +184,7 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
         original["metadata"].as_object_mut().unwrap().remove(k);
     }
     original.as_object_mut().unwrap().remove("status");
-    let restore = RestoreCrd(original.clone());
+    let mut restore = RestoreCrd(Some(original.clone()));
     // The CRD as it was before the archive existed: no status.archivedSteps.
     let mut older = installed.clone();
     older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
@@ -148,10 +195,10 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
     let file = std::env::temp_dir().join(format!("agentrun-older-crd-{}.json", std::process::id()));
     std::fs::write(&file, older.to_string()).unwrap();
     kubectl_ok(["replace", "-f", file.to_str().unwrap()]).await;
-    tokio::time::sleep(Duration::from_secs(3)).await; // the apiserver serves the new schema
-
     let n = 55;
     s.create_run("pruned", long_spec(n)).await;
+    wait_archive_served(&s, "pruned", false).await;
+    s.start_operator(None);
     let run = s.wait_finished("pruned", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
     assert_eq!(status(&run).steps.len(), n);
@@ -170,6 +217,7 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
         log.contains("the API server dropped status.archivedSteps"),
         "the operator says why it keeps every checkpoint inline"
     );
+    restore.now();
+    wait_archive_served(&s, "pruned", true).await;
     s.finish().await;
-    drop(restore);
 }
