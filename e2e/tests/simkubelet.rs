@@ -618,8 +618,10 @@ async fn restarted_simkubelet_resumes_running_pods_and_reruns_nothing() {
         .await;
     fx.wait("quick", "terminated", is_terminated()).await;
     let running = fx.wait("slow", "Running", is_running()).await;
-    fx.stop_simkubelet().await;
+    // simkubelet writes the Running status, then the ledger line: stopped in
+    // between, the start would never be recorded.
     let before = eventually_ledger(&fx, |l| l.executions().count() == 2).await;
+    fx.stop_simkubelet().await;
     assert_eq!(before.executions().count(), 2, "{before:?}");
 
     fx.start_simkubelet();
