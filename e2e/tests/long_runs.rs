@@ -4,7 +4,8 @@
 //! moves: every step runs once, across an operator restart, and every
 //! checkpoint reads back. Under an AgentRun CRD that prunes the archive (one
 //! older than the operator), the operator finds out before it archives and
-//! keeps every checkpoint in `status.steps`.
+//! keeps every checkpoint in `status.steps`. And an operator whose CRD is
+//! replaced under it, as every upgrade does, still sees the runs created after.
 //!
 //! ```text
 //!   c0 … c24 | c25 … c59      stored: archivedSteps {count: 25, data} + steps [c25 … c59]
@@ -163,14 +164,9 @@ async fn wait_archive_served(s: &Scenario, run: &str, kept: bool) {
     }
 }
 
-#[tokio::test]
-async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
-    let _crd = CRD.write().await;
-    // The test environment installs the CRDs of this tree as it starts: the
-    // older one replaces it afterwards, before the run is created.
-    // The operator starts once the older CRD is served: replacing a CRD
-    // under a running operator's watch is not what this test is about.
-    let mut s = Scenario::start_without_operator("long-pruned").await;
+/// The installed AgentRun CRD as `kubectl replace` takes it back, and the
+/// same CRD without `status.archivedSteps` (the one before the archive existed).
+async fn installed_and_older_crd() -> (Value, Value) {
     let crd_json = kubectl_ok(["get", "crd", "agentruns.agentrun.dev", "-o", "json"]).await;
     let installed: Value = serde_json::from_str(&crd_json).unwrap();
     let mut original = installed.clone();
@@ -184,17 +180,34 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
         original["metadata"].as_object_mut().unwrap().remove(k);
     }
     original.as_object_mut().unwrap().remove("status");
-    let mut restore = RestoreCrd(Some(original.clone()));
-    // The CRD as it was before the archive existed: no status.archivedSteps.
-    let mut older = installed.clone();
+    let mut older = installed;
     older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
         .as_object_mut()
         .unwrap()
         .remove("archivedSteps")
         .expect("the installed CRD has status.archivedSteps");
-    let file = std::env::temp_dir().join(format!("agentrun-older-crd-{}.json", std::process::id()));
-    std::fs::write(&file, older.to_string()).unwrap();
+    (original, older)
+}
+
+/// `kubectl replace` of the AgentRun CRD with `crd`.
+async fn replace_crd(crd: &Value) {
+    let file =
+        std::env::temp_dir().join(format!("agentrun-replaced-crd-{}.json", std::process::id()));
+    std::fs::write(&file, crd.to_string()).unwrap();
     kubectl_ok(["replace", "-f", file.to_str().unwrap()]).await;
+}
+
+#[tokio::test]
+async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
+    let _crd = CRD.write().await;
+    // The test environment installs the CRDs of this tree as it starts: the
+    // older one replaces it afterwards, before the run is created.
+    // The operator starts once the older CRD is served: replacing a CRD
+    // under a running operator is the next test's.
+    let mut s = Scenario::start_without_operator("long-pruned").await;
+    let (original, older) = installed_and_older_crd().await;
+    let mut restore = RestoreCrd(Some(original));
+    replace_crd(&older).await;
     let n = 55;
     s.create_run("pruned", long_spec(n)).await;
     wait_archive_served(&s, "pruned", false).await;
@@ -219,5 +232,43 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
     );
     restore.now();
     wait_archive_served(&s, "pruned", true).await;
+    s.finish().await;
+}
+
+/// What every upgrade does (docs/install.md: the CRDs first, then `helm
+/// upgrade`): the AgentRun CRD is replaced under a running operator, the API
+/// server rebuilds its storage, and the operator's watch ends or expires. A run
+/// created afterwards still starts and finishes, and so does one created after
+/// the CRD is put back.
+#[tokio::test]
+async fn an_operator_whose_crd_is_replaced_under_it_still_sees_new_runs() {
+    const SEEN: Duration = Duration::from_secs(60);
+    let _crd = CRD.write().await;
+    let mut s = Scenario::start("crd-replaced").await;
+    // The operator's watches are established before the CRD changes.
+    s.create_run("before", long_spec(3)).await;
+    s.wait_finished("before", RUN_TIMEOUT).await;
+    let (original, older) = installed_and_older_crd().await;
+    let mut restore = RestoreCrd(Some(original));
+    for (step, run) in ["replaced", "restored"].into_iter().enumerate() {
+        if step == 0 {
+            replace_crd(&older).await;
+        } else {
+            restore.now();
+        }
+        s.create_run(run, long_spec(3)).await;
+        let done = s.wait_finished(run, SEEN).await;
+        assert_eq!(
+            phase(&done),
+            Some(RunPhase::Succeeded),
+            "{:#?}",
+            done.status
+        );
+        let starts = starts(&s, run);
+        assert_eq!(starts.len(), 3, "{starts:?}");
+        assert!(starts.values().all(|&k| k == 1), "{starts:?}");
+    }
+    // The next test's operator meets the full schema.
+    wait_archive_served(&s, "restored", true).await;
     s.finish().await;
 }
