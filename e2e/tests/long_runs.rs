@@ -244,7 +244,7 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
 async fn an_operator_whose_crd_is_replaced_under_it_still_sees_new_runs() {
     const SEEN: Duration = Duration::from_secs(60);
     let _crd = CRD.write().await;
-    let mut s = Scenario::start("crd-replaced").await;
+    let s = Scenario::start("crd-replaced").await;
     // The operator's watches are established before the CRD changes.
     s.create_run("before", long_spec(3)).await;
     s.wait_finished("before", RUN_TIMEOUT).await;
