@@ -8,17 +8,19 @@
 //!     ─▶ ready (/readyz) ─▶ every run's second Pod seen  [─▶ every run finished: --resume-finish]
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use agentrun_e2e::ledger::Ledger;
 
 use crate::batch::percentile;
 use crate::error::{BenchError, Res};
-use crate::metrics::{controller_metrics, metric};
+use crate::metrics::{apiserver_requests, controller_metrics, metric, writes};
 use crate::peers::Controller;
 use crate::peers::agentrun::{create_runs, start_operator, wait_ready};
-use crate::plane::{Setup, namespace, rss_kib, start_simkubelet, step_name, teardown};
+use crate::plane::{
+    Setup, cpu_now, namespace, processes, rss_kib, start_simkubelet, step_name, teardown,
+};
 use crate::watch::{Seen, Watch};
 
 #[derive(Clone, Debug, Default)]
@@ -38,6 +40,11 @@ pub struct Resume {
     pub held_events: f64,
     pub rss_idle_kib: u64,
     pub hwm_kib: u64,
+    /// What the window from the restart to every run's next Pod cost: CPU
+    /// seconds of each process (the operator's since it started) and the
+    /// writes the API server served, by kind (every client's).
+    pub window_cpu_s: BTreeMap<&'static str, f64>,
+    pub window_writes: BTreeMap<String, f64>,
 }
 
 impl Resume {
@@ -59,6 +66,30 @@ impl Resume {
             self.held_events,
             self.rss_idle_kib,
             self.hwm_kib
+        ) + &self.window_line()
+    }
+
+    /// Where the window went: each process's CPU, how many of the machine's
+    /// cores they kept busy between them, and the writes served.
+    fn window_line(&self) -> String {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let busy: f64 = self.window_cpu_s.values().sum();
+        let cpu: Vec<String> = self
+            .window_cpu_s
+            .iter()
+            .map(|(p, s)| format!("{p} {s:.2} s"))
+            .collect();
+        let writes: Vec<String> = self
+            .window_writes
+            .iter()
+            .map(|(k, n)| format!("{k} {n:.0}"))
+            .collect();
+        format!(
+            "\n  window {:.2} s: CPU {} = {:.2} of {cores} cores busy; writes served {}",
+            self.all_next_s,
+            cpu.join(", "),
+            busy / self.all_next_s,
+            writes.join(", ")
         )
     }
 }
@@ -113,8 +144,12 @@ pub async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume>
         teardown(setup, ns).await?;
         return Err(e);
     }
+    let requests_before = apiserver_requests(setup).await?;
+    let kubelet_pid = kubelet.pid().unwrap_or(0);
+    let cpu_before = cpu_now(&processes(setup, 0, kubelet_pid));
     let restart = Instant::now();
     let mut op = start_operator(setup, &nsname, &dir)?;
+    let pids = processes(setup, op.proc.pid().unwrap_or(0), kubelet_pid);
     let ready = wait_ready(&op, Duration::from_secs(120)).await?;
     let all_next = watch
         .wait(
@@ -126,6 +161,22 @@ pub async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume>
             },
         )
         .await;
+    // The window's cost, read as soon as the last run has its next Pod (the
+    // operator's CPU is all its own since the restart: it is a new process).
+    let cpu_after = cpu_now(&pids);
+    let window_cpu_s: BTreeMap<&'static str, f64> = cpu_after
+        .iter()
+        .map(|(p, now)| {
+            let was = if *p == "operator" {
+                0.0
+            } else {
+                cpu_before.get(p).copied().unwrap_or(0.0)
+            };
+            (*p, (now - was) / 1000.0)
+        })
+        .collect();
+    let requests_after = apiserver_requests(setup).await?;
+    let (window_writes, _) = writes(&requests_before, &requests_after, |_, _, _| true);
     let finished = match all_next {
         Ok(t) if !setup.args.resume_finish => Ok(t),
         Ok(_) => {
@@ -192,6 +243,8 @@ pub async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume>
         ),
         rss_idle_kib: rss_idle,
         hwm_kib: hwm,
+        window_cpu_s,
+        window_writes,
     };
     teardown(setup, ns).await?;
     Ok(res)
