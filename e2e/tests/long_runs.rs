@@ -4,7 +4,7 @@
 //! moves: every step runs once, across an operator restart, and every
 //! checkpoint reads back. Under an AgentRun CRD that prunes the archive (one
 //! older than the operator), the operator finds out before it archives and
-//! keeps every checkpoint in `status.steps`. And an operator whose CRD is
+//! keeps every checkpoint in `status.steps`, and asks again a while later. And an operator whose CRD is
 //! replaced under it, as every upgrade does, still sees the runs created after.
 //!
 //! ```text
@@ -211,6 +211,10 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
     let n = 55;
     s.create_run("pruned", long_spec(n)).await;
     wait_archive_served(&s, "pruned", false).await;
+    // It asks again 2 s after it found the archive pruned (5 minutes by default).
+    s.operator_config
+        .extra_env
+        .push(("AGENTRUN_ARCHIVE_RECHECK_SECONDS".into(), "2".into()));
     s.start_operator(None);
     let run = s.wait_finished("pruned", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
@@ -222,16 +226,41 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
         raw["status"]
     );
     assert_eq!(raw["status"]["steps"].as_array().map(Vec::len), Some(n));
-    let starts = starts(&s, "pruned");
-    assert_eq!(starts.len(), n, "{starts:?}");
-    assert!(starts.values().all(|&k| k == 1), "{starts:?}");
+    let pruned_starts = starts(&s, "pruned");
+    assert_eq!(pruned_starts.len(), n, "{pruned_starts:?}");
+    assert!(pruned_starts.values().all(|&k| k == 1), "{pruned_starts:?}");
     let log = std::fs::read_to_string(s.operator_log()).unwrap_or_default();
     assert!(
         log.contains("the API server dropped status.archivedSteps"),
         "the operator says why it keeps every checkpoint inline"
     );
+    // The CRD of this release is applied after all: the same operator asks
+    // again and archives the next long run.
     restore.now();
     wait_archive_served(&s, "pruned", true).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.create_run("archived", long_spec(n)).await;
+    let run = s.wait_finished("archived", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    assert_eq!(status(&run).steps.len(), n);
+    let raw = stored(&s, "archived").await;
+    assert_eq!(
+        raw["status"]["archivedSteps"]["count"],
+        25,
+        "the next long run is archived again ({} checkpoints inline)",
+        raw["status"]["steps"].as_array().map_or(0, Vec::len)
+    );
+    let archived_starts = starts(&s, "archived");
+    assert_eq!(archived_starts.len(), n, "{archived_starts:?}");
+    assert!(
+        archived_starts.values().all(|&k| k == 1),
+        "{archived_starts:?}"
+    );
+    let log = std::fs::read_to_string(s.operator_log()).unwrap_or_default();
+    assert!(
+        log.contains("asking the API server again whether it keeps status.archivedSteps"),
+        "the operator says it asks again"
+    );
     s.finish().await;
 }
 

@@ -2,7 +2,9 @@
 //! resourceVersion the decision was made on (D3), and the archive of a long
 //! run's oldest checkpoints kept only where the API server keeps it.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -31,6 +33,13 @@ pub(super) async fn write_status(
     run: &AgentRun,
     new: &AgentRunStatus,
 ) -> Result<AgentRun, kube::Error> {
+    if archive_recheck_due(Instant::now()) {
+        archive::set_enabled(true);
+        ARCHIVE_KEPT.store(false, Ordering::Relaxed);
+        info!(
+            "asking the API server again whether it keeps status.archivedSteps (the next write that archives is a dry run first)"
+        );
+    }
     if archive_grows(run.status.as_ref(), new) && !ARCHIVE_KEPT.load(Ordering::Relaxed) {
         let dry_run = PatchParams {
             dry_run: true,
@@ -43,8 +52,9 @@ pub(super) async fn write_status(
                 "the API server keeps status.archivedSteps: long runs archive their oldest checkpoints"
             );
         } else {
-            archive::set_enabled(false);
+            archive_off(Instant::now());
             error!(
+                recheck_after = ?archive_recheck(),
                 "the API server dropped status.archivedSteps (the AgentRun CRD is older than the operator: apply the CRDs of this release); every checkpoint stays in status.steps"
             );
         }
@@ -56,7 +66,7 @@ pub(super) async fn write_status(
     // The archive was dropped after all (the CRD was replaced since the dry
     // run): every checkpoint goes back into status.steps, at once, from the
     // status this write was made of.
-    archive::set_enabled(false);
+    archive_off(Instant::now());
     error!(
         run = %run.name_any(),
         "the API server dropped status.archivedSteps (the AgentRun CRD was replaced by an older one); writing every checkpoint into status.steps"
@@ -69,6 +79,42 @@ pub(super) async fn write_status(
 /// Whether this process has seen the API server keep `status.archivedSteps`
 /// (a dry run of the first write that archives checkpoints).
 static ARCHIVE_KEPT: AtomicBool = AtomicBool::new(false);
+
+/// Since when this process has kept every checkpoint inline because the API
+/// server pruned `status.archivedSteps`. The CRDs of a release are applied
+/// moments before its operator starts, so the answer may be the older CRD's:
+/// after [`archive_recheck`] the operator asks again.
+static ARCHIVE_OFF_SINCE: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// How long the archive stays off before the operator asks again: 5 minutes,
+/// or `AGENTRUN_ARCHIVE_RECHECK_SECONDS` (the tests' shorter wait).
+fn archive_recheck() -> Duration {
+    static RECHECK: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *RECHECK.get_or_init(|| {
+        std::env::var("AGENTRUN_ARCHIVE_RECHECK_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::from_secs(300), Duration::from_secs)
+    })
+}
+
+fn archive_off(now: Instant) {
+    archive::set_enabled(false);
+    *ARCHIVE_OFF_SINCE.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+}
+
+/// Whether the archive has been off for [`archive_recheck`]: true once per
+/// period, which then starts again only if the next dry run is pruned too.
+fn archive_recheck_due(now: Instant) -> bool {
+    let mut off = ARCHIVE_OFF_SINCE.lock().unwrap_or_else(|e| e.into_inner());
+    match *off {
+        Some(since) if now.saturating_duration_since(since) >= archive_recheck() => {
+            *off = None;
+            true
+        }
+        _ => false,
+    }
+}
 
 /// Whether writing `new` over `old` moves checkpoints into the archive.
 fn archive_grows(old: Option<&AgentRunStatus>, new: &AgentRunStatus) -> bool {
