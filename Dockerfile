@@ -7,14 +7,22 @@
 # assembly parts are built with musl-gcc.
 
 FROM rust:1-bookworm AS builder
-ARG TARGET=x86_64-unknown-linux-musl
-RUN rustup target add "$TARGET" \
+# BuildKit sets TARGETARCH to the platform being built (amd64 or arm64), and the
+# builder runs on that platform (natively, or emulated with --platform): the
+# musl target is the one of that architecture.
+ARG TARGETARCH=amd64
+RUN case "$TARGETARCH" in \
+      amd64) echo x86_64-unknown-linux-musl ;; \
+      arm64) echo aarch64-unknown-linux-musl ;; \
+      *) echo "no musl target for architecture $TARGETARCH" >&2; exit 1 ;; \
+    esac >/rust-target \
+ && rustup target add "$(cat /rust-target)" \
  && apt-get update \
  && apt-get install -y --no-install-recommends musl-tools \
  && rm -rf /var/lib/apt/lists/*
 # musl-gcc compiles ring's C; Rust links on its own (self-contained musl), which gives
 # a static-pie binary: musl-gcc as the linker gives a PIE that needs /lib/ld-musl.
-ENV CC_x86_64_unknown_linux_musl=musl-gcc
+ENV CC_x86_64_unknown_linux_musl=musl-gcc CC_aarch64_unknown_linux_musl=musl-gcc
 WORKDIR /src
 COPY . .
 # The cache mounts keep the registry and target/ between builds; the binary is
@@ -22,7 +30,8 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --target "$TARGET" -p agentrun-operator -p kubectl-agentrun \
+    TARGET="$(cat /rust-target)" \
+ && cargo build --release --locked --target "$TARGET" -p agentrun-operator -p kubectl-agentrun \
       --bin agentrun-operator --bin kubectl-agentrun \
  && cp "target/$TARGET/release/agentrun-operator" /agentrun-operator \
  && cp "target/$TARGET/release/kubectl-agentrun" /kubectl-agentrun

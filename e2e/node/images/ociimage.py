@@ -93,7 +93,7 @@ class Layer:
         return self.buf.getvalue()
 
 
-def write_image(out, name, layers, config):
+def write_image(out, name, layers, config, arch="amd64"):
     blobs = {}
 
     def blob(data):
@@ -109,7 +109,7 @@ def write_image(out, name, layers, config):
         layer_descs.append({"mediaType": "application/vnd.oci.image.layer.v1.tar",
                             "digest": d, "size": len(data)})
     cfg = json.dumps({
-        "architecture": "amd64",
+        "architecture": arch,
         "os": "linux",
         "config": config,
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
@@ -130,7 +130,7 @@ def write_image(out, name, layers, config):
         "manifests": [{
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "digest": man_digest, "size": len(manifest),
-            "platform": {"architecture": "amd64", "os": "linux"},
+            "platform": {"architecture": arch, "os": "linux"},
             "annotations": {"io.containerd.image.name": name,
                             "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]},
         }],
@@ -169,6 +169,8 @@ def main():
     p.add_argument("kind", choices=["pause", "python", "static"])
     p.add_argument("out")
     p.add_argument("--name", required=True)
+    p.add_argument("--arch", default="amd64", choices=["amd64", "arm64"],
+                   help="the architecture of the binaries (static images only)")
     p.add_argument("--binary")
     p.add_argument("--rootfs")
     p.add_argument("--add", action="append", default=[], help="SRC=DEST (file or directory)")
@@ -210,7 +212,7 @@ def main():
             config["Cmd"] = a.cmd
         if a.expose:
             config["ExposedPorts"] = {f"{port}/tcp": {} for port in a.expose}
-        write_image(a.out, a.name, [base.bytes(), app.bytes()], config)
+        write_image(a.out, a.name, [base.bytes(), app.bytes()], config, a.arch)
         return
 
     base = Layer()
