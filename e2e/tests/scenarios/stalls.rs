@@ -63,6 +63,33 @@ async fn a_run_the_operator_cannot_read_says_so_and_holds_up_no_other_run() {
         }
     };
     agentrun_e2e::support::crds::apply_crd(&client, &original).await;
+    // The operator starts once the original schema is served again: an
+    // operator started within a second of a CRD change has been seen to go
+    // blind to its runs (the watch of the replaced storage expired, and no run
+    // was seen after the relist; a rare case, not what this test is about).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
+            client.clone(),
+            s.namespace(),
+            &kube::discovery::ApiResource::erase::<AgentRun>(&()),
+        );
+        let mut probe = serde_json::to_value(&created).unwrap();
+        probe["metadata"] = json!({"name": "probe"});
+        let probe: kube::core::DynamicObject = serde_json::from_value(probe).unwrap();
+        let dry_run = kube::api::PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        match api.create(&dry_run, &probe).await {
+            Err(kube::Error::Api(e)) if e.code == 422 => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the original AgentRun CRD is not served 30 s after it was applied: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     s.start_operator(None);
     s.create_run(
         "beside-it",
