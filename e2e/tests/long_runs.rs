@@ -197,6 +197,29 @@ async fn replace_crd(crd: &Value) {
     kubectl_ok(["replace", "-f", file.to_str().unwrap()]).await;
 }
 
+/// The run "pruned" of `n` steps finishes with every checkpoint in
+/// `status.steps`, each step run once, and the operator says why.
+async fn pruned_run_stays_inline(s: &Scenario, n: usize) {
+    let run = s.wait_finished("pruned", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    assert_eq!(status(&run).steps.len(), n);
+    let raw = stored(s, "pruned").await;
+    assert!(
+        raw["status"].get("archivedSteps").is_none(),
+        "{}",
+        raw["status"]
+    );
+    assert_eq!(raw["status"]["steps"].as_array().map(Vec::len), Some(n));
+    let pruned_starts = starts(s, "pruned");
+    assert_eq!(pruned_starts.len(), n, "{pruned_starts:?}");
+    assert!(pruned_starts.values().all(|&k| k == 1), "{pruned_starts:?}");
+    let log = std::fs::read_to_string(s.operator_log()).unwrap_or_default();
+    assert!(
+        log.contains("the API server dropped status.archivedSteps"),
+        "the operator says why it keeps every checkpoint inline"
+    );
+}
+
 #[tokio::test]
 async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
     let _crd = CRD.write().await;
@@ -212,24 +235,7 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
     s.create_run("pruned", long_spec(n)).await;
     wait_archive_served(&s, "pruned", false).await;
     s.start_operator(None);
-    let run = s.wait_finished("pruned", RUN_TIMEOUT).await;
-    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    assert_eq!(status(&run).steps.len(), n);
-    let raw = stored(&s, "pruned").await;
-    assert!(
-        raw["status"].get("archivedSteps").is_none(),
-        "{}",
-        raw["status"]
-    );
-    assert_eq!(raw["status"]["steps"].as_array().map(Vec::len), Some(n));
-    let pruned_starts = starts(&s, "pruned");
-    assert_eq!(pruned_starts.len(), n, "{pruned_starts:?}");
-    assert!(pruned_starts.values().all(|&k| k == 1), "{pruned_starts:?}");
-    let log = std::fs::read_to_string(s.operator_log()).unwrap_or_default();
-    assert!(
-        log.contains("the API server dropped status.archivedSteps"),
-        "the operator says why it keeps every checkpoint inline"
-    );
+    pruned_run_stays_inline(&s, n).await;
     restore.now();
     wait_archive_served(&s, "pruned", true).await;
     s.finish().await;
@@ -262,24 +268,7 @@ async fn an_operator_that_found_the_archive_pruned_archives_again_once_the_crd_i
         .extra_env
         .push(("AGENTRUN_ARCHIVE_RECHECK_SECONDS".into(), "2".into()));
     s.start_operator(None);
-    let run = s.wait_finished("pruned", RUN_TIMEOUT).await;
-    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    assert_eq!(status(&run).steps.len(), n);
-    let raw = stored(&s, "pruned").await;
-    assert!(
-        raw["status"].get("archivedSteps").is_none(),
-        "{}",
-        raw["status"]
-    );
-    assert_eq!(raw["status"]["steps"].as_array().map(Vec::len), Some(n));
-    let pruned_starts = starts(&s, "pruned");
-    assert_eq!(pruned_starts.len(), n, "{pruned_starts:?}");
-    assert!(pruned_starts.values().all(|&k| k == 1), "{pruned_starts:?}");
-    let log = std::fs::read_to_string(s.operator_log()).unwrap_or_default();
-    assert!(
-        log.contains("the API server dropped status.archivedSteps"),
-        "the operator says why it keeps every checkpoint inline"
-    );
+    pruned_run_stays_inline(&s, n).await;
     // The CRD of this release is applied after all: the same operator asks
     // again and archives the next long run.
     restore.now();
