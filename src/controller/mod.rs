@@ -27,6 +27,7 @@ mod orphans;
 mod owned;
 mod queue;
 mod reconcile;
+mod relist;
 mod resume;
 mod status_write;
 mod step_pod;
@@ -45,6 +46,7 @@ use tracing::{info, warn};
 use crate::api::{AgentRun, Approval, Signal};
 use crate::labels;
 use crate::metrics::{Health, Metrics, NamespaceLabel, PhaseLabel, Refresh, WatchLabel};
+use relist::CachedObjects;
 
 pub use error::{Category, Error, Result};
 
@@ -224,7 +226,8 @@ pub async fn run(
         .modify(|run: &mut DeserializeGuard<AgentRun>| run.managed_fields_mut().clear())
         .reflect(runs_writer)
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_RUNS))
-        .touched_objects();
+        // After a relist, only once the cache holds it (see `relist`).
+        .cached_objects(runs_store.clone());
 
     let (pods, pods_writer) = reflector::store();
     let pod_index = index::PodIndex::default();
@@ -247,12 +250,12 @@ pub async fn run(
         }
     })
     .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_PODS))
-    .touched_objects()
+    .cached_objects(pods.clone())
     .inspect_ok({
         let orphan_tx = orphan_tx.clone();
-        move |pod: &index::StepPod| {
+        move |pod: &Arc<index::StepPod>| {
             if orphans::may_be_orphaned(pod) {
-                let _ = orphan_tx.send(ObjectRef::from_obj(pod));
+                let _ = orphan_tx.send(ObjectRef::from_obj(&**pod));
             }
         }
     });
@@ -267,7 +270,7 @@ pub async fn run(
             move |event| approval_index.apply(event)
         })
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_APPROVALS))
-        .touched_objects();
+        .cached_objects(approvals.clone());
 
     let (signals, signals_writer) = reflector::store();
     let signal_index = index::SignalIndex::default();
@@ -279,7 +282,7 @@ pub async fn run(
             move |event| signal_index.apply(event)
         })
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_SIGNALS))
-        .touched_objects();
+        .cached_objects(signals.clone());
 
     let events = events::EventSink::spawn(client.clone(), reporter);
     // The notifier stops with the controller (below) and runs only where it
@@ -383,15 +386,15 @@ pub async fn run(
 /// one failing watch (an API server restarting, a resource whose watch keeps
 /// failing) holds back no other run's reconcile and no other cache.
 fn triggers(
-    runs: impl Stream<Item = Result<DeserializeGuard<AgentRun>, watcher::Error>> + Send + 'static,
-    pods: impl Stream<Item = Result<index::StepPod, watcher::Error>> + Send + 'static,
-    approvals: impl Stream<Item = Result<Approval, watcher::Error>> + Send + 'static,
-    signals: impl Stream<Item = Result<Signal, watcher::Error>> + Send + 'static,
+    runs: impl Stream<Item = Result<Arc<DeserializeGuard<AgentRun>>, watcher::Error>> + Send + 'static,
+    pods: impl Stream<Item = Result<Arc<index::StepPod>, watcher::Error>> + Send + 'static,
+    approvals: impl Stream<Item = Result<Arc<Approval>, watcher::Error>> + Send + 'static,
+    signals: impl Stream<Item = Result<Arc<Signal>, watcher::Error>> + Send + 'static,
     metrics: &Arc<Metrics>,
 ) -> impl Stream<Item = RunRef> + Send + 'static {
     let runs = runs
         .filter_map(retried_by_its_watch("agentruns", metrics.clone()))
-        .map(|run| ObjectRef::from_obj(&run))
+        .map(|run| ObjectRef::from_obj(&*run))
         .boxed();
     let pods = pods
         .filter_map(retried_by_its_watch("pods", metrics.clone()))
@@ -408,7 +411,7 @@ fn triggers(
         .boxed();
     let approvals = approvals
         .filter_map(retried_by_its_watch("approvals", metrics.clone()))
-        .filter_map(|approval: Approval| {
+        .filter_map(|approval: Arc<Approval>| {
             // The Approval names its run; the owner reference says the same.
             future::ready(
                 approval
@@ -419,7 +422,7 @@ fn triggers(
         .boxed();
     let signals = signals
         .filter_map(retried_by_its_watch("signals", metrics.clone()))
-        .filter_map(|signal: Signal| {
+        .filter_map(|signal: Arc<Signal>| {
             future::ready(
                 signal
                     .namespace()
@@ -436,10 +439,10 @@ fn triggers(
 /// total cap. They look at the caps again at once rather than at their next
 /// recheck.
 fn wake_queued(
-    runs: impl Stream<Item = Result<DeserializeGuard<AgentRun>, watcher::Error>> + Send + 'static,
+    runs: impl Stream<Item = Result<Arc<DeserializeGuard<AgentRun>>, watcher::Error>> + Send + 'static,
     store: Store<DeserializeGuard<AgentRun>>,
     caps: capacity::Caps,
-) -> impl Stream<Item = Result<DeserializeGuard<AgentRun>, watcher::Error>> + Send + 'static {
+) -> impl Stream<Item = Result<Arc<DeserializeGuard<AgentRun>>, watcher::Error>> + Send + 'static {
     runs.flat_map(move |event| {
         let mut out = Vec::new();
         if caps.any()
@@ -451,7 +454,7 @@ fn wake_queued(
             out.extend(
                 store
                     .state()
-                    .iter()
+                    .into_iter()
                     .filter(|g| {
                         g.0.as_ref().is_ok_and(|r| {
                             let s = capacity::Seat::of(r, &caps);
@@ -460,7 +463,7 @@ fn wake_queued(
                                 && (caps.total.is_some() || r.metadata.namespace == ns)
                         })
                     })
-                    .map(|g| Ok(g.as_ref().clone())),
+                    .map(Ok),
             );
         }
         out.insert(0, event);
@@ -570,7 +573,7 @@ mod tests {
     #[tokio::test]
     async fn a_failing_watch_holds_back_no_reconcile() {
         let metrics = Metrics::register(&mut Registry::default());
-        let run = DeserializeGuard(Ok(AgentRun::test()));
+        let run = Arc::new(DeserializeGuard(Ok(AgentRun::test())));
 
         let (changed, runs) = futures::channel::mpsc::unbounded();
         let approvals =
