@@ -198,7 +198,11 @@ fn init_tracing(
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_lease_manager=warn"));
     let fmt = match format {
-        LogFormat::Text => tracing_subscriber::fmt::layer().boxed(),
+        // Colours only on a terminal: `kubectl logs` and log collectors get
+        // plain text.
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer().json().boxed(),
     };
     let provider = telemetry::trace::init().map_err(|e| format!("OTLP trace exporter: {e}"))?;
