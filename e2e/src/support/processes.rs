@@ -272,9 +272,13 @@ pub fn start_operator(cfg: &OperatorConfig) -> Process {
         .arg("--health-addr")
         .arg(format!("127.0.0.1:{}", cfg.health_port))
         .env("KUBECONFIG", &cfg.kubeconfig)
+        // AGENTRUN_E2E_OPERATOR_LOG replaces the filter, e.g. to see the
+        // watches' requests: `info,kube_runtime=debug,kube_client=debug`.
         .env(
             "RUST_LOG",
-            "info,agentrun_operator=debug,kube_lease_manager=info",
+            std::env::var("AGENTRUN_E2E_OPERATOR_LOG").unwrap_or_else(|_| {
+                "info,agentrun_operator=debug,kube_lease_manager=info".to_owned()
+            }),
         )
         .env_remove("AGENTRUN_FAILPOINT");
     if cfg.leader_elect {
