@@ -36,9 +36,7 @@ impl Policies {
             .arg("--set-json")
             .arg(format!("admissionPolicies.namespaceSelector={selector}"))
             .args(extra));
-        let file = repo_root()
-            .join("target")
-            .join(format!("policies-{release}.yaml"));
+        let file = manifests_dir().join(format!("policies-{release}.yaml"));
         std::fs::write(&file, yaml).expect("writing the rendered policies");
         let p = Policies { file, release };
         kubectl_ok(["apply", "--server-side", "-f", p.path()]).await;
@@ -152,9 +150,18 @@ pub fn assert_admitted(out: &KubectlOutput, what: &str) {
     assert!(out.success(), "{what} was refused:\n{}", out.stderr);
 }
 
-/// Writes `doc` to a file under target/ and returns its path, for `kubectl -f`.
+/// Where the files given to `kubectl -f` are written: one directory under
+/// target/, not its top.
+fn manifests_dir() -> std::path::PathBuf {
+    let dir = repo_root().join("target/e2e-manifests");
+    std::fs::create_dir_all(&dir).expect("creating target/e2e-manifests");
+    dir
+}
+
+/// Writes `doc` to a file under target/e2e-manifests and returns its path,
+/// for `kubectl -f`.
 pub fn manifest(name: &str, doc: &Value) -> String {
-    let path = repo_root().join("target").join(format!("{name}.json"));
+    let path = manifests_dir().join(format!("{name}.json"));
     std::fs::write(&path, doc.to_string()).expect("writing a manifest");
     path.to_string_lossy().into_owned()
 }
