@@ -13,6 +13,11 @@
 //! held until it ends and handed on after the swap, so every reconcile they
 //! start finds what was listed. Events after the list go on at once, as
 //! before: the reflector stores each one before it is handed on.
+//!
+//! An object deleted while the watch was down is not in the list, and no
+//! watch event says it went. The store held it before the list; once the
+//! list is in, it is handed on too (the copy from before), as a delete event
+//! would have been, so the run it names is looked at and finds it gone.
 
 use std::hash::Hash;
 use std::sync::Arc;
@@ -29,34 +34,54 @@ where
     K::DynamicType: Default + Eq + Hash + Clone,
 {
     /// The object of each event, a list's once the list has ended and
-    /// `store` (the reflector's, which this stream has passed) holds it;
-    /// errors pass through (the watch lists again after its backoff). A list
-    /// is held as references, not as a second copy of what it listed.
+    /// `store` (the reflector's, which this stream has passed) holds it, and
+    /// then those the list no longer has; errors pass through (the watch
+    /// lists again after its backoff). A list is held as references, not as
+    /// a second copy of what it listed.
     fn cached_objects(self, store: Store<K>) -> impl Stream<Item = Result<Arc<K>, watcher::Error>> {
-        self.scan(Vec::new(), move |listed: &mut Vec<ObjectRef<K>>, event| {
+        self.scan(Relist::default(), move |relist: &mut Relist<K>, event| {
             let out = match event {
                 Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
                     vec![Ok(Arc::new(obj))]
                 }
                 // A list that failed part way is listed again from the start.
                 Ok(watcher::Event::Init) => {
-                    listed.clear();
+                    relist.listed.clear();
+                    relist.before = store.state();
                     Vec::new()
                 }
                 Ok(watcher::Event::InitApply(obj)) => {
-                    listed.push(ObjectRef::from_obj(&obj));
+                    relist.listed.push(ObjectRef::from_obj(&obj));
                     Vec::new()
                 }
-                Ok(watcher::Event::InitDone) => listed
-                    .drain(..)
-                    .filter_map(|listed| store.get(&listed))
-                    .map(Ok)
-                    .collect(),
+                Ok(watcher::Event::InitDone) => {
+                    let listed = relist.listed.drain(..).filter_map(|r| store.get(&r));
+                    let gone = std::mem::take(&mut relist.before)
+                        .into_iter()
+                        .filter(|obj| store.get(&ObjectRef::from_obj(&**obj)).is_none());
+                    listed.chain(gone).map(Ok).collect()
+                }
                 Err(err) => vec![Err(err)],
             };
             future::ready(Some(futures::stream::iter(out)))
         })
         .flatten()
+    }
+}
+
+/// A list under way: what it has listed so far, and what the store held
+/// when it began.
+struct Relist<K: Resource> {
+    listed: Vec<ObjectRef<K>>,
+    before: Vec<Arc<K>>,
+}
+
+impl<K: Resource> Default for Relist<K> {
+    fn default() -> Self {
+        Relist {
+            listed: Vec::new(),
+            before: Vec::new(),
+        }
     }
 }
 
@@ -93,7 +118,9 @@ mod tests {
     /// "c", which was created while it was down. Each object is handed on
     /// only once the store holds it (a deleted one once it is gone); with
     /// `touched_objects`, "c" was handed on while the store still held the
-    /// first list, and a reconcile of "c" would have found nothing.
+    /// first list, and a reconcile of "c" would have found nothing. Cut once
+    /// more, the watch lists again without "a", deleted meanwhile: "a" is
+    /// handed on once the store no longer holds it, as a delete would be.
     #[tokio::test]
     async fn a_listed_object_is_handed_on_once_the_store_holds_it() {
         let (store, writer) = reflector::store::<ConfigMap>();
@@ -113,6 +140,11 @@ mod tests {
             Ok(Event::InitApply(object("c"))),
             Ok(Event::InitDone),
             Ok(Event::Delete(object("b"))),
+            // Cut again; "a" is deleted meanwhile.
+            Err(watcher::Error::NoResourceVersion),
+            Ok(Event::Init),
+            Ok(Event::InitApply(object("c"))),
+            Ok(Event::InitDone),
         ]);
         let mut objects = events.reflect(writer).cached_objects(store.clone()).boxed();
         // Each object handed on, and whether the store held it then.
@@ -137,8 +169,10 @@ mod tests {
                 held("b", true),
                 held("c", true),
                 held("b", false),
+                held("c", true),
+                held("a", false),
             ]
         );
-        assert_eq!(errors, 2);
+        assert_eq!(errors, 3);
     }
 }
