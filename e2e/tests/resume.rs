@@ -25,7 +25,10 @@ async fn after_a_restart_every_run_gets_its_next_pod_and_the_held_releases_follo
             &format!("r{i:02}"),
             json!({"steps": [
                 sim_step("first", "Idempotent", json!({"runMs": 3000})),
-                sim_step("second", "Idempotent", json!({"runMs": 50})),
+                // Long enough not to finish within the first round after the
+                // restart (under load that round took 180 ms; a 50 ms second
+                // step then finished inside it and its release was held too).
+                sim_step("second", "Idempotent", json!({"runMs": 2000})),
             ]}),
         )
         .await;
