@@ -1,13 +1,9 @@
-//! The approval's `Notified` condition, and the channels it names that the
-//! configuration does not know.
-
-use std::collections::BTreeSet;
+//! The approval's `Notified` condition.
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::{Approval, Delivery, DeliveryState};
-use crate::notify::channels::{Channels, Problem};
+use crate::api::{Delivery, DeliveryState};
 
 /// The approval's condition about its notifications.
 pub const CONDITION: &str = "Notified";
@@ -97,18 +93,6 @@ pub fn condition(
         observed_generation: generation,
         last_transition_time: since,
     })
-}
-
-/// The channels named by the approval that the configuration does not
-/// know (for the Warning Event on the run).
-pub fn unknown_channels(a: &Approval, channels: &Channels) -> BTreeSet<String> {
-    a.spec
-        .notify
-        .iter()
-        .chain(a.spec.escalate.iter().flat_map(|e| e.notify.iter()))
-        .filter(|c| matches!(channels.get(c), Err(Problem::Unknown(_))))
-        .cloned()
-        .collect()
 }
 
 #[cfg(test)]

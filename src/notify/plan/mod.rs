@@ -35,7 +35,7 @@ use jiff::Timestamp;
 use super::channels::{Channels, Problem};
 use crate::api::{Approval, ApprovalPhase, Delivery, DeliveryState, NotificationEvent};
 
-pub use condition::{CONDITION, condition, unknown_channels};
+pub use condition::{CONDITION, condition};
 pub use record::{backoff, record};
 
 /// A notification the approval calls for.
