@@ -2,15 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::api::{Approval, ApprovalKind, ApprovalPhase, ApprovalSpec, ApprovalStatus, Delivery};
 use crate::notify::channels::Channels;
 
-pub(super) fn t(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_750_000_000 + secs).unwrap()
-}
+pub(super) use crate::engine::testing::t;
 
 pub(super) fn channels(yaml: &str) -> Channels {
     Channels::parse(
