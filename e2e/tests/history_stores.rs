@@ -84,6 +84,19 @@ on_both_stores!(
     find_returns_the_records_of_that_run_name_only,
 );
 
+/// The API store prunes one page of records' metadata at a time: the same
+/// case with two records a page reaches the records of every page (with the
+/// first page only, it removes less than it must).
+#[tokio::test]
+async fn api_pruning_pages_through_the_records() {
+    let mut s = api("api_pruning_pages_through_the_records").await;
+    s.store = match s.store {
+        Store::Api(store) => Store::Api(store.listing_pages_of(2)),
+        other => other,
+    };
+    pruning_removes_what_is_past_the_window_then_past_the_count(&s).await;
+}
+
 // ---------------------------------------------------------------------------
 // Helpers over the subject.
 // ---------------------------------------------------------------------------

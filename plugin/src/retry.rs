@@ -116,12 +116,12 @@ pub fn fork_of(source: &AgentRun, retry: &Retry) -> Result<AgentRun, Error> {
     let mut spec = source.spec.clone();
     spec.cancel = false;
     spec.suspend = false;
-    spec.fork_of = Some(ForkSource {
+    spec.fork_of = Some(Box::new(ForkSource {
         run_name: name.clone(),
         run_uid: source.metadata.uid.clone().unwrap_or_default(),
         from_step: from,
         rerun_acted: retry.rerun_acted,
-    });
+    }));
     let metadata = ObjectMeta {
         name: retry.name.clone(),
         generate_name: retry.name.is_none().then(|| format!("{name}-retry-")),
@@ -315,14 +315,14 @@ mod tests {
     fn a_run_that_already_ran_is_not_retried() {
         let mut run = source(RunPhase::AlreadyRan, &[]);
         if let Some(st) = run.status.as_mut() {
-            st.already_ran = Some(agentrun_operator::api::AlreadyRan {
+            st.already_ran = Some(Box::new(agentrun_operator::api::AlreadyRan {
                 record: "order-1a2b3c4d".into(),
                 run_uid: "1a2b3c4d-0000".into(),
                 outcome: "Succeeded".into(),
                 completed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                     "2026-12-01T00:00:00Z".parse().unwrap(),
                 ),
-            });
+            }));
         }
         let why = not_retryable(&run).expect("refused");
         assert_eq!(

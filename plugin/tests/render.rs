@@ -494,12 +494,12 @@ fn describe_links_a_run_to_its_record_or_to_the_run_that_already_ran() {
     assert!(line.contains("kubectl agentrun history"), "{line}");
     let status = run.status.as_mut().unwrap();
     status.record = None;
-    status.already_ran = Some(agentrun_operator::api::AlreadyRan {
+    status.already_ran = Some(Box::new(agentrun_operator::api::AlreadyRan {
         record: "refund-0ld0uid0".into(),
         run_uid: "0ld0uid0-1".into(),
         outcome: "Succeeded".into(),
         completed_at: status.completed_at.clone().unwrap(),
-    });
+    }));
     let line = render::history_line(&run);
     assert!(line.starts_with("Already ran: run "), "{line}");
     assert!(line.contains("RunRecord refund-0ld0uid0"), "{line}");

@@ -92,10 +92,13 @@ pub struct AgentRunSpec {
     )]
     pub steps: Vec<StepSpec>,
 
+    // Every run is cached (and copied while reconciled): the parts most runs
+    // leave out (planner, context, podTemplate, forkOf) are boxed, so an
+    // absent one costs a pointer, not its room. The JSON and schema are the same.
     /// A step that runs first and whose result (`plan` in its termination
     /// message) becomes the plan, as plan revision 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub planner: Option<StepSpec>,
+    pub planner: Option<Box<StepSpec>>,
 
     /// Limits across the whole run, counting every attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -109,11 +112,11 @@ pub struct AgentRunSpec {
 
     /// How much prior context each step receives, and how it is compacted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context: Option<ContextSpec>,
+    pub context: Option<Box<ContextSpec>>,
 
     /// Defaults applied to every step Pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_template: Option<PodDefaults>,
+    pub pod_template: Option<Box<PodDefaults>>,
 
     /// When true, no new step Pod is started; a running step finishes and is checkpointed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -129,7 +132,7 @@ pub struct AgentRunSpec {
     /// fresh ones only) instead of running them again. Written by
     /// `kubectl agentrun retry`; immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fork_of: Option<ForkSource>,
+    pub fork_of: Option<Box<ForkSource>>,
 
     /// Wall-clock limit for the whole run, counted from its start.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -61,7 +61,7 @@ pub struct AgentRunStatus {
     pub queue_position: Option<i32>,
     /// For a fork: where it came from, and who asked for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub forked_from: Option<ForkedFrom>,
+    pub forked_from: Option<Box<ForkedFrom>>,
     /// When the run reached a terminal phase; `ttlSecondsAfterFinished`
     /// counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,7 +84,7 @@ pub struct AgentRunStatus {
     /// Phase `AlreadyRan`: the earlier run of this name and spec whose record
     /// was found; nothing of this one ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub already_ran: Option<AlreadyRan>,
+    pub already_ran: Option<Box<AlreadyRan>>,
     /// Standard conditions: Succeeded, Progressing, AwaitingApproval, BudgetExceeded, Stale.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions_schema")]

@@ -108,7 +108,7 @@ impl AgentRun {
         self
     }
     pub fn with_planner(mut self, planner: StepSpec) -> Self {
-        self.spec.planner = Some(planner);
+        self.spec.planner = Some(Box::new(planner));
         self
     }
     pub fn with_budget(mut self, tokens: Option<i64>, step_executions: Option<i32>) -> Self {
@@ -120,10 +120,10 @@ impl AgentRun {
         self
     }
     pub fn with_context(mut self, max_bytes: i32, compactor: bool) -> Self {
-        self.spec.context = Some(ContextSpec {
+        self.spec.context = Some(Box::new(ContextSpec {
             max_bytes: Some(max_bytes),
             compactor: compactor.then(|| container("compact:1")),
-        });
+        }));
         self
     }
     pub fn with_deadline(mut self, secs: i64) -> Self {

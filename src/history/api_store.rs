@@ -18,19 +18,40 @@ use super::{Error, Pruned, Query, Retention, record_name, to_prune};
 use crate::api::{RunRecord, RunRecordSpec};
 use crate::labels;
 
+/// Records whose metadata one list request of the pruning asks for. A
+/// record's metadata is mostly its managedFields, ~8 KB for a run of 10
+/// steps, so listing a thousand records in one response held ~8 MiB at once
+/// (docs/performance.md, "Where the memory goes").
+const PRUNE_PAGE: u32 = 100;
+
 /// RunRecords through the API server.
 #[derive(Clone)]
 pub struct ApiStore {
     client: Client,
     /// The one namespace the operator watches, if it watches one.
     namespace: Option<String>,
+    /// Records listed per request when pruning.
+    page: u32,
 }
 
 impl ApiStore {
     /// Records in every namespace, or in `namespace` only (an operator
     /// scoped to one namespace has no rights elsewhere).
     pub fn new(client: Client, namespace: Option<String>) -> Self {
-        ApiStore { client, namespace }
+        ApiStore {
+            client,
+            namespace,
+            page: PRUNE_PAGE,
+        }
+    }
+
+    /// Lists `page` records per request when pruning (100 unless set), so
+    /// the pruning holds one page of metadata at a time.
+    pub fn listing_pages_of(self, page: u32) -> Self {
+        ApiStore {
+            page: page.max(1),
+            ..self
+        }
     }
 
     /// Every record this store may see.
@@ -131,28 +152,35 @@ impl ApiStore {
     }
 
     pub(super) async fn prune(&self, now: Timestamp, keep: &Retention) -> Result<Pruned, Error> {
-        let listed = self.all().list_metadata(&ListParams::default()).await?;
         let mut by_namespace: BTreeMap<String, Vec<(String, Timestamp, Option<String>)>> =
             BTreeMap::new();
-        for m in listed.items {
-            let (Some(ns), Some(name)) = (m.metadata.namespace.clone(), m.metadata.name.clone())
-            else {
-                continue;
-            };
-            // When the run finished; a record written before the annotation
-            // was: when it was written, which is when the run finished.
-            let finished = m
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(labels::COMPLETED_AT))
-                .and_then(|t| t.parse::<Timestamp>().ok())
-                .or(m.metadata.creation_timestamp.as_ref().map(|t| t.0))
-                .unwrap_or(now);
-            by_namespace
-                .entry(ns)
-                .or_default()
-                .push((name, finished, m.metadata.uid.clone()));
+        // One page at a time: only what pruning reads of each record is kept.
+        let mut lp = ListParams::default().limit(self.page);
+        loop {
+            let listed = self.all().list_metadata(&lp).await?;
+            for m in listed.items {
+                let (Some(ns), Some(name)) = (m.metadata.namespace, m.metadata.name) else {
+                    continue;
+                };
+                // When the run finished; a record written before the annotation
+                // was: when it was written, which is when the run finished.
+                let finished = m
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(labels::COMPLETED_AT))
+                    .and_then(|t| t.parse::<Timestamp>().ok())
+                    .or(m.metadata.creation_timestamp.as_ref().map(|t| t.0))
+                    .unwrap_or(now);
+                by_namespace
+                    .entry(ns)
+                    .or_default()
+                    .push((name, finished, m.metadata.uid));
+            }
+            match listed.metadata.continue_ {
+                Some(token) if !token.is_empty() => lp = lp.continue_token(&token),
+                _ => break,
+            }
         }
         let mut pruned = Pruned::default();
         for (ns, records) in by_namespace {

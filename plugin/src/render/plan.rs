@@ -185,24 +185,24 @@ mod lineage_tests {
     #[test]
     fn a_fork_names_its_source_the_step_and_what_it_kept() {
         let mut run = AgentRun::new("r2", AgentRunSpec::default());
-        run.spec.fork_of = Some(ForkSource {
+        run.spec.fork_of = Some(Box::new(ForkSource {
             run_name: "r1".into(),
             run_uid: "u-1".into(),
             from_step: "ship".into(),
             rerun_acted: false,
-        });
+        }));
         assert_eq!(
             super::lineage_line(&run, &AgentRunStatus::default()),
             "Forked from: run r1 (UID u-1) at step ship (not yet read by the operator)\n"
         );
         let status = AgentRunStatus {
-            forked_from: Some(ForkedFrom {
+            forked_from: Some(Box::new(ForkedFrom {
                 run_name: "r1".into(),
                 run_uid: "u-1".into(),
                 from_step: "ship".into(),
                 requested_by: Some("alice".into()),
                 inherited: vec!["quote".into(), "charge".into()],
-            }),
+            })),
             ..Default::default()
         };
         assert_eq!(

@@ -509,14 +509,14 @@ fn the_run_page_links_its_record_or_says_it_already_ran_nothing() {
     let status = run.status.as_mut().unwrap();
     status.record = None;
     status.phase = Some(RunPhase::AlreadyRan);
-    status.already_ran = Some(AlreadyRan {
+    status.already_ran = Some(Box::new(AlreadyRan {
         record: "refund-0ld0a1d0".into(),
         run_uid: "0ld0a1d0-2222".into(),
         outcome: "Failed".into(),
         completed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             "2026-12-01T09:00:00Z".parse().unwrap(),
         ),
-    });
+    }));
     let html = run_page::run_detail(&run, &approvals, &[], &[], true, now()).into_string();
     for want in [
         r#"<div class="notice already-ran" role="status"><p><strong>This run ran nothing.</strong> A run refund with the same spec already ran in plugin-approve-uyx3za (UID <code>0ld0a1d0-2222</code>) and ended <span class="phase phase-failed">Failed</span> at <time datetime="2026-12-01T09:00:00Z">2026-12-01T09:00:00Z</time>. Its record: <a class="record-link" href="/ns/plugin-approve-uyx3za/history/refund-0ld0a1d0">refund-0ld0a1d0</a>.</p>"#,

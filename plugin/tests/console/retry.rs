@@ -120,12 +120,12 @@ fn the_preview_holds_exactly_what_it_previewed_and_a_refusal_has_no_create() {
 fn a_created_fork_links_its_page_and_clears_the_spent_preview() {
     let (mut created, _) = fixture("charge-rejected");
     created.metadata.name = Some("charge-retry-x7k2p".into());
-    created.spec.fork_of = Some(ForkSource {
+    created.spec.fork_of = Some(Box::new(ForkSource {
         run_name: "charge".into(),
         run_uid: "u-1".into(),
         from_step: "charge".into(),
         rerun_acted: false,
-    });
+    }));
     let plan = ForkPlan {
         checkpoints: vec![],
         inherited: vec!["reserve".into()],
@@ -143,24 +143,24 @@ fn a_created_fork_links_its_page_and_clears_the_spent_preview() {
 #[test]
 fn a_fork_names_its_source_with_a_link_and_who_asked() {
     let (mut run, _) = fixture("charge-rejected");
-    run.spec.fork_of = Some(ForkSource {
+    run.spec.fork_of = Some(Box::new(ForkSource {
         run_name: "order".into(),
         run_uid: "u-1".into(),
         from_step: "ship".into(),
         rerun_acted: false,
-    });
+    }));
     let html = detail(&run, true);
     assert!(
         html.contains(r#"<p class="forked-from">Forked from <a class="fork-source" href="/ns/plugin-approve-uyx3za/runs/order">order</a> at <strong>ship</strong> (not yet read by the operator)</p>"#),
         "{html}"
     );
-    run.status.as_mut().unwrap().forked_from = Some(ForkedFrom {
+    run.status.as_mut().unwrap().forked_from = Some(Box::new(ForkedFrom {
         run_name: "order".into(),
         run_uid: "u-1".into(),
         from_step: "ship".into(),
         requested_by: Some("alice".into()),
         inherited: vec!["fetch".into(), "charge".into()],
-    });
+    }));
     let html = detail(&run, true);
     assert!(
         html.contains(r#"<p class="forked-from">Forked from <a class="fork-source" href="/ns/plugin-approve-uyx3za/runs/order">order</a> at <strong>ship</strong>, by <strong class="requester">alice</strong> · kept: fetch, charge</p>"#),

@@ -180,7 +180,7 @@ impl<'a> Machine<'a> {
     pub(super) fn planning(&self) -> Option<StepSpec> {
         let plan = self.status.plan.as_ref()?;
         (plan.source == PlanSource::Spec && plan.revision == 1)
-            .then(|| self.run.spec.planner.clone())
+            .then(|| self.run.spec.planner.as_deref().cloned())
             .flatten()
     }
 

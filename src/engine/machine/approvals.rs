@@ -116,7 +116,7 @@ impl<'a> Machine<'a> {
         why: Option<String>,
     ) {
         let step = plan.steps[i];
-        let digest = approval::step_digest(step, self.run.spec.pod_template.as_ref());
+        let digest = approval::step_digest(step, self.run.spec.pod_template.as_deref());
         let request = c
             .and_then(|c| self.status.steps[c].approval.as_deref())
             .map_or(1, |n| names::approve_request(n) + 1);
@@ -317,7 +317,8 @@ impl<'a> Machine<'a> {
         let answer = approval::answer(a, self.now);
         {
             // D14: the approval releases only the step it was asked about.
-            let digest = approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_ref());
+            let digest =
+                approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_deref());
             let asked = a.spec.step_digest.as_ref().or(cp.step_digest.as_ref());
             // Only an answer that lets the step run needs the step unchanged;
             // a Reconcile answered MarkSucceeded or MarkFailed is about the
@@ -471,7 +472,7 @@ impl<'a> Machine<'a> {
     pub(super) fn ask_person(&mut self, plan: &Plan<'_>, c: usize, what_happened: String) {
         let digest = plan
             .step(&self.status.steps[c].name)
-            .map(|s| approval::step_digest(s, self.run.spec.pod_template.as_ref()));
+            .map(|s| approval::step_digest(s, self.run.spec.pod_template.as_deref()));
         let (run, uid) = (self.name, self.uid);
         let cp = &mut self.status.steps[c];
         let approval = names::reconcile_name(run, uid, &cp.name, cp.plan_revision, cp.attempt, 1);
@@ -507,7 +508,7 @@ impl<'a> Machine<'a> {
             cp.attempt,
             names::reconcile_request(&old) + 1,
         );
-        let digest = approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_ref());
+        let digest = approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_deref());
         let cp = &mut self.status.steps[c];
         cp.approval = Some(again.clone());
         cp.step_digest = Some(digest);

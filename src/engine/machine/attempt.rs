@@ -350,13 +350,13 @@ impl<'a> Machine<'a> {
             attempt: r.attempt,
             idempotency_key: &r.idempotency_key,
             container: &container,
-            defaults: self.run.spec.pod_template.as_ref(),
+            defaults: self.run.spec.pod_template.as_deref(),
             context_json: ctx.json,
             step_digest: (r.role == PodRole::Step)
                 .then(|| self.step_spec(plan, &r.name))
                 .flatten()
                 .map(|s| {
-                    crate::engine::approval::step_digest(&s, self.run.spec.pod_template.as_ref())
+                    crate::engine::approval::step_digest(&s, self.run.spec.pod_template.as_deref())
                 }),
         }))
     }
@@ -483,7 +483,7 @@ impl<'a> Machine<'a> {
     fn retry_rule(&self, plan: &Plan<'_>, r: &Record) -> (i32, Option<crate::api::Backoff>) {
         let spec = match r.role {
             PodRole::Step | PodRole::Compensate => self.step_spec(plan, &r.name),
-            PodRole::Planner => self.run.spec.planner.clone(),
+            PodRole::Planner => self.run.spec.planner.as_deref().cloned(),
             PodRole::Compactor => None,
             PodRole::Verify => {
                 let backoff = self

@@ -95,7 +95,7 @@ impl<'a> Machine<'a> {
             };
             if let Some(Slot::Step(c)) = slot {
                 let digest =
-                    approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_ref());
+                    approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_deref());
                 if self.status.steps[c]
                     .step_digest
                     .as_ref()

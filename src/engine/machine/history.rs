@@ -125,7 +125,7 @@ impl<'a> Machine<'a> {
                 String::new(),
             );
         }
-        self.status.already_ran = Some(prior);
+        self.status.already_ran = Some(Box::new(prior));
         self.event(EventType::Normal, Reason::AlreadyRan, message);
     }
 

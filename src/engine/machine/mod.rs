@@ -297,7 +297,7 @@ impl<'a> Machine<'a> {
                     p.rerun = f.runs.clone();
                 }
                 self.status.steps.extend(f.checkpoints);
-                self.status.forked_from = Some(crate::api::ForkedFrom {
+                self.status.forked_from = Some(Box::new(crate::api::ForkedFrom {
                     run_name: fork.run_name.clone(),
                     run_uid: fork.run_uid.clone(),
                     from_step: fork.from_step.clone(),
@@ -309,7 +309,7 @@ impl<'a> Machine<'a> {
                         .and_then(|a| a.get(crate::labels::REQUESTED_BY))
                         .cloned(),
                     inherited: f.inherited.clone(),
-                });
+                }));
                 let mut text = format!(
                     "forked from run {} at step {}; runs {}",
                     fork.run_name,

@@ -186,7 +186,7 @@ impl<'a> Machine<'a> {
         self.add_tokens(Slot::Step(i), report.tokens);
         let spec = match role {
             StepRole::Step => self.step_spec(plan, &self.status.steps[i].name),
-            StepRole::Planner => self.run.spec.planner.clone(),
+            StepRole::Planner => self.run.spec.planner.as_deref().cloned(),
             StepRole::Compactor | StepRole::Verify => None,
         };
         let (inline, truncated) = self.cap_result(report.result);
@@ -358,7 +358,7 @@ impl<'a> Machine<'a> {
         let cp = &self.status.steps[i];
         let spec = match cp.role {
             StepRole::Step => self.step_spec(plan, &cp.name),
-            StepRole::Planner => self.run.spec.planner.clone(),
+            StepRole::Planner => self.run.spec.planner.as_deref().cloned(),
             StepRole::Compactor | StepRole::Verify => None,
         };
         let schema = spec?.result_schema?;

@@ -50,7 +50,7 @@ impl<'a> Machine<'a> {
     pub(super) fn start_verifying(&mut self, plan: &Plan<'_>, c: usize, what_happened: String) {
         let digest = plan
             .step(&self.status.steps[c].name)
-            .map(|s| approval::step_digest(s, self.run.spec.pod_template.as_ref()));
+            .map(|s| approval::step_digest(s, self.run.spec.pod_template.as_deref()));
         let cp = &mut self.status.steps[c];
         let message = format!(
             "{what_happened}; it may have acted: its verify probe asks with key {}",

@@ -25,12 +25,12 @@ fn fork(source: &AgentRun, from: &str, rerun_acted: bool) -> World {
     let mut run = AgentRun::test().with_steps(source.spec.steps.clone());
     run.metadata.name = Some("run-retry".into());
     run.metadata.uid = Some("fork-uid".into());
-    run.spec.fork_of = Some(ForkSource {
+    run.spec.fork_of = Some(Box::new(ForkSource {
         run_name: "run".into(),
         run_uid: UID.into(),
         from_step: from.into(),
         rerun_acted,
-    });
+    }));
     let mut w = World::new(run);
     w.source = Some(source.clone());
     w
@@ -172,12 +172,12 @@ fn a_step_the_fork_changed_is_not_carried_over() {
     let mut run = AgentRun::test().with_steps(steps);
     run.metadata.name = Some("run-retry".into());
     run.metadata.uid = Some("fork-uid".into());
-    run.spec.fork_of = Some(ForkSource {
+    run.spec.fork_of = Some(Box::new(ForkSource {
         run_name: "run".into(),
         run_uid: UID.into(),
         from_step: "c".into(),
         rerun_acted: false,
-    });
+    }));
     let mut w = World::new(run);
     w.source = Some(source);
     w.settle();

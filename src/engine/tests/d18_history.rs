@@ -24,7 +24,7 @@ fn a_run_created_again_after_it_ran_runs_nothing_and_says_so() {
     assert!(creates(&d).is_empty(), "{:?}", d.actions);
     let s = w.status();
     assert_eq!(s.phase, Some(RunPhase::AlreadyRan));
-    assert_eq!(s.already_ran, Some(prior("Succeeded")));
+    assert_eq!(s.already_ran, Some(Box::new(prior("Succeeded"))));
     assert!(s.steps.is_empty() && s.plan.is_none() && s.started_at.is_none());
     let (status, reason) = condition_of(&w, ConditionType::Ready);
     assert_eq!((status.as_str(), reason.as_str()), ("True", "AlreadyRan"));
