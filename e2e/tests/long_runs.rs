@@ -197,6 +197,24 @@ async fn replace_crd(crd: &Value) {
     kubectl_ok(["replace", "-f", file.to_str().unwrap()]).await;
 }
 
+/// Steps of the run "pruned": past the 50 checkpoints a status keeps inline.
+const PRUNED_STEPS: usize = 55;
+
+/// A scenario without an operator yet, the older CRD in place of the one
+/// the test environment installed, and the run "pruned" created under it
+/// (its status served without `archivedSteps`). The operator starts once
+/// that CRD is served: replacing a CRD under a running operator is
+/// `an_operator_whose_crd_is_replaced_under_it_still_sees_new_runs`'s.
+async fn pruned_run_under_the_older_crd(test_name: &str) -> (Scenario, RestoreCrd) {
+    let s = Scenario::start_without_operator(test_name).await;
+    let (original, older) = installed_and_older_crd().await;
+    let restore = RestoreCrd(Some(original));
+    replace_crd(&older).await;
+    s.create_run("pruned", long_spec(PRUNED_STEPS)).await;
+    wait_archive_served(&s, "pruned", false).await;
+    (s, restore)
+}
+
 /// The run "pruned" of `n` steps finishes with every checkpoint in
 /// `status.steps`, each step run once, and the operator says why.
 async fn pruned_run_stays_inline(s: &Scenario, n: usize) {
@@ -223,19 +241,9 @@ async fn pruned_run_stays_inline(s: &Scenario, n: usize) {
 #[tokio::test]
 async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
     let _crd = CRD.write().await;
-    // The test environment installs the CRDs of this tree as it starts: the
-    // older one replaces it afterwards, before the run is created.
-    // The operator starts once the older CRD is served: replacing a CRD
-    // under a running operator is the next test's.
-    let mut s = Scenario::start_without_operator("long-pruned").await;
-    let (original, older) = installed_and_older_crd().await;
-    let mut restore = RestoreCrd(Some(original));
-    replace_crd(&older).await;
-    let n = 55;
-    s.create_run("pruned", long_spec(n)).await;
-    wait_archive_served(&s, "pruned", false).await;
+    let (mut s, mut restore) = pruned_run_under_the_older_crd("long-pruned").await;
     s.start_operator(None);
-    pruned_run_stays_inline(&s, n).await;
+    pruned_run_stays_inline(&s, PRUNED_STEPS).await;
     restore.now();
     wait_archive_served(&s, "pruned", true).await;
     s.finish().await;
@@ -246,32 +254,22 @@ async fn under_a_crd_that_prunes_the_archive_every_checkpoint_stays_in_steps() {
 #[tokio::test]
 async fn an_operator_that_found_the_archive_pruned_archives_again_once_the_crd_is_applied() {
     let _crd = CRD.write().await;
-    // The test environment installs the CRDs of this tree as it starts: the
-    // older one replaces it afterwards, before the run is created.
-    // The operator starts once the older CRD is served: replacing a CRD
-    // under a running operator is the next test's.
-    let mut s = Scenario::start_without_operator("long-recheck").await;
-    let (original, older) = installed_and_older_crd().await;
-    let mut restore = RestoreCrd(Some(original));
-    replace_crd(&older).await;
-    let n = 55;
-    s.create_run("pruned", long_spec(n)).await;
-    wait_archive_served(&s, "pruned", false).await;
+    let (mut s, mut restore) = pruned_run_under_the_older_crd("long-recheck").await;
     // It asks again 2 s after it found the archive pruned (5 minutes by default).
     s.operator_config
         .extra_env
         .push(("AGENTRUN_ARCHIVE_RECHECK_SECONDS".into(), "2".into()));
     s.start_operator(None);
-    pruned_run_stays_inline(&s, n).await;
+    pruned_run_stays_inline(&s, PRUNED_STEPS).await;
     // The CRD of this release is applied after all: the same operator asks
     // again and archives the next long run.
     restore.now();
     wait_archive_served(&s, "pruned", true).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    s.create_run("archived", long_spec(n)).await;
+    s.create_run("archived", long_spec(PRUNED_STEPS)).await;
     let run = s.wait_finished("archived", RUN_TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
-    assert_eq!(status(&run).steps.len(), n);
+    assert_eq!(status(&run).steps.len(), PRUNED_STEPS);
     let raw = stored(&s, "archived").await;
     assert_eq!(
         raw["status"]["archivedSteps"]["count"],
@@ -280,7 +278,7 @@ async fn an_operator_that_found_the_archive_pruned_archives_again_once_the_crd_i
         raw["status"]["steps"].as_array().map_or(0, Vec::len)
     );
     let archived_starts = starts(&s, "archived");
-    assert_eq!(archived_starts.len(), n, "{archived_starts:?}");
+    assert_eq!(archived_starts.len(), PRUNED_STEPS, "{archived_starts:?}");
     assert!(
         archived_starts.values().all(|&k| k == 1),
         "{archived_starts:?}"
