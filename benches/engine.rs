@@ -1,5 +1,7 @@
 //! One `decide` on a 500-step run half-way through: 250 steps checkpointed,
 //! step 251 running. This is the engine's cost per reconcile of a large run.
+//! And the most a step's `when` may cost (D22): a runaway expression stopped
+//! at its budget, which says what one cost unit is in time.
 
 use std::hint::black_box;
 
@@ -77,6 +79,7 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
             queued: None,
             history: agentrun_operator::engine::History::On,
             now,
+            cel: Default::default(),
         });
         run.status = Some(d.status);
         for a in d.actions {
@@ -127,6 +130,7 @@ fn bench(c: &mut Criterion) {
         queued: None,
         history: agentrun_operator::engine::History::On,
         now,
+        cel: Default::default(),
     };
     let d = decide(&observed);
     assert_eq!(
@@ -139,5 +143,26 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// Ten nested loops over ten numbers, stopped by the budget.
+fn cel_at_its_budget(c: &mut Criterion) {
+    use agentrun_operator::engine::cel;
+    let ten = "[0,1,2,3,4,5,6,7,8,9]";
+    let mut expr = String::from("a >= 0");
+    for v in ["j", "i", "h", "g", "f", "e", "d", "c", "b", "a"] {
+        expr = format!("{ten}.all({v}, {expr})");
+    }
+    let compiled = cel::compile(&expr).expect("compiles");
+    let limits = cel::Limits::default();
+    assert_eq!(
+        cel::evaluate(&compiled, |_| Ok(()), &limits).unwrap_err(),
+        cel::Failure::Cost {
+            limit: cel::COST_LIMIT
+        }
+    );
+    c.bench_function("when_stopped_at_its_cost_budget", |b| {
+        b.iter(|| cel::evaluate(black_box(&compiled), |_| Ok(()), &limits))
+    });
+}
+
+criterion_group!(benches, bench, cel_at_its_budget);
 criterion_main!(benches);

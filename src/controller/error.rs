@@ -60,6 +60,11 @@ pub enum Error {
     /// tried again with backoff.
     #[error("reconcile of {run} did not finish within {after:?}; abandoned and tried again")]
     Timeout { run: String, after: Duration },
+
+    /// The decision itself did not complete (it panicked on the blocking
+    /// pool): nothing of it is applied, and the run is tried again.
+    #[error("deciding {run}: {message}")]
+    Decide { run: String, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -85,7 +90,8 @@ impl Error {
             | Error::WriteStatus { .. }
             | Error::Apply { .. }
             | Error::CreateRefused { .. }
-            | Error::Timeout { .. } => Category::Transient,
+            | Error::Timeout { .. }
+            | Error::Decide { .. } => Category::Transient,
         }
     }
 
@@ -100,6 +106,7 @@ impl Error {
             Error::CreateRefused { .. } => "create_refused",
             Error::MissingMetadata(_) => "missing_metadata",
             Error::Timeout { .. } => "timeout",
+            Error::Decide { .. } => "decide",
         }
     }
 }

@@ -17,6 +17,7 @@
 mod apply;
 pub mod capacity;
 pub mod clock;
+mod decide;
 mod error;
 mod events;
 mod expectations;

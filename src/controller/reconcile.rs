@@ -19,8 +19,8 @@ use super::apply;
 use super::error::{Error, Result, backoff};
 use super::queue::Action;
 use crate::api::{AgentRun, Approval, Signal};
+use crate::engine;
 use crate::engine::reasons::{ConditionType, Reason};
-use crate::engine::{self, Observed};
 use crate::metrics::CategoryLabel;
 
 /// How many times one reconcile re-reads and re-decides after a 409 on the
@@ -305,19 +305,17 @@ async fn reconcile_inner(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Actio
         let mut world = observe(&current, ctx)?;
         let now = ctx.clock.now();
         read_recorded_pods(&current, &mut world, ctx, now).await?;
-        let source = fork_source(&current, ctx);
         let history = super::history::look_up(&current, now, ctx).await;
-        let decision = engine::decide(&Observed {
-            run: &current,
-            pods: &world.pods,
-            approvals: &world.approvals,
-            signals: &world.signals,
-            refused: &refused,
-            source: source.as_ref(),
+        let (decision, world) = super::decide::decide(super::decide::Facts {
+            run: current.clone(),
+            world,
+            refused: refused.clone(),
+            source: fork_source(&current, ctx),
             queued: queued(&current, ctx),
             history,
             now,
-        });
+        })
+        .await?;
         let creates = decision
             .actions
             .iter()

@@ -26,6 +26,7 @@
 //! being written holds. The stages of one decision are in [`machine`].
 
 mod approval;
+pub mod cel;
 mod conditions;
 mod context;
 pub mod fork;
@@ -83,6 +84,9 @@ pub struct Observed<'a> {
     /// What the run history says (D18).
     pub history: History,
     pub now: Timestamp,
+    /// What evaluating the author's CEL may spend, and the interrupt the
+    /// controller raises at its deadline (D22).
+    pub cel: cel::Limits,
 }
 
 /// What the run history says of the run (D18), as the controller read it.

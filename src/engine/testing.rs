@@ -310,6 +310,7 @@ impl World {
             queued: self.queued.clone(),
             history: self.history.clone(),
             now: self.now,
+            cel: Default::default(),
         })
     }
 

@@ -1,19 +1,23 @@
 //! A step's `when`: a CEL expression over the results of the steps it
 //! depends on, evaluated with the CEL implementation the CRD rules use
-//! (kube's `cel` feature links it). The expression sees one variable,
-//! `steps`, a map from each dependency's name to `{"result": …, "phase":
-//! "Succeeded" | "Skipped"}`; a skipped step has no `result`.
+//! (kube's `cel` feature links it), within a cost budget ([`super::cel`],
+//! D22). The expression sees one variable, `steps`, a map from each
+//! dependency's name to `{"result": …, "phase": "Succeeded" | "Skipped"}`; a
+//! skipped step has no `result`.
 //!
 //! Refused before the run starts (D13): an expression that does not parse,
-//! or that names a step it does not depend on. A failure to evaluate (a
-//! missing field, a wrong type, a value that is not a bool) is returned with
-//! CEL's own message: the step fails with it, never skips silently.
+//! builds a message, or names a step it does not depend on. A failure to
+//! evaluate (a missing field, a wrong type, a value that is not a bool, a
+//! spent budget) is returned with its reason: the step fails with it, never
+//! skips silently.
 
 use std::collections::BTreeMap;
 
+use cel::Value;
 use cel::common::ast::{Expr, IdedExpr, LiteralValue};
-use cel::{Context, Program, Value};
 use serde_json::Value as Json;
+
+use super::cel::{self as bounded, Limits};
 
 /// What the expression is told about one step it depends on.
 pub struct Input<'a> {
@@ -24,8 +28,8 @@ pub struct Input<'a> {
 
 /// Parses `when` and checks that it names only the steps in `known`.
 pub fn check(when: &str, known: &[&str]) -> Result<(), String> {
-    let program = compile(when)?;
-    for name in referenced_steps(program.expression()) {
+    let expr = bounded::compile(when)?;
+    for name in referenced_steps(expr.expression()) {
         if !known.contains(&name.as_str()) {
             let deps = if known.is_empty() {
                 "none".to_owned()
@@ -40,9 +44,22 @@ pub fn check(when: &str, known: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
-/// Evaluates `when` against the steps it depends on.
-pub fn evaluate(when: &str, inputs: &[Input]) -> Result<bool, String> {
-    let program = compile(when)?;
+/// Evaluates `when` against the steps it depends on, within `limits`.
+pub fn evaluate(when: &str, inputs: &[Input], limits: &Limits) -> Result<bool, String> {
+    let expr = bounded::compile(when)?;
+    let bind = |context: &mut cel::Context| {
+        context
+            .add_variable("steps", variables(inputs))
+            .map_err(|e| format!("cannot pass the results to CEL: {e}"))
+    };
+    match bounded::evaluate(&expr, bind, limits) {
+        Ok(Value::Bool(b)) => Ok(b),
+        Ok(other) => Err(format!("evaluated to {}, not to a bool", describe(&other))),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn variables(inputs: &[Input]) -> BTreeMap<String, Json> {
     let mut steps: BTreeMap<String, Json> = BTreeMap::new();
     for i in inputs {
         let mut fields = serde_json::Map::new();
@@ -52,32 +69,7 @@ pub fn evaluate(when: &str, inputs: &[Input]) -> Result<bool, String> {
         }
         steps.insert(i.name.to_owned(), Json::Object(fields));
     }
-    let mut context = Context::default();
-    context
-        .add_variable("steps", steps)
-        .map_err(|e| format!("cannot pass the results to CEL: {e}"))?;
-    match program.execute(&context) {
-        Ok(Value::Bool(b)) => Ok(b),
-        Ok(other) => Err(format!("evaluated to {}, not to a bool", describe(&other))),
-        Err(e) => Err(format!("CEL error: {e}")),
-    }
-}
-
-fn compile(when: &str) -> Result<Program, String> {
-    // The parser of this CEL version panics on some malformed input; a spec
-    // must never crash the operator (D13).
-    match std::panic::catch_unwind(|| Program::compile(when)) {
-        Ok(Ok(p)) => Ok(p),
-        Ok(Err(e)) => Err(format!(
-            "does not parse as CEL: {}",
-            first_line(&e.to_string())
-        )),
-        Err(_) => Err("does not parse as CEL".into()),
-    }
-}
-
-fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or("").trim().to_owned()
+    steps
 }
 
 fn describe(v: &Value) -> String {
@@ -251,7 +243,7 @@ mod tests {
             ("steps.skipped.result.x", Err("CEL error")),
         ];
         for (expr, want) in cases {
-            let got = evaluate(expr, &inputs);
+            let got = evaluate(expr, &inputs, &Limits::default());
             match want {
                 Ok(b) => assert_eq!(got, Ok(b), "{expr}"),
                 Err(w) => {
@@ -259,6 +251,120 @@ mod tests {
                     assert!(e.contains(w), "{expr}: {e}");
                 }
             }
+        }
+    }
+
+    /// Ten nested loops over ten numbers: 10^10 iterations unbounded, minutes
+    /// of a worker. Metered, it stops once its budget is spent.
+    const RUNAWAY: &str = "[0,1,2,3,4,5,6,7,8,9].all(a, [0,1,2,3,4,5,6,7,8,9].all(b, \
+        [0,1,2,3,4,5,6,7,8,9].all(c, [0,1,2,3,4,5,6,7,8,9].all(d, \
+        [0,1,2,3,4,5,6,7,8,9].all(e, [0,1,2,3,4,5,6,7,8,9].all(f, \
+        [0,1,2,3,4,5,6,7,8,9].all(g, [0,1,2,3,4,5,6,7,8,9].all(h, \
+        [0,1,2,3,4,5,6,7,8,9].all(i, [0,1,2,3,4,5,6,7,8,9].all(j, \
+        a + b + c + d + e + f + g + h + i + j >= 0))))))))))";
+
+    #[test]
+    fn a_runaway_expression_stops_at_its_budget() {
+        let limits = Limits {
+            cost: 10_000,
+            interrupt: None,
+        };
+        let e = evaluate(RUNAWAY, &[], &limits).unwrap_err();
+        assert_eq!(
+            e,
+            "exceeds the cost budget of 10000 an expression may spend; it was stopped (simplify it: fewer nested loops over the results)"
+        );
+        // The same expression with the default budget also stops (it is the
+        // budget, not the small limit, that ends it).
+        let e = evaluate(RUNAWAY, &[], &Limits::default()).unwrap_err();
+        assert!(e.starts_with("exceeds the cost budget of 1000000"), "{e}");
+    }
+
+    #[test]
+    fn an_absorbed_error_does_not_hide_a_spent_budget() {
+        // `||` absorbs an error when its other side is true: the budget error
+        // of the left side must still end the evaluation.
+        let expr = format!(
+            "({}) || true",
+            RUNAWAY.replace(".all(", ".exists(").replace(">= 0", "< 0")
+        );
+        let limits = Limits {
+            cost: 5_000,
+            interrupt: None,
+        };
+        let e = evaluate(&expr, &[], &limits).unwrap_err();
+        assert!(e.starts_with("exceeds the cost budget of 5000"), "{e}");
+    }
+
+    #[test]
+    fn a_raised_interrupt_stops_the_evaluation() {
+        let interrupt = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let limits = Limits {
+            cost: u64::MAX,
+            interrupt: Some(interrupt),
+        };
+        assert_eq!(
+            evaluate(RUNAWAY, &[], &limits),
+            Err("was stopped at its evaluation deadline".to_owned())
+        );
+    }
+
+    #[test]
+    fn operations_pay_for_the_size_of_what_they_touch() {
+        // A list of 2,000 numbers from a result: one `in` touches all of them.
+        let items: Vec<u32> = (0..2000).collect();
+        let result = json!({ "items": items });
+        let inputs = [Input {
+            name: "a",
+            phase: "Succeeded",
+            result: Some(&result),
+        }];
+        let spent = |expr: &str| {
+            let compiled = bounded::compile(expr).unwrap();
+            bounded::cost(&compiled, |c| {
+                c.add_variable("steps", variables(&inputs))
+                    .map_err(|e| e.to_string())
+            })
+        };
+        let one = spent("1999 in steps.a.result.items");
+        assert!((2000..2100).contains(&one), "{one}");
+        // Each of the 2,000 iterations touches the whole list again.
+        let nested = spent("steps.a.result.items.all(x, x in steps.a.result.items)");
+        assert!(nested > 4_000_000, "{nested}");
+        assert!(
+            evaluate(
+                "steps.a.result.items.all(x, x in steps.a.result.items)",
+                &inputs,
+                &Limits::default()
+            )
+            .unwrap_err()
+            .starts_with("exceeds the cost budget")
+        );
+        // What `when` is for stays far inside the budget.
+        let typical =
+            spent("steps.a.result.items.exists(x, x == 1999) && size(steps.a.result.items) > 10");
+        assert!(typical < 50_000, "{typical}");
+    }
+
+    #[test]
+    fn what_cannot_be_evaluated_is_refused_when_checked() {
+        let cases: [(&str, &str); 3] = [
+            ("Foo{}", "builds a message (Foo{…}), which is not supported"),
+            (
+                "steps.a.result.x == google.protobuf.Int64Value{value: 1}",
+                "builds a message",
+            ),
+            (
+                "__agentrun_loop(1, true)",
+                "calls __agentrun_loop, which is reserved",
+            ),
+        ];
+        for (expr, want) in cases {
+            let e = check(expr, &["a"]).unwrap_err();
+            assert!(e.contains(want), "{expr}: {e}");
+            // And never reaches the interpreter, whose message support panics.
+            let e = evaluate(expr, &[], &Limits::default()).unwrap_err();
+            assert!(e.contains(want), "{expr}: {e}");
         }
     }
 }

@@ -237,7 +237,7 @@ impl<'a> Machine<'a> {
                     result: r.as_ref(),
                 })
                 .collect();
-            match when::evaluate(expr, &inputs) {
+            match when::evaluate(expr, &inputs, self.cel) {
                 Ok(true) => {}
                 Ok(false) => return self.skip_step(plan, i, format!("when {expr:?} is false")),
                 Err(e) => return self.when_failed(plan, i, format!("when {expr:?}: {e}")),

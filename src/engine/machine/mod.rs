@@ -89,6 +89,8 @@ struct Machine<'a> {
     queued: Option<&'a super::Queued>,
     /// What the run history says (D18).
     history: &'a super::History,
+    /// What the author's CEL may spend (D22).
+    cel: &'a super::cel::Limits,
     approvals: &'a [crate::api::Approval],
     signals: &'a [crate::api::Signal],
     name: &'a str,
@@ -140,6 +142,7 @@ impl<'a> Machine<'a> {
             source: obs.source,
             queued: obs.queued.as_ref(),
             history: &obs.history,
+            cel: &obs.cel,
             approvals: obs.approvals,
             signals: obs.signals,
             name: run.metadata.name.as_deref().unwrap_or(""),

@@ -312,6 +312,7 @@ impl Sim {
             queued: None,
             history: crate::engine::History::Off,
             now: self.w.now,
+            cel: Default::default(),
         })
     }
 

@@ -170,6 +170,40 @@ fn a_when_that_cannot_be_evaluated_fails_the_step_with_the_cel_error() {
     );
 }
 
+/// D22: a `when` that loops over a result again for each of its elements
+/// spends its cost budget: the step fails with that reason, the run ends
+/// (WhenFailed), and nothing after it starts. 700 × 700 iterations of a
+/// body of several nodes is millions of units, past the budget of one
+/// million.
+#[test]
+fn a_when_past_its_cost_budget_fails_the_step_and_ends_the_run() {
+    let mut w = World::new(AgentRun::test().with_steps([
+        step("detect"),
+        when(
+            after(step("spam-handler"), &["detect"]),
+            "steps.detect.result.items.all(x, steps.detect.result.items.all(y, x != y || x == y))",
+        ),
+    ]));
+    w.settle();
+    let items: Vec<u32> = (0..700).collect();
+    w.succeed(
+        "run-detect-ca60b8-r1-a1",
+        &ok_message(json!({ "items": items }), 0),
+    );
+    let s = w.status();
+    assert_eq!(s.phase, Some(RunPhase::Failed));
+    let (status, reason) = condition_of(&w, ConditionType::Succeeded);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "WhenFailed"));
+    let c = cp(&w, "spam-handler", 1);
+    assert_eq!(c.phase, StepPhase::Failed);
+    assert!(
+        c.message
+            .unwrap()
+            .contains("exceeds the cost budget of 1000000 an expression may spend"),
+    );
+    assert_eq!(w.created, ["run-detect-ca60b8-r1-a1"]);
+}
+
 #[test]
 fn parallelism_bounds_the_pods_in_flight() {
     let mut steps = vec![step("a")];
