@@ -34,6 +34,9 @@ pub const DEFAULT_PARALLELISM: i32 = 10;
 pub const MAX_DEPENDS_ON: usize = 32;
 /// The largest `resultSchema` a step may declare, as compact JSON.
 pub const MAX_RESULT_SCHEMA_BYTES: usize = 8 * 1024;
+/// The most data a Signal may carry into a run (as compact JSON): a signal
+/// over it fails its step before any schema is applied to it (D22).
+pub const MAX_SIGNAL_DATA_BYTES: usize = 64 * 1024;
 /// Default of `budget.replans`: re-plans for stale input before the run stops.
 pub const DEFAULT_REPLANS: i32 = 10;
 
@@ -183,9 +186,15 @@ pub struct StepSpec {
     /// (`steps.<name>.result`, or `steps['a-name'].result` for names with a
     /// dash): when it is false the step is `Skipped` and the steps after it
     /// go on without its result. An expression that fails to evaluate fails
-    /// the step with the CEL error.
+    /// the step with the CEL error. Its cost is bounded (D22): at most three
+    /// comprehensions, and an evaluation that spends its budget fails the
+    /// step (docs/api.md, "Conditional steps").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
+    #[x_kube(
+        validation = Rule::new(r#"self.matches("^(?:[^'\"{]|'(?:\\\\.|[^'\\\\])*'|\"(?:\\\\.|[^\"\\\\])*\"|(?:^|[^A-Za-z0-9_.\\s])\\s*\\{)*$")"#).message("when: builds a message (Name{…}), which CEL over JSON results does not support: read the results as maps and lists"),
+        validation = Rule::new(r#"size(self.findAll('[.](all|exists|exists_one|map|filter)\\s*[(]')) <= 3"#).message("when: at most 3 comprehensions (all, exists, exists_one, map, filter) in one expression: each multiplies the cost of what it contains, and an expression past its cost budget fails the step")
+    )]
     pub when: Option<Box<str>>,
 
     /// The container that performs the step (every step but a wait).

@@ -13,11 +13,20 @@ const SHOWN: usize = 3;
 /// How long one mismatch may be in a message.
 const MISMATCH_CHARS: usize = 160;
 
+/// The most memory one compiled `pattern` may take.
+const PATTERN_BYTES: usize = 1 << 20;
+
 fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
     jsonschema::options()
         // `format` asserts (a `date-time` must be one), as a boundary check
         // should; a format the validator does not know is not checked.
         .should_validate_formats(true)
+        // Patterns run on a linear-time engine (D22): a pattern the author
+        // wrote is matched against data from outside (a signal's), and a
+        // backtracking engine would let one of them take a worker for as
+        // long as the pattern likes. Look-around and back-references, which
+        // need backtracking, make the schema unusable (D13).
+        .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(PATTERN_BYTES))
         .build(schema)
         .map_err(|e| cap(&e.to_string()))
 }
@@ -92,6 +101,25 @@ mod tests {
                 "at": {"type": "string", "format": "date-time"}
             }
         })
+    }
+
+    #[test]
+    fn a_pattern_that_needs_backtracking_makes_the_schema_unusable() {
+        // Look-ahead and back-references: a backtracking engine runs these
+        // for as long as the input makes it, on data from outside.
+        for pattern in ["^(a|aa)+(?=b)", "^(a+)\\1$"] {
+            let schema = json!({"type": "string", "pattern": pattern});
+            let e = check(&schema).unwrap_err();
+            assert!(
+                e.starts_with("is not a usable JSON Schema"),
+                "{pattern}: {e}"
+            );
+        }
+        // What a linear-time engine matches stays usable.
+        let schema = json!({"type": "string", "pattern": "^(a+)+$"});
+        assert_eq!(check(&schema), Ok(()));
+        let long = format!("{}!", "a".repeat(10_000));
+        assert!(mismatches(&schema, &json!(long)).is_err());
     }
 
     #[test]

@@ -114,6 +114,22 @@ impl<'a> Machine<'a> {
             Answer::Expiring { .. } => {}
             Answer::Sent { id, data, by } => {
                 let data = data.unwrap_or_default();
+                // D22: data from outside is bounded before anything
+                // evaluates it; the API server has no way to measure it.
+                let bytes = serde_json::to_vec(&data).map_or(0, |v| v.len());
+                if bytes > crate::api::MAX_SIGNAL_DATA_BYTES {
+                    let why = format!(
+                        "signal {id} on Signal {name} carries {bytes} bytes of data, over the {} KiB a signal may carry",
+                        crate::api::MAX_SIGNAL_DATA_BYTES / 1024
+                    );
+                    self.event(
+                        EventType::Warning,
+                        Reason::ResultInvalid,
+                        format!("step {step}: {why}"),
+                    );
+                    self.status.steps[c].decided_by = by;
+                    return self.refuse_step(c, Reason::ResultInvalid, why);
+                }
                 // D7 at the boundary: data from outside that does not match
                 // the step's resultSchema is never committed as its result.
                 // The signal cannot be sent again, so the step fails.

@@ -409,3 +409,30 @@ fn a_signal_whose_data_matches_the_result_schema_is_committed() {
     assert_eq!(cp(&w, "settle", 1).result, Some(json!({"amount": 5})));
     assert_eq!(w.created, ["run-a-2b8d3c-r1-a1", "run-b-59c772-r1-a1"]);
 }
+
+/// D22: a signal's data comes from outside and is bounded before anything
+/// evaluates it: over 64 KiB the step fails with the size, whatever its
+/// schema, and the steps after it never start.
+#[test]
+fn a_signal_with_data_over_its_cap_fails_the_step_before_any_schema_runs() {
+    let mut w = settle(SignalTimeout::Fail);
+    let name = signal_of(&w);
+    let big = "x".repeat(crate::api::MAX_SIGNAL_DATA_BYTES);
+    assert!(w.send_signal(&name, "pay-1", json!({"note": big}), "ci-bot"));
+    let d = w.step();
+    assert!(
+        events(&d).contains(&Reason::ResultInvalid),
+        "{:?}",
+        events(&d)
+    );
+    let c = cp(&w, "settle", 1);
+    assert_eq!((c.phase, c.result.clone()), (StepPhase::Failed, None));
+    let message = c.message.unwrap();
+    assert!(
+        message.contains("carries 65547 bytes of data, over the 64 KiB a signal may carry"),
+        "{message}"
+    );
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Failed));
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"], "b never started");
+}
