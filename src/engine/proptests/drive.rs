@@ -156,3 +156,37 @@ proptest! {
         drive(steps, tokens, events, cancel_at);
     }
 }
+
+/// Proptest reads saved failures only from the file named after the source
+/// file that holds the `proptest!` (`src/a/b.rs` → `proptest-regressions/a/b.txt`):
+/// a file left behind when a test moves is never read again, and its cases
+/// stop being replayed without a word.
+#[test]
+fn every_saved_failure_file_belongs_to_a_property_test() {
+    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("reading proptest-regressions") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                files(&path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let saved = root.join("proptest-regressions");
+    let mut found = Vec::new();
+    files(&saved, &mut found);
+    assert!(!found.is_empty(), "no saved failures under {saved:?}");
+    for file in found {
+        let rel = file.strip_prefix(&saved).expect("under the folder");
+        let source = root.join("src").join(rel).with_extension("rs");
+        let text = std::fs::read_to_string(&source).unwrap_or_else(|_| {
+            panic!("{rel:?} names no source file ({source:?}): move it beside the property test it belongs to")
+        });
+        assert!(
+            text.contains("proptest! {"),
+            "{source:?} holds no property test, so {rel:?} is never read"
+        );
+    }
+}
