@@ -8,14 +8,16 @@ pub(super) fn drive(
     tokens: Option<i64>,
     mut events: Vec<Ev>,
     cancel_at: Option<usize>,
-) {
+) -> Reach {
     if let Some(at) = cancel_at {
         events.insert(at.min(events.len()), Ev::Cancel);
     }
-    run_events(Sim::new(build_run(&steps, tokens)), events);
+    run_events(Sim::new(build_run(&steps, tokens)), events)
 }
 
-pub(super) fn run_events(mut sim: Sim, events: Vec<Ev>) {
+/// Plays `events`, then lets the world come to rest, checking the
+/// invariants all along; says which paths the history reached.
+pub(super) fn run_events(mut sim: Sim, events: Vec<Ev>) -> Reach {
     for e in events {
         let changes_children = matches!(
             e,
@@ -136,6 +138,7 @@ pub(super) fn run_events(mut sim: Sim, events: Vec<Ev>) {
             "a finished run releases every finalizer"
         );
     }
+    Reach::of(&sim)
 }
 
 proptest! {

@@ -50,11 +50,13 @@ mod cluster;
 mod drive;
 mod gaps;
 mod plans;
+mod reach;
 
 use checks::check_status_transition;
 use cluster::never_started;
 use drive::run_events;
 use plans::*;
+use reach::Reach;
 
 /// As in `controller::reconcile`.
 const MAX_CONFLICTS: u32 = 5;
