@@ -100,7 +100,7 @@ impl Report {
             Err(e) => format!("unknown ({e})"),
         };
         let mut out = format!(
-            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} signals_sent={} (again {}, refused {}) status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nprobes={} (applied {}, not_applied {}) probe_kills={} archived_runs={} (checkpoints {})\nduplicates: after_commit={} second_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={} early_probes={}",
+            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} signals_sent={} (again {}, refused {}) status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nprobes={} (applied {}, not_applied {}) probe_kills={} archived_runs={} (checkpoints {})\nduplicates: after_commit={} after_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={} early_probes={} unlabelled={}",
             self.namespace,
             self.wall_time.as_secs_f64(),
             self.fault_phase.as_secs_f64(),
@@ -136,7 +136,7 @@ impl Report {
             self.archived_runs,
             self.archived_checkpoints,
             v.after_commit,
-            v.second_success,
+            v.after_success,
             v.overlapping,
             v.blind_reruns,
             v.repeated_effects,
@@ -146,6 +146,7 @@ impl Report {
             v.reconcile_unexpected,
             v.early_wakes,
             v.early_probes,
+            v.unlabelled,
         );
         match &self.finalizers_held {
             Ok(0) => {}

@@ -131,10 +131,21 @@ mod tests {
             "2026-01-01T10:00:22Z",
         ));
         let v = judge(&o, &[r], ledger);
-        assert_eq!((v.duplicates, v.after_commit), (1, 1), "{v:?}");
+        // Only pod 3 is after the commit; both re-ran a key that had
+        // succeeded (`after_success`).
+        assert_eq!(
+            (v.duplicates, v.after_commit, v.after_success),
+            (2, 1, 2),
+            "{v:?}"
+        );
         assert!(
-            v.findings[0].contains("pod pod-3")
-                && v.findings[0].contains("written 2026-01-01T10:00:20Z"),
+            !v.findings[0].contains("after its outcome was committed"),
+            "{:?}",
+            v.findings
+        );
+        assert!(
+            v.findings[1].contains("pod pod-3")
+                && v.findings[1].contains("written 2026-01-01T10:00:20Z"),
             "{:?}",
             v.findings
         );

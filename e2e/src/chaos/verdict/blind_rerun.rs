@@ -16,7 +16,11 @@ pub(super) fn check(f: &Facts<'_>) -> Vec<Breach> {
         let Some(first) = xs.first().map(|&i| &f.executions[i]) else {
             continue;
         };
-        if !first.is_step() || f.effect(first.run, first.step) != Some(Effect::NonIdempotent) {
+        if !first.is_step()
+            || f.effect(first.run, first.step)
+                .unwrap_or(Effect::NonIdempotent)
+                != Effect::NonIdempotent
+        {
             continue;
         }
         let retries = f.retries(key);

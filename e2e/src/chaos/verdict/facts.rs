@@ -82,6 +82,12 @@ impl Execution<'_> {
         unknown && !self.probed_not_applied
     }
 
+    /// A step execution whose Pod lacked the run or step label: nothing
+    /// can be judged about it, which is itself a finding.
+    pub fn unlabelled(&self) -> bool {
+        self.is_step() && (self.run.is_empty() || self.step.is_empty())
+    }
+
     /// A verify probe (role `verify`).
     pub fn is_probe(&self) -> bool {
         self.role == Some("verify")
@@ -102,7 +108,9 @@ pub(super) struct Leave<'a> {
     /// The key the approval is about.
     pub key: Option<&'a str>,
     /// When the API server took the decision (whole seconds); `None` if it
-    /// does not say, which counts as before every execution.
+    /// does not say, which counts as after every execution: the operator
+    /// treats a decision it cannot place in time as late, and the referee is
+    /// at least as strict.
     pub at: Option<Timestamp>,
     pub kind: LeaveKind,
 }
@@ -118,7 +126,7 @@ pub(super) enum LeaveKind {
 impl Leave<'_> {
     /// Given before an execution that started at `t`.
     pub fn before(&self, t: Timestamp) -> bool {
-        self.at.is_none_or(|at| at <= t)
+        self.at.is_some_and(|at| at <= t)
     }
 }
 
@@ -246,7 +254,8 @@ impl<'a> Facts<'a> {
         })
     }
 
-    /// The declared effect of step `step` of run `run` (`None`: the run is gone).
+    /// The declared effect of step `step` of run `run` (`None`: the run is
+    /// gone, or the step left its plan; rules judge it as `NonIdempotent`).
     pub fn effect(&self, run: &str, step: &str) -> Option<Effect> {
         self.effects.get(&(run, step)).copied()
     }

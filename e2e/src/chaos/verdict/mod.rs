@@ -13,7 +13,7 @@
 //! | rule | module | counts |
 //! |---|---|---|
 //! | an execution after its key's outcome was committed (D3, D4) | `after_commit` | duplicate |
-//! | a second success of one key | `second_success` | duplicate |
+//! | an execution of a key started after the key succeeded, or a second success (D3, D5) | `after_success` | duplicate |
 //! | two live executions of one key (D2) | `overlapping` | duplicate |
 //! | a NonIdempotent key run again after an attempt that may have acted, without a person's `Retry` (D6) | `blind_rerun` | duplicate |
 //! | a step whose effect happened run again under another key — across plan revisions — without a person's leave (D1, D8) | `repeated_effect` | duplicate |
@@ -24,6 +24,7 @@
 //! | a Reconcile question no injected fault explains (D6) | `reconcile_unexpected` | unexpected |
 //! | a step after a wait step started before the wait's `wakeAt` (D10) | `early_wake` | early |
 //! | a verify probe started while an execution of its key was live (D2) | `early_probe` | early probes |
+//! | a step execution whose Pod lacks the run or step label | (here) | unlabelled |
 //!
 //! The first five judge executions: one execution counts once as a duplicate
 //! however many of them name it, and each rule's own count is kept. The unit
@@ -37,10 +38,11 @@
 //! (`Facts::verified`).
 //!
 //! Any duplicate, unapproved, lost, stuck or unobserved run, watch failure
-//! (observer.rs), unexpected Reconcile approval, early wake or early probe
-//! fails the verdict.
+//! (observer.rs), unexpected Reconcile approval, early wake, early probe or
+//! unlabelled execution fails the verdict.
 
 mod after_commit;
+mod after_success;
 mod blind_rerun;
 mod early_probe;
 mod early_wake;
@@ -50,7 +52,6 @@ mod observer;
 mod overlapping;
 mod reconcile_unexpected;
 mod repeated_effect;
-mod second_success;
 mod stuck;
 mod unapproved;
 mod unobserved;
@@ -88,7 +89,7 @@ pub struct Verdict {
     /// Executions that should not have happened (each counted once), and by rule.
     pub duplicates: usize,
     pub after_commit: usize,
-    pub second_success: usize,
+    pub after_success: usize,
     pub overlapping: usize,
     pub blind_reruns: usize,
     /// Executions of a step whose effect had already happened under another
@@ -110,6 +111,8 @@ pub struct Verdict {
     pub probes: usize,
     pub probes_applied: usize,
     pub probes_not_applied: usize,
+    /// Step executions whose Pod lacked the run or step label.
+    pub unlabelled: usize,
     /// Outcomes of the runs, by phase.
     pub phases: BTreeMap<String, usize>,
     /// One line per finding.
@@ -127,6 +130,7 @@ impl Verdict {
             && self.reconcile_unexpected == 0
             && self.early_wakes == 0
             && self.early_probes == 0
+            && self.unlabelled == 0
     }
 }
 
@@ -170,7 +174,7 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
         n
     };
     v.after_commit = tally(after_commit::check(&f));
-    v.second_success = tally(second_success::check(&f));
+    v.after_success = tally(after_success::check(&f));
     v.overlapping = tally(overlapping::check(&f));
     v.blind_reruns = tally(blind_rerun::check(&f));
     v.repeated_effects = tally(repeated_effect::check(&f));
@@ -180,6 +184,14 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
             "duplicate: {}: {}",
             f.executions[x].describe(),
             reasons.join("; ")
+        ));
+    }
+
+    for x in f.executions.iter().filter(|x| x.unlabelled()) {
+        v.unlabelled += 1;
+        v.findings.push(format!(
+            "unlabelled: {}: its Pod lacks the run or step label, so no rule can judge it",
+            x.describe()
         ));
     }
 
@@ -261,7 +273,7 @@ mod tests {
         ledger.extend(exec("2", "k", 13, Outcome::Succeeded, 14));
         let v = judge(&o, &[r], ledger);
         assert_eq!(
-            (v.duplicates, v.after_commit, v.second_success),
+            (v.duplicates, v.after_commit, v.after_success),
             (1, 1, 1),
             "{v:?}"
         );
@@ -274,5 +286,30 @@ mod tests {
             v.findings
         );
         assert!(!v.passed());
+    }
+
+    /// An execution whose Pod lacked the run or step label is a finding:
+    /// no rule can judge it, so the verdict fails rather than skip it.
+    #[test]
+    fn an_unlabelled_execution_fails_the_verdict() {
+        let mut o = Observer::default();
+        saw_finish(&mut o);
+        let r = run("r", 5, vec![committed("a", "k", "r")], RunPhase::Succeeded);
+        let mut ledger = exec("1", "k", 10, Outcome::Succeeded, 11).to_vec();
+        let mut stray = exec("2", "k-stray", 12, Outcome::Succeeded, 13);
+        for e in &mut stray {
+            e.step = None;
+        }
+        ledger.extend(stray);
+        let v = judge(&o, &[r], ledger);
+        assert_eq!(v.unlabelled, 1, "{v:?}");
+        assert!(!v.passed());
+        assert!(
+            v.findings
+                .iter()
+                .any(|f| f.starts_with("unlabelled: run r key k-stray")),
+            "{:?}",
+            v.findings
+        );
     }
 }

@@ -9,8 +9,10 @@
 //!   Reconcile question answered `Retry`, or an `Approve` question with
 //!   `spec.context.repeats` answered `Approved` — decided before this one
 //!   started. (Re-runs under the execution's own key alone are `blind_rerun`'s.)
-//! - an `Idempotent` step: every other key that already succeeded needs an
+//! - an `Idempotent` step: every other key that already acted (succeeded, or
+//!   the ledger records that it acted before it was killed) needs an
 //!   approved repeat: the new key defeats the downstream system's dedup.
+//! - a step whose effect cannot be looked up: as `NonIdempotent`, the default.
 //! - `None` (reads) may run again under any key: a re-plan re-runs expired reads.
 
 use std::collections::BTreeSet;
@@ -23,10 +25,14 @@ use super::facts::{Facts, LeaveKind};
 pub(super) fn check(f: &Facts<'_>) -> Vec<Breach> {
     let mut out = Vec::new();
     for (&(run, step), xs) in &f.by_step {
-        let Some(effect @ (Effect::NonIdempotent | Effect::Idempotent)) = f.effect(run, step)
-        else {
+        // A step whose effect cannot be looked up (its run is gone, or a
+        // planner's step a later plan dropped) is judged as the documented
+        // default, NonIdempotent: the referee is never less strict than the
+        // contract.
+        let effect = f.effect(run, step).unwrap_or(Effect::NonIdempotent);
+        if effect == Effect::None {
             continue;
-        };
+        }
         let leaves = f.leaves(run, step);
         for (p, &i) in xs.iter().enumerate() {
             let x = &f.executions[i];
@@ -49,10 +55,12 @@ pub(super) fn check(f: &Facts<'_>) -> Vec<Breach> {
                     keys,
                 )
             } else {
+                // Acted: it succeeded, or the ledger records that it acted
+                // before it was killed or failed.
                 let keys: BTreeSet<&str> = earlier
                     .filter(|y| {
                         y.key != x.key
-                            && y.succeeded()
+                            && (y.succeeded() || y.acted == Some(true))
                             && !y.said_not_applied
                             && y.finished_at.is_some_and(|t| t <= x.started_at)
                     })
@@ -259,6 +267,63 @@ mod tests {
         // A key that never succeeded is no effect to repeat.
         let v = judged(Effect::Idempotent, &[], two_keys(Outcome::Killed));
         assert!(v.passed(), "{v:?}");
+    }
+
+    /// An Idempotent step killed after it acted under `k1`, then run under
+    /// `k2`: the effect happened twice under two keys, though `k1` never
+    /// succeeded.
+    #[test]
+    fn an_idempotent_step_that_acted_then_ran_under_a_new_key_is_a_duplicate() {
+        let mut ledger = acting(
+            exec_at(
+                "1",
+                "k1",
+                "2026-01-01T10:00:10Z",
+                Outcome::Killed,
+                "2026-01-01T10:00:11Z",
+            ),
+            true,
+        )
+        .to_vec();
+        ledger.extend(exec_at(
+            "2",
+            "k2",
+            "2026-01-01T10:00:20Z",
+            Outcome::Succeeded,
+            "2026-01-01T10:00:21Z",
+        ));
+        let v = judged(Effect::Idempotent, &[], ledger.clone());
+        assert_eq!((v.duplicates, v.repeated_effects), (1, 1), "{v:?}");
+        // Killed before it acted: nothing to repeat.
+        ledger[1] = ledger[1].clone().acting(false);
+        let v = judged(Effect::Idempotent, &[], ledger);
+        assert!(v.passed(), "{v:?}");
+    }
+
+    /// A step the final runs do not declare (a planner's step a later plan
+    /// dropped) is judged as NonIdempotent, the default, not skipped.
+    #[test]
+    fn a_step_whose_effect_cannot_be_looked_up_is_judged_as_non_idempotent() {
+        let mut o = Observer::default();
+        saw_finish(&mut o);
+        let mut r = replanned(Effect::Idempotent, Outcome::Killed);
+        r.spec.steps[0].name = "renamed".into();
+        let v = judge_disrupted(&o, &[r], &[], two_keys(Outcome::Killed), &[]);
+        assert_eq!(v.repeated_effects, 1, "{v:?}");
+    }
+
+    /// A Retry whose decision time cannot be recovered is no leave: the
+    /// operator treats such a decision as late.
+    #[test]
+    fn a_decision_without_a_time_lets_nothing_run_again() {
+        let mut retry = about(
+            approval("Reconcile", Some("Retry"), "Approved", "Reject"),
+            "r-a-r1-reconcile",
+            "k1",
+        );
+        retry.metadata.managed_fields = None;
+        let v = judged(Effect::NonIdempotent, &[retry], two_keys(Outcome::Killed));
+        assert_eq!(v.repeated_effects, 1, "{v:?}");
     }
 
     #[test]
