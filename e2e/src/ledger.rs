@@ -173,13 +173,14 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Reads every complete line of `path`. A missing file is an empty ledger (no Pod has
-    /// run yet). A last line without its newline is still being written and is left out.
+    /// Reads every complete line of `path`. A last line without its newline is still being
+    /// written and is left out. A missing file is an error, not an empty ledger: simkubelet
+    /// creates its ledger when it starts, so a missing one is a wrong path or no simkubelet,
+    /// and read as empty it would make every "nothing ran" pass.
     pub fn read(path: impl AsRef<Path>) -> Result<Ledger> {
         let path = path.as_ref();
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(source) => {
                 return Err(LedgerError::Read {
                     path: path.to_owned(),
@@ -414,6 +415,18 @@ mod tests {
         let line = serde_json::to_string(&started("1", "a")).expect("encodes");
         let text = format!("{line}\n{}", &line[..10]);
         assert_eq!(Ledger::parse(&text).expect("parses").entries.len(), 1);
+    }
+
+    /// Read as empty, a ledger at the wrong path would make every
+    /// "nothing ran" assertion pass.
+    #[test]
+    fn a_missing_ledger_is_an_error_not_an_empty_one() {
+        let dir = std::env::temp_dir().join(format!("ledger-missing-{}", std::process::id()));
+        let err = Ledger::read(dir.join("ledger.jsonl")).unwrap_err();
+        assert!(
+            matches!(err, LedgerError::Read { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -561,7 +561,13 @@ async fn operator_runs_a_gated_run_under_the_charts_rbac() {
         .expect("operator running")
         .log_path()
         .to_owned();
-    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    // Searched for refusals only once it shows lines it must have: a missing
+    // or wrong log never passes for a clean one.
+    let log = std::fs::read_to_string(&log_path).expect("the operator's log");
+    assert!(
+        log.contains("acquired the leader lease") && log.contains("created step pod"),
+        "the operator's log lacks the lines of the run it just did:\n{log}"
+    );
     let denied: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))

@@ -231,7 +231,7 @@ async fn pruned_run_stays_inline(s: &Scenario, n: usize) {
     let pruned_starts = starts(s, "pruned");
     assert_eq!(pruned_starts.len(), n, "{pruned_starts:?}");
     assert!(pruned_starts.values().all(|&k| k == 1), "{pruned_starts:?}");
-    let log = std::fs::read_to_string(s.operator_log()).unwrap_or_default();
+    let log = std::fs::read_to_string(s.operator_log()).expect("the operator's log");
     assert!(
         log.contains("the API server dropped status.archivedSteps"),
         "the operator says why it keeps every checkpoint inline"
@@ -283,7 +283,7 @@ async fn an_operator_that_found_the_archive_pruned_archives_again_once_the_crd_i
         archived_starts.values().all(|&k| k == 1),
         "{archived_starts:?}"
     );
-    let log = std::fs::read_to_string(s.operator_log()).unwrap_or_default();
+    let log = std::fs::read_to_string(s.operator_log()).expect("the operator's log");
     assert!(
         log.contains("asking the API server again whether it keeps status.archivedSteps"),
         "the operator says it asks again"
@@ -340,7 +340,7 @@ async fn an_operator_whose_crd_is_replaced_under_it_still_sees_new_runs() {
         assert!(starts.values().all(|&k| k == 1), "{starts:?}");
     }
     // Each run came through a list: the watch was told its version is gone.
-    let log = std::fs::read_to_string(s.operator_log()).unwrap_or_default();
+    let log = std::fs::read_to_string(s.operator_log()).expect("the operator's log");
     let relists = log
         .lines()
         .filter(|l| {

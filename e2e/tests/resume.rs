@@ -65,7 +65,8 @@ async fn after_a_restart_every_run_gets_its_next_pod_and_the_held_releases_follo
     assert!(starts.values().all(|&n| n == 1), "{starts:?}");
     // The releases held in the first round were sent: no step Pod keeps the finalizer.
     s.wait_finalizers_released(TIMEOUT).await;
-    let log = without_colours(&std::fs::read_to_string(s.operator_log()).unwrap_or_default());
+    let log =
+        without_colours(&std::fs::read_to_string(s.operator_log()).expect("the operator's log"));
     // The log holds both operators' lines: the restarted one's come last.
     let line = log
         .lines()

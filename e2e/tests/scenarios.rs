@@ -20,8 +20,9 @@
 //!   result finalizer (D5);
 //! - `leader_election.rs`: a standby that takes over, a restarted leader that
 //!   takes its Lease back;
-//! - `stalls.rs`: a run the operator cannot read and a Pod the API server
-//!   refuses say so (D13, D16);
+//! - `stalls.rs`: a Pod the API server refuses says so (D13, D16); a run the
+//!   operator cannot read is `tests/unreadable.rs`, a binary of its own,
+//!   because it replaces the cluster's AgentRun CRD;
 //! - `step_pods.rs`: each run's Pods named its own, and the context the step
 //!   SDK reads from a step's Pod.
 //!
@@ -50,14 +51,12 @@ mod stalls;
 #[path = "scenarios/step_pods.rs"]
 mod step_pods;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agentrun_e2e::support::scenario::{Scenario, field_managers, phase, sim_step, status};
 use agentrun_operator::api::{AgentRun, RunPhase, StepCheckpoint, StepPhase};
 use agentrun_operator::labels;
 use kube::ResourceExt;
-use kube::api::ListParams;
 use serde_json::json;
 
 pub(crate) const RUN_TIMEOUT: Duration = Duration::from_secs(90);
@@ -200,25 +199,7 @@ pub(crate) async fn asked(s: &Scenario, name: &str) -> agentrun_operator::api::A
     .unwrap_or_else(|| panic!("Approval {name} was named but never created"))
 }
 
-/// Events on run `run` by reason, counting the repeats of a series.
-pub(crate) async fn event_counts(s: &Scenario, run: &str) -> BTreeMap<String, i32> {
-    let events: kube::Api<k8s_openapi::api::events::v1::Event> = s.env().api();
-    let list = events
-        .list(&ListParams::default())
-        .await
-        .expect("listing events");
-    let mut counts = BTreeMap::new();
-    for e in list
-        .items
-        .iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(run))
-    {
-        *counts
-            .entry(e.reason.clone().unwrap_or_default())
-            .or_insert(0) += e.series.as_ref().map_or(1, |s| s.count);
-    }
-    counts
-}
+pub(crate) use agentrun_e2e::support::scenario::event_counts;
 
 /// The ledger's executions of one step of one run.
 pub(crate) fn executions_of(s: &Scenario, run: &str, step: &str) -> usize {

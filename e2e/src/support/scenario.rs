@@ -49,6 +49,17 @@ impl Scenario {
         let ns = env.namespace().to_owned();
         let ledger_path = log_dir(&ns).join("ledger.jsonl");
         let simkubelet = Some(start_simkubelet(&ns, &ledger_path));
+        // simkubelet creates its ledger as it starts; a test reads it only
+        // once it exists (a missing ledger is an error, never "nothing ran").
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !ledger_path.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "simkubelet did not create its ledger {} within 30 s",
+                ledger_path.display()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
         Scenario {
             operator_config: OperatorConfig::new(&ns),
             env: Some(env),
@@ -421,4 +432,24 @@ pub async fn lease_holder(
         .ok()
         .flatten()
         .and_then(|l| l.spec?.holder_identity)
+}
+
+/// Events on run `run` by reason, counting the repeats of a series.
+pub async fn event_counts(s: &Scenario, run: &str) -> std::collections::BTreeMap<String, i32> {
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = s.env().api();
+    let list = events
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("listing events");
+    let mut counts = std::collections::BTreeMap::new();
+    for e in list
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(run))
+    {
+        *counts
+            .entry(e.reason.clone().unwrap_or_default())
+            .or_insert(0) += e.series.as_ref().map_or(1, |s| s.count);
+    }
+    counts
 }

@@ -46,9 +46,15 @@ async fn two_operators_one_acts_and_the_standby_takes_over_without_duplicates() 
             >= 2
     })
     .await;
-    let b_log = std::fs::read_to_string(b.log_path()).unwrap_or_default();
+    // The standby's log is read only once it shows a line it must have (it
+    // waits for the lease): a missing or wrong log never passes for a quiet one.
+    let b_log = std::fs::read_to_string(b.log_path()).expect("the standby's log");
     assert!(
-        !b_log.contains("created step pod"),
+        b_log.contains("waiting for the leader lease") && b_log.contains("operator-b"),
+        "the standby's log does not show it waiting for the lease:\n{b_log}"
+    );
+    assert!(
+        !b_log.contains("created step pod") && !b_log.contains("acquired the leader lease"),
         "the standby acted:\n{b_log}"
     );
     a.kill().await;

@@ -166,17 +166,19 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client> {
 
 async fn run(args: Args) -> Result<()> {
     let client = client(args.kubeconfig.as_ref()).await?;
-    // What earlier attempts did, as a restarted simkubelet finds it.
-    let effects = match &args.ledger {
-        Some(path) => Effects::from_ledger(&Ledger::read(path).map_err(Error::Ledger)?),
-        None => Effects::default(),
-    };
+    // The ledger exists from the start, empty or not: a reader that finds
+    // none has the wrong path, never "nothing ran".
     let ledger = args
         .ledger
         .as_ref()
         .map(LedgerWriter::open)
         .transpose()
         .map_err(Error::Ledger)?;
+    // What earlier attempts did, as a restarted simkubelet finds it.
+    let effects = match &args.ledger {
+        Some(path) => Effects::from_ledger(&Ledger::read(path).map_err(Error::Ledger)?),
+        None => Effects::default(),
+    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         ledger,
