@@ -5,7 +5,8 @@
 //! deletes, on the standard e2e plane in a namespace of its own. Fails on any
 //! duplicate or unapproved execution, lost, stuck or unobserved run, watch
 //! failure, unexpected Reconcile approval, result finalizer left behind, a
-//! repeated signal refused, or too few faults.
+//! repeated signal refused, too few faults, or no re-plan and no repeat
+//! approval to judge.
 
 use agentrun_e2e::chaos::{self, ChaosConfig};
 
@@ -29,6 +30,10 @@ async fn short_chaos_run_has_no_duplicates_lost_or_stuck_runs() {
         report.summary()
     );
     assert!(report.proxy.watch_gone > 0, "{}", report.summary());
+    // The repeated-effect rule judges something: runs re-planned, and a
+    // step that had acted was asked about before it acted again.
+    assert!(report.verdict.replans >= 1, "{}", report.summary());
+    assert!(report.verdict.repeat_approvals >= 1, "{}", report.summary());
     assert_eq!(v.duplicates, 0, "{}", report.summary());
     assert_eq!(v.unapproved, 0, "{}", report.summary());
     assert_eq!(v.lost, 0, "{}", report.summary());

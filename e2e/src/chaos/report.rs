@@ -79,7 +79,7 @@ impl Report {
     /// The one summary line.
     pub fn summary(&self) -> String {
         format!(
-            "faults={} runs={} executions={} duplicates={} lost={} stuck={} reconcile_approvals={} paused_leaders={}",
+            "faults={} runs={} executions={} duplicates={} lost={} stuck={} reconcile_approvals={} paused_leaders={} replans={} repeat_approvals={}",
             self.faults(),
             self.verdict.runs,
             self.verdict.executions,
@@ -87,7 +87,9 @@ impl Report {
             self.verdict.lost,
             self.verdict.stuck,
             self.verdict.reconcile_approvals,
-            self.operators.paused_leaders
+            self.operators.paused_leaders,
+            self.verdict.replans,
+            self.verdict.repeat_approvals,
         )
     }
 
@@ -201,6 +203,15 @@ impl Report {
             && self.signal_repeats_refused == 0
             && self.faults() >= self.faults_min
             && self.enough_of_each_fault()
+            && self.judged_repeats()
+    }
+
+    /// The repeated-effect rule had something to judge: a run re-planned
+    /// and a person was asked before a step acted again. Without either, a
+    /// repeated effect could not have been caught, and the run proves nothing
+    /// about it.
+    pub fn judged_repeats(&self) -> bool {
+        self.verdict.replans >= 1 && self.verdict.repeat_approvals >= 1
     }
 
     /// The faults that need a minimum of their own happened that often.
@@ -247,7 +258,11 @@ mod tests {
             watch_errors_expected: 0,
             fault_phase: Duration::from_secs(60),
             wall_time: Duration::from_secs(90),
-            verdict: Verdict::default(),
+            verdict: Verdict {
+                replans: 2,
+                repeat_approvals: 1,
+                ..Verdict::default()
+            },
             faults_min: 300,
             paused_leaders_min: 2,
             apiserver_restarts_min: 1,
@@ -266,8 +281,23 @@ mod tests {
         assert!(r.passed(), "{}", r.details());
         assert_eq!(
             r.summary(),
-            "faults=304 runs=0 executions=0 duplicates=0 lost=0 stuck=0 reconcile_approvals=0 paused_leaders=2"
+            "faults=304 runs=0 executions=0 duplicates=0 lost=0 stuck=0 reconcile_approvals=0 paused_leaders=2 replans=2 repeat_approvals=1"
         );
+    }
+
+    /// Without a re-plan or a repeat approval the repeated-effect rule had
+    /// nothing to judge: the run fails rather than pass on nothing.
+    #[test]
+    fn a_run_with_nothing_for_the_repeated_effect_rule_to_judge_fails() {
+        for (replans, repeats) in [(0, 1), (2, 0)] {
+            let mut r = report();
+            r.verdict.replans = replans;
+            r.verdict.repeat_approvals = repeats;
+            assert!(
+                !r.passed(),
+                "{replans} re-plans, {repeats} repeat approvals"
+            );
+        }
     }
 
     #[test]

@@ -113,6 +113,12 @@ pub struct Verdict {
     pub probes_not_applied: usize,
     /// Step executions whose Pod lacked the run or step label.
     pub unlabelled: usize,
+    /// Runs that re-planned (final plan revision past 1), and Approvals that
+    /// asked to let a step act again (`spec.context.repeats`): what the
+    /// repeated-effect rule has to judge. A run with none of either proves
+    /// nothing about it.
+    pub replans: usize,
+    pub repeat_approvals: usize,
     /// Outcomes of the runs, by phase.
     pub phases: BTreeMap<String, usize>,
     /// One line per finding.
@@ -160,6 +166,21 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
             .executions
             .iter()
             .filter(|x| x.is_probe() && x.succeeded() && x.said_not_applied)
+            .count(),
+        replans: e
+            .final_runs
+            .iter()
+            .filter(|r| {
+                r.status
+                    .as_ref()
+                    .and_then(|s| s.plan.as_ref())
+                    .is_some_and(|p| p.revision > 1)
+            })
+            .count(),
+        repeat_approvals: e
+            .approvals
+            .iter()
+            .filter(|a| a.spec.context.as_ref().is_some_and(|c| c.repeats.is_some()))
             .count(),
         ..Verdict::default()
     };
