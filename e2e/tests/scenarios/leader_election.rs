@@ -10,6 +10,9 @@ use serde_json::json;
 
 use super::RUN_TIMEOUT;
 
+/// The Lease's duration in the same-identity test.
+const LEASE_SECONDS: u64 = 30;
+
 #[tokio::test]
 async fn two_operators_one_acts_and_the_standby_takes_over_without_duplicates() {
     let s = Scenario::start_without_operator("leader-election").await;
@@ -82,6 +85,11 @@ async fn restarted_leader_with_the_same_identity_takes_its_lease_back_at_once() 
     let mut cfg = s.operator_config.clone();
     cfg.leader_elect = true;
     cfg.identity = "operator-same".into();
+    // A Lease that outlives the restart by far: an operator that waited for
+    // it to expire would act 30 s after the kill, one that takes it back at
+    // once within seconds, so the bound below has a wide margin on a loaded
+    // machine (with the default 6 s it had one second).
+    cfg.lease_duration_seconds = LEASE_SECONDS;
     s.operator_config = cfg;
     s.start_operator(None);
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = s.env().api();
@@ -103,7 +111,7 @@ async fn restarted_leader_with_the_same_identity_takes_its_lease_back_at_once() 
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // SIGKILL: the Lease is not released and stays valid for its 6 s duration.
+    // SIGKILL: the Lease is not released and stays valid for its 30 s.
     s.kill_operator().await;
     s.start_operator(None);
     let restarted = tokio::time::Instant::now();
@@ -116,7 +124,7 @@ async fn restarted_leader_with_the_same_identity_takes_its_lease_back_at_once() 
     assert_eq!(phase(&run), Some(RunPhase::Succeeded));
     let took = restarted.elapsed();
     assert!(
-        took < Duration::from_secs(5),
+        took < Duration::from_secs(LEASE_SECONDS / 2),
         "the restarted leader acted after {took:?}: it waited for its own Lease to expire"
     );
     s.finish().await;
