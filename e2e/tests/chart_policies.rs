@@ -1,7 +1,7 @@
 //! The chart's admission policies and people's roles as rendered, without a
 //! control plane: which release they name, which halves install, which
-//! subresources they guard, and which standard roles the people's roles
-//! join. What the
+//! subresources they guard, what the platform's pod metadata allow-list
+//! becomes, and which standard roles the people's roles join. What the
 //! policies do is proven on the plane (`authz.rs`, `approvers.rs`,
 //! `signals.rs`).
 //!
@@ -10,7 +10,7 @@
 #![forbid(unsafe_code)]
 
 use agentrun_e2e::support::chart::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The admission policies name the release's own ServiceAccount as the
 /// operator that may never decide; clusters without MutatingAdmissionPolicy
@@ -176,5 +176,75 @@ fn chart_policies_guard_the_status_of_approvals_and_signals() {
                 .contains("system:serviceaccount:agentrun-system:agentrun-operator"),
             "{status_rule}"
         );
+    }
+}
+
+/// The variable of the runs policy named `name`, as rendered.
+fn runs_variable(docs: &[Value], name: &str) -> String {
+    let runs = named(docs, "ValidatingAdmissionPolicy", "agentrun-operator-runs");
+    runs["spec"]["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no variable {name}"))["expression"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The platform's pod metadata allow-list becomes CEL lists in the runs
+/// policy, empty by default (an author without `create pods` sets none);
+/// the values schema refuses an entry the policy could not match.
+#[test]
+fn chart_pod_metadata_allow_list_renders_into_the_runs_policy() {
+    let defaults = render("agentrun-operator", "agentrun-system", &[]);
+    for field in ["labels", "annotations", "nodeSelector", "tolerations"] {
+        assert_eq!(runs_variable(&defaults, &format!("{field}Allowed")), "[]");
+    }
+    let allowed = json!({
+        "labels": ["team", "tier=batch"],
+        "annotations": ["example.com/owner"],
+        "nodeSelector": ["pool=agents"],
+        "tolerations": ["dedicated=agents:NoSchedule", "gpu:NoExecute"],
+    });
+    let docs = render(
+        "agentrun-operator",
+        "agentrun-system",
+        &[
+            "--set-json",
+            &format!("admissionPolicies.podMetadata={allowed}"),
+        ],
+    );
+    for (field, want) in [
+        ("labels", r#"["team","tier=batch"]"#),
+        ("annotations", r#"["example.com/owner"]"#),
+        ("nodeSelector", r#"["pool=agents"]"#),
+        (
+            "tolerations",
+            r#"["dedicated=agents:NoSchedule","gpu:NoExecute"]"#,
+        ),
+    ] {
+        assert_eq!(runs_variable(&docs, &format!("{field}Allowed")), want);
+    }
+
+    for (set, mentions) in [
+        (r#"{"labels": ["=batch"]}"#, "labels"),
+        (r#"{"labels": ["tier = batch"]}"#, "labels"),
+        (
+            r#"{"tolerations": ["dedicated=agents:Sometimes"]}"#,
+            "tolerations",
+        ),
+        (r#"{"tolerations": ["a=b=c"]}"#, "tolerations"),
+        (r#"{"affinity": ["zone"]}"#, "affinity"),
+    ] {
+        let out = output(
+            helm_cmd()
+                .args(["template", "r", CHART, "--set-json"])
+                .arg(format!("admissionPolicies.podMetadata={set}")),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{set} was accepted");
+        assert!(stderr.contains(mentions), "{set}: {stderr}");
     }
 }
