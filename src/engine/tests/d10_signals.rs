@@ -463,14 +463,21 @@ fn a_signal_carries_the_waits_senders_separation_and_the_runs_creator() {
 
 /// The run takes only a Signal it opened: one under the name it waits on
 /// whose controller is another object (planted on a cluster without the
-/// chart's policies, with a signal already in it) is never applied; the run
-/// keeps waiting and says what is in the way (D16).
+/// chart's policies) is never applied, nor written to — not even the expiry
+/// at its deadline; the run keeps waiting and says what is in the way (D16).
 #[test]
 fn a_signal_the_run_did_not_open_is_never_applied() {
     let mut w = settle(SignalTimeout::Fail);
     let name = signal_of(&w);
     let planted = w.signals.get_mut(&name).unwrap();
     planted.metadata.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
+    w.advance(3600);
+    w.settle();
+    assert_eq!(
+        signal_phase(&w),
+        Some(SignalPhase::Waiting),
+        "the operator writes no status on a Signal it did not open"
+    );
     assert!(w.send_signal(&name, "pay-1", json!({"amount": 1_000_000}), "mallory"));
     let d = w.step();
     assert!(
@@ -490,11 +497,6 @@ fn a_signal_the_run_did_not_open_is_never_applied() {
         stalled.message
     );
     w.settle();
-    assert_eq!(
-        signal_phase(&w),
-        Some(SignalPhase::Waiting),
-        "the operator writes no status on a Signal it did not open"
-    );
     assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"], "b never started");
 
     // Owned by the run, but for another plan revision than the checkpoint's:
