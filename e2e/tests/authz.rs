@@ -14,13 +14,19 @@
 //! ```
 //!
 //! The Approval half lives in `authz/approvals.rs`, the plugin's quorum
-//! vote path in `authz/votes.rs`. Needs the plane and
+//! vote path in `authz/votes.rs`, step Pods' labels, annotations,
+//! nodeSelector and tolerations in `authz/pod_metadata.rs`, the status of
+//! Approvals and Signals in `authz/status.rs`. Needs the plane and
 //! `e2e/cluster tools`; fails, never skips, without them.
 
 #[path = "authz/approvals.rs"]
 mod approvals;
 #[path = "authz/planner.rs"]
 mod planner;
+#[path = "authz/pod_metadata.rs"]
+mod pod_metadata;
+#[path = "authz/status.rs"]
+mod status;
 #[path = "authz/votes.rs"]
 mod votes;
 

@@ -1,7 +1,8 @@
 //! The chart and the kustomize bases as rendered, without a control plane:
 //! lint, values schema, RBAC and Deployment, the CRD copies both ship, and
 //! that the kustomize default is the chart's default install. The install on
-//! the plane is in `install.rs`; the console's objects in `chart_console.rs`.
+//! the plane is in `install.rs`; the console's objects in `chart_console.rs`;
+//! the admission policies and people's roles in `chart_policies.rs`.
 //!
 //! ```text
 //!   crds/agentrun.dev_crds.yaml ══ byte-identical ══ charts/agentrun-operator/crds/, config/crd/
@@ -589,124 +590,6 @@ fn kustomize_default_is_the_charts_default_install() {
         grants_of(one(&kustomized, "Role")),
         lease_rules("agentrun-operator")
     );
-}
-
-/// The admission policies name the release's own ServiceAccount as the
-/// operator that may never decide; clusters without MutatingAdmissionPolicy
-/// install only the validating half; the people's roles aggregate into the
-/// standard ones.
-#[test]
-fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
-    let docs = render("agentrun-operator", "agentrun-system", &[]);
-    let approvals = named(
-        &docs,
-        "ValidatingAdmissionPolicy",
-        "agentrun-operator-approvals",
-    );
-    let text = approvals["spec"]["validations"].to_string();
-    assert!(
-        text.contains("system:serviceaccount:agentrun-system:agentrun-operator"),
-        "{text}"
-    );
-    assert_eq!(
-        of_kind(&docs, "MutatingAdmissionPolicy").len(),
-        3,
-        "decider, requester and sender"
-    );
-    let signals = named(
-        &docs,
-        "ValidatingAdmissionPolicy",
-        "agentrun-operator-signals",
-    );
-    assert!(
-        signals["spec"]["validations"]
-            .to_string()
-            .contains("system:serviceaccount:agentrun-system:agentrun-operator"),
-        "only the operator opens a Signal"
-    );
-
-    let validating_only = render(
-        "agentrun-operator",
-        "agentrun-system",
-        &["--set", "admissionPolicies.mutating=false"],
-    );
-    assert!(of_kind(&validating_only, "MutatingAdmissionPolicy").is_empty());
-    assert!(of_kind(&validating_only, "MutatingAdmissionPolicyBinding").is_empty());
-    assert_eq!(
-        of_kind(&validating_only, "ValidatingAdmissionPolicy").len(),
-        4,
-        "approvals, runs, signals and the fence"
-    );
-
-    let none = render(
-        "agentrun-operator",
-        "agentrun-system",
-        &["--set", "admissionPolicies.enabled=false"],
-    );
-    assert!(of_kind(&none, "ValidatingAdmissionPolicy").is_empty());
-    assert!(of_kind(&none, "ValidatingAdmissionPolicyBinding").is_empty());
-
-    // The step Pod fence reads the release's Lease, where the operator elects
-    // its leader, and is left out without leader election or on request.
-    let fence = named(
-        &docs,
-        "ValidatingAdmissionPolicyBinding",
-        "agentrun-operator-step-pods",
-    );
-    assert_eq!(
-        fence["spec"]["paramRef"],
-        serde_json::json!({"name": "agentrun-operator", "namespace": "agentrun-system", "parameterNotFoundAction": "Allow"})
-    );
-    let policy = named(
-        &docs,
-        "ValidatingAdmissionPolicy",
-        "agentrun-operator-step-pods",
-    );
-    assert_eq!(policy["spec"]["paramKind"]["kind"], "Lease");
-    let deployment = named(&docs, "Deployment", "agentrun-operator");
-    assert!(
-        deployment
-            .to_string()
-            .contains("--lease-name=agentrun-operator"),
-        "the fence and the operator name the same Lease"
-    );
-    for off in [
-        "leaderElection.fencePods=false",
-        "leaderElection.enabled=false",
-    ] {
-        let docs = render("agentrun-operator", "agentrun-system", &["--set", off]);
-        assert!(
-            !of_kind(&docs, "ValidatingAdmissionPolicy")
-                .iter()
-                .any(|p| p["metadata"]["name"] == "agentrun-operator-step-pods"),
-            "{off}"
-        );
-    }
-
-    let viewer = named(&docs, "ClusterRole", "agentrun-viewer");
-    assert_eq!(
-        viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"],
-        "true"
-    );
-    let approver = named(&docs, "ClusterRole", "agentrun-approver");
-    assert_eq!(
-        approver["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"],
-        "true"
-    );
-    assert!(
-        approver["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"].is_null(),
-        "viewers do not decide"
-    );
-    // Sending a signal says an event outside happened: granted per namespace
-    // to whoever sees it, part of admin but not of edit.
-    let signaler = named(&docs, "ClusterRole", "agentrun-signaler");
-    let labels = &signaler["metadata"]["labels"];
-    assert_eq!(
-        labels["rbac.authorization.k8s.io/aggregate-to-admin"],
-        "true"
-    );
-    assert!(labels["rbac.authorization.k8s.io/aggregate-to-edit"].is_null());
-    assert!(labels["rbac.authorization.k8s.io/aggregate-to-view"].is_null());
 }
 
 /// With notifications on, the operator is told where its channels are and

@@ -9,6 +9,8 @@
 //!   dave ──create AgentRun [wait signal settle, ship]──▶ operator opens Signal <run>-settle-…-signal
 //!   ci-bot (signaler) ──patch spec.id + spec.data──▶ MAP stamps sentBy ─▶ VAP checks ─▶ settle Succeeded, ship runs
 //!   dave, mallory, the operator, a forged sentBy, a planted Signal ──▶ refused, saying why
+//!   wait.signal.senders + separateFromRequester ──copied onto the Signal──▶ VAP: only a listed
+//!       sender, never the run's creator; mallory (a signaler, not listed), dave (listed, creator) ──▶ refused
 //! ```
 //!
 //! Needs the plane and `e2e/cluster tools`; fails, never skips, without them.
@@ -333,5 +335,114 @@ async fn a_signal_sent_twice_while_the_operator_is_down_is_taken_once() {
     assert_eq!(s.ledger().starts("order", "ship", "step"), 1);
     let listed = signals(&s).list(&ListParams::default()).await.unwrap();
     assert_eq!(listed.items.len(), 1, "one Signal for the one wait");
+    s.finish().await;
+}
+
+/// A wait names who may send its signal: the operator copies the senders
+/// and the separation onto the Signal, and the API server refuses everyone
+/// else, RBAC notwithstanding — a signaler who is not listed, and the run's
+/// own creator under `separateFromRequester` even when listed. Neither can
+/// take the guard off the Signal (removal is refused like a change). A
+/// member of a listed group sends, and is recorded as the sender.
+#[tokio::test]
+async fn only_a_listed_sender_sends_and_never_the_runs_creator_under_separation() {
+    let s = Scenario::start("signals-senders").await;
+    let ns = s.namespace().to_owned();
+    let p = Policies::install(&ns, &[]).await;
+    p.grant_authors(&ns, &["dave"]).await;
+    p.grant_role(
+        &ns,
+        "signaler",
+        &["dave", "mallory", "--group=payments-bridges"],
+    )
+    .await;
+    wait_enforced(&ns, true).await;
+
+    let mut steps = settle_then_ship("10m", "Fail");
+    steps[0]["wait"]["signal"]["senders"] =
+        json!({"users": ["dave"], "groups": ["payments-bridges"]});
+    steps[0]["wait"]["signal"]["separateFromRequester"] = json!(true);
+    let run = run_doc("order", steps, json!({}));
+    let created = kubectl_as(
+        "dave",
+        &[],
+        &ns,
+        &["create", "-f", &manifest(&format!("senders-{ns}"), &run)],
+    )
+    .await;
+    assert_admitted(&created, "dave's run");
+    let sig = signal_of(&s, "order", "settle").await;
+    let name = sig.metadata.name.clone().unwrap();
+    let senders = sig.spec.senders.clone().expect("the wait's senders");
+    assert_eq!(
+        (
+            senders.users,
+            senders.groups,
+            sig.spec.separate_from_requester
+        ),
+        (
+            vec!["dave".to_owned()],
+            vec!["payments-bridges".to_owned()],
+            true
+        )
+    );
+
+    let paid = send("pay-4711", json!({"amount": 12}));
+    let patch = ["patch", "signal", &name, "--type", "merge", "-p", &paid];
+    let out = kubectl_as("mallory", &[], &ns, &patch).await;
+    assert_refused(
+        &out,
+        &format!(
+            "signal {name}: mallory is not a sender of this signal; senders: user dave; group payments-bridges"
+        ),
+    );
+    let out = kubectl_as("dave", &[], &ns, &patch).await;
+    assert_refused(
+        &out,
+        &format!(
+            "signal {name}: dave created run order and may not send its signal (separateFromRequester)"
+        ),
+    );
+    for (unguard, refusal) in [
+        (
+            json!([{"op": "remove", "path": "/spec/senders"}]),
+            "spec.senders is immutable",
+        ),
+        (
+            json!([{"op": "remove", "path": "/spec/separateFromRequester"}]),
+            "spec.separateFromRequester is immutable",
+        ),
+    ] {
+        let body = unguard.to_string();
+        let out = kubectl_as(
+            "dave",
+            &[],
+            &ns,
+            &["patch", "signal", &name, "--type", "json", "-p", &body],
+        )
+        .await;
+        assert_refused(&out, refusal);
+    }
+    assert_eq!(
+        phase(&s.runs().get("order").await.unwrap()),
+        Some(RunPhase::Waiting),
+        "nothing refused moved the run"
+    );
+
+    let out = kubectl_as("bridge", &["payments-bridges"], &ns, &patch).await;
+    assert_admitted(&out, "a listed group's member's signal");
+    let done = s.wait_finished("order", RUN_TIMEOUT).await;
+    assert_eq!(
+        phase(&done),
+        Some(RunPhase::Succeeded),
+        "{:#?}",
+        done.status
+    );
+    assert_eq!(
+        checkpoint(&done, "settle").decided_by.as_deref(),
+        Some("bridge")
+    );
+    assert_eq!(s.ledger().starts("order", "ship", "step"), 1);
+    drop(p);
     s.finish().await;
 }

@@ -12,7 +12,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{AgentRunStatus, Approvers, Duration};
+use super::{AgentRunStatus, Approvers, Duration, Senders};
 
 /// Longest step name. Pod names (`<run>-<step>-r<rev>-a<attempt>`, `-c` for
 /// compensation) and label values must stay within Kubernetes' limits.
@@ -299,6 +299,15 @@ pub struct SignalWait {
     /// fails and compensates) or `Skip` (the steps after it go on).
     #[serde(default)]
     pub on_timeout: crate::api::SignalTimeout,
+    /// Who may send the signal. Unset: anyone whom RBAC lets patch the
+    /// Signal. The admission policies the chart installs refuse a signal
+    /// from anyone else (D15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub senders: Option<Senders>,
+    /// The person (or ServiceAccount) who created the run may not send its
+    /// signal.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub separate_from_requester: bool,
 }
 
 /// The container of a step. The step Pod gets exactly one container built from it.

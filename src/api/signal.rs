@@ -2,16 +2,20 @@
 //! on durably (a payment settled, a document uploaded, a CI job finished).
 //!
 //! The operator creates it (owned by the run) when a `wait: {signal: …}` step
-//! starts; a sender with RBAC `patch signals` sets `spec.id` and `spec.data`
-//! (with `kubectl agentrun signal`, a CI job or any client of the API server);
-//! the step succeeds with `data` as its result and the run goes on. A signal
-//! is received once: `id` and `data` are final once set, so a repeat with the
-//! same id and data changes nothing and a different one is refused.
+//! starts, with the step's `senders` and `separateFromRequester`; a sender
+//! with RBAC `patch signals` whom those admit (the chart's admission
+//! policies check it) sets `spec.id` and `spec.data` (with `kubectl agentrun
+//! signal`, a CI job or any client of the API server); the step succeeds
+//! with `data` as its result and the run goes on. A signal is received once:
+//! `id` and `data` are final once set, so a repeat with the same id and data
+//! changes nothing and a different one is refused.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use super::Senders;
 
 /// An event from outside that an AgentRun waits on.
 #[allow(clippy::duplicated_attributes)]
@@ -27,7 +31,7 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "SignalStatus",
     derive = "PartialEq",
-    doc = "An event from outside the cluster that an AgentRun waits on: the operator opens it when a wait step with a signal starts; a sender sets spec.id and spec.data once, and the step succeeds with data as its result. Who may send is decided by RBAC on this object; the API server records who sent it.",
+    doc = "An event from outside the cluster that an AgentRun waits on: the operator opens it when a wait step with a signal starts; a sender sets spec.id and spec.data once, and the step succeeds with data as its result. Who may send is decided by RBAC on this object and its spec.senders; the API server records who sent it.",
     printcolumn(name = "Run", type_ = "string", json_path = ".spec.runName", description = "The AgentRun waiting on the signal"),
     printcolumn(name = "Step", type_ = "string", json_path = ".spec.step", description = "The wait step the signal ends"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Waiting, Received, Expired or Superseded"),
@@ -44,6 +48,10 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("has(self.expiresAt) == has(oldSelf.expiresAt) && (!has(self.expiresAt) || self.expiresAt == oldSelf.expiresAt)").message("spec.expiresAt is immutable: the deadline was set when the run began to wait").field_path(".expiresAt").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.description) == has(oldSelf.description) && (!has(self.description) || self.description == oldSelf.description)").message("spec.description is immutable").field_path(".description").reason(Reason::FieldValueForbidden),
     validation = Rule::new("has(self.requestedBy) == has(oldSelf.requestedBy) && (!has(self.requestedBy) || self.requestedBy == oldSelf.requestedBy)").message("spec.requestedBy is immutable").field_path(".requestedBy").reason(Reason::FieldValueForbidden),
+    // On the parent, not the fields: a rule on an optional field does not
+    // run when a patch removes it, and removing either would let anyone send.
+    validation = Rule::new("has(self.senders) == has(oldSelf.senders) && (!has(self.senders) || self.senders == oldSelf.senders)").message("spec.senders is immutable: who may send was set when the run began to wait").field_path(".senders").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.separateFromRequester) == has(oldSelf.separateFromRequester) && (!has(self.separateFromRequester) || self.separateFromRequester == oldSelf.separateFromRequester)").message("spec.separateFromRequester is immutable: separation of duties was set when the run began to wait and cannot be changed or removed").field_path(".separateFromRequester").reason(Reason::FieldValueForbidden),
     validation = Rule::new("!has(oldSelf.sentBy) || (has(self.sentBy) && self.sentBy == oldSelf.sentBy)").message("spec.sentBy: who sent the signal is final once recorded").field_path(".sentBy").reason(Reason::FieldValueForbidden),
     validation = Rule::new("!has(self.sentBy) || has(self.id)").message("spec.sentBy is recorded with spec.id, not alone").field_path(".sentBy").reason(Reason::FieldValueForbidden)
 )]
@@ -83,6 +91,13 @@ pub struct SignalSpec {
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.onTimeout is immutable"))]
     pub on_timeout: SignalTimeout,
+    /// Who may send, copied from the step's `wait.signal.senders`. Unset:
+    /// anyone whom RBAC lets patch this Signal. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub senders: Option<Senders>,
+    /// Whether the run's creator (`requestedBy`) is refused as a sender. Immutable.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub separate_from_requester: bool,
     /// Who created the run, as the API server recorded it. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]

@@ -81,6 +81,11 @@ fn invalid_runs_are_refused_with_a_message_naming_the_field() {
             "step names must be unique",
         ),
         (
+            "a signal's senders naming nobody",
+            json!({"steps": [{"name": "settle", "wait": {"signal": {"senders": {}}}}]}),
+            "wait.signal.senders: name at least one user, group or serviceAccount",
+        ),
+        (
             "backoff initial longer than max",
             json!({"steps": [{"name": "pay", "container": {"image": "x"},
                 "retry": {"backoff": {"initial": "10m", "max": "1m"}}}]}),
@@ -182,6 +187,61 @@ fn separation_from_the_requester_cannot_be_removed_or_added() {
         "{got}"
     );
     assert_eq!(messages(validate_cel_update(&separated, &separated)), "");
+}
+
+/// Who may send a signal is fixed when the run begins to wait: the senders
+/// and the separation cannot be changed, added or removed (a removal is a
+/// patch a rule on the optional field alone would not see).
+#[test]
+fn a_signals_senders_and_separation_cannot_be_changed_or_removed() {
+    let opened: Signal = serde_json::from_value(json!({
+        "apiVersion": "agentrun.dev/v1alpha1", "kind": "Signal",
+        "metadata": {"name": "order-settle-r1-signal", "namespace": "support"},
+        "spec": {
+            "runName": "order", "runUid": "0b7c6a1e-0000-4000-8000-000000000001",
+            "step": "settle", "planRevision": 1, "requestedBy": "dave",
+            "senders": {"users": ["ci-bot"]}, "separateFromRequester": true,
+        },
+    }))
+    .expect("test signal deserializes");
+    type Edit = fn(&mut SignalSpec);
+    let edits: [(&str, Edit, &str); 4] = [
+        (
+            "senders removed",
+            |s| s.senders = None,
+            "spec.senders is immutable",
+        ),
+        (
+            "a sender added",
+            |s| s.senders.as_mut().unwrap().users.push("mallory".into()),
+            "spec.senders is immutable",
+        ),
+        (
+            "separation removed",
+            |s| s.separate_from_requester = false,
+            "spec.separateFromRequester is immutable",
+        ),
+        (
+            "senders and separation removed at once",
+            |s| {
+                s.senders = None;
+                s.separate_from_requester = false;
+            },
+            "spec.separateFromRequester is immutable",
+        ),
+    ];
+    for (what, edit, want) in edits {
+        let mut edited = opened.clone();
+        edit(&mut edited.spec);
+        let got = messages(validate_cel_update(&edited, &opened));
+        assert!(got.contains(want), "{what}: {got}");
+        let got = messages(validate_cel_update(&opened, &edited));
+        assert!(got.contains(want), "{what}, the other way: {got}");
+    }
+    let mut sent = opened.clone();
+    sent.spec.id = Some("pay-1".into());
+    sent.spec.sent_by = Some("ci-bot".into());
+    assert_eq!(messages(validate_cel_update(&sent, &opened)), "");
 }
 
 #[test]

@@ -13,8 +13,9 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::warn;
 
-use crate::api::{Approval, Signal};
-use crate::engine::{Refusal, RefusalCause};
+use crate::api::Approval;
+use crate::engine::{Refusal, RefusalCause, not_the_runs};
+pub(super) use crate::engine::{held_by, not_this_runs_signal};
 use crate::labels;
 
 /// What became of a create-if-absent.
@@ -144,70 +145,6 @@ pub(super) fn not_this_runs_approval(
     )
 }
 
-/// Why an object with these owners and these fields (name, differs from
-/// what the run asks) is not the run's; `None` when its controller is the
-/// run and no field differs.
-fn not_the_runs<const N: usize>(
-    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
-    run_uid: &str,
-    fields: [(&str, bool); N],
-) -> Option<String> {
-    let controller = owners.iter().find(|o| o.controller == Some(true));
-    if controller.is_none_or(|o| o.uid != run_uid) {
-        return Some(held_by(owners));
-    }
-    let differs: Vec<&str> = fields
-        .into_iter()
-        .filter_map(|(field, differs)| differs.then_some(field))
-        .collect();
-    (!differs.is_empty()).then(|| {
-        format!(
-            "it names this run as its controller, but its spec differs from what the run asks in {}",
-            differs.join(", ")
-        )
-    })
-}
-
-/// Who holds a name the run needs, for the message on the run.
-pub(super) fn held_by(
-    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
-) -> String {
-    match owners
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .or(owners.first())
-    {
-        Some(o) => format!("it is owned by {} {} (uid {})", o.kind, o.name, o.uid),
-        None => "it has no owner".into(),
-    }
-}
-
-/// Why `existing`, found under the name of the Signal `wanted` that the run
-/// waits on, is not that Signal; `None` when it is. As for an Approval: its
-/// controller is this run and it waits for what the run waits for now (a
-/// signal sent to it meanwhile is the run's to take).
-pub(super) fn not_this_runs_signal(
-    existing: &Signal,
-    wanted: &Signal,
-    run_uid: &str,
-) -> Option<String> {
-    let (e, w) = (&existing.spec, &wanted.spec);
-    not_the_runs(
-        existing.owner_references(),
-        run_uid,
-        [
-            ("runUid", e.run_uid != w.run_uid),
-            ("runName", e.run_name != w.run_name),
-            ("step", e.step != w.step),
-            ("planRevision", e.plan_revision != w.plan_revision),
-            ("description", e.description != w.description),
-            ("expiresAt", e.expires_at != w.expires_at),
-            ("onTimeout", e.on_timeout != w.on_timeout),
-            ("requestedBy", e.requested_by != w.requested_by),
-        ],
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -303,8 +240,9 @@ mod tests {
     }
 
     /// A Signal is adopted on the same terms: the run's own, waiting for
-    /// what the run waits for. One whose deadline or onTimeout differs (a
-    /// planted one that never expires, or skips) is refused.
+    /// what the run waits for, from whom. One whose deadline, onTimeout,
+    /// senders or separation differs (a planted one that never expires,
+    /// skips, or takes a signal from anyone) is refused.
     #[test]
     fn only_the_runs_own_signal_is_adopted() {
         use super::not_this_runs_signal as foreign;
@@ -346,5 +284,29 @@ mod tests {
         let mut skips = opened();
         skips.spec.on_timeout = crate::api::SignalTimeout::Skip;
         assert!(foreign(&skips, &wanted, RUN_UID).is_some());
+
+        // Who may send is part of what the run waits for: a Signal that lets
+        // anyone send, or drops the separation, is not the run's.
+        let mut guarded = wanted.clone();
+        guarded.spec.senders = Some(crate::api::Senders {
+            users: vec!["ci-bot".into()],
+            ..Default::default()
+        });
+        guarded.spec.separate_from_requester = true;
+        let mut open_to_all = guarded.clone();
+        open_to_all.spec.senders = None;
+        let mut unseparated = guarded.clone();
+        unseparated.spec.separate_from_requester = false;
+        for (planted, field) in [
+            (open_to_all, "senders"),
+            (unseparated, "separateFromRequester"),
+        ] {
+            assert_eq!(
+                foreign(&planted, &guarded, RUN_UID),
+                Some(format!(
+                    "it names this run as its controller, but its spec differs from what the run asks in {field}"
+                ))
+            );
+        }
     }
 }

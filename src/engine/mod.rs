@@ -58,9 +58,10 @@ pub use names::{
     MAX_CHILD_NAME, PodRole, approve_name, approve_request, idempotency_key, pod_name,
     reconcile_name, signal_name,
 };
-pub use observe::{Recorded, is_live, must_read, referenced_pods};
+pub use observe::{Recorded, held_by, is_live, must_read, not_the_runs, referenced_pods};
 pub use reasons::{ConditionType, Reason};
 pub use result::MAX_MESSAGE_BYTES;
+pub use signal::not_this_runs as not_this_runs_signal;
 
 /// Everything one decision sees.
 pub struct Observed<'a> {

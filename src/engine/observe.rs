@@ -1,8 +1,11 @@
 //! Reading step Pods: which Pods are ours, what coordinates their labels
 //! carry, and what an attempt's Pod says about how it went. Disruption
 //! (eviction, preemption, deletion, loss) is told apart from failure here (D6).
+//! And whether an Approval or Signal found under a name the run needs is
+//! the run's own ([`not_the_runs`]).
 
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::names::PodRole;
 use crate::labels;
@@ -294,5 +297,41 @@ pub fn observe(pod: Option<&Pod>, seen_uid: Option<&str>) -> Observation {
         }
         _ if deleting => Observation::Terminating { uid },
         _ => Observation::Live { uid },
+    }
+}
+
+/// Why an object with these owners and these fields (name, differs from
+/// what the run asks) is not the run's; `None` when its controller is the
+/// run and no field differs.
+pub fn not_the_runs<const N: usize>(
+    owners: &[OwnerReference],
+    run_uid: &str,
+    fields: [(&str, bool); N],
+) -> Option<String> {
+    let controller = owners.iter().find(|o| o.controller == Some(true));
+    if controller.is_none_or(|o| o.uid != run_uid) {
+        return Some(held_by(owners));
+    }
+    let differs: Vec<&str> = fields
+        .into_iter()
+        .filter_map(|(field, differs)| differs.then_some(field))
+        .collect();
+    (!differs.is_empty()).then(|| {
+        format!(
+            "it names this run as its controller, but its spec differs from what the run asks in {}",
+            differs.join(", ")
+        )
+    })
+}
+
+/// Who holds a name the run needs, for the message on the run.
+pub fn held_by(owners: &[OwnerReference]) -> String {
+    match owners
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .or(owners.first())
+    {
+        Some(o) => format!("it is owned by {} {} (uid {})", o.kind, o.name, o.uid),
+        None => "it has no owner".into(),
     }
 }

@@ -11,13 +11,23 @@
 //! the deadline (the time of the managedFields entry that owns `spec.id`);
 //! an expiry takes effect once written to the Signal's status, after which
 //! the API server refuses a signal.
+//!
+//! A run applies only a Signal it opened (its controller is the run, and it
+//! is the one its checkpoint names: step, plan revision, deadline) and only
+//! a sender's `spec.id`: a status that says `Received` where no sender wrote
+//! an id is not a signal (D15: the server's record, or nothing).
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde_json::Value;
 
-use crate::api::{Signal, SignalPhase, SignalSpec, SignalStatus, SignalTimeout, StepPhase};
+use crate::api::{
+    Senders, Signal, SignalPhase, SignalSpec, SignalStatus, SignalTimeout, StepCheckpoint,
+    StepPhase,
+};
 use crate::labels;
+
+use super::observe::not_the_runs;
 
 /// What the run makes of a Signal right now.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,6 +53,11 @@ pub enum Answer {
     },
     /// The run no longer waits on it.
     Superseded,
+    /// It cannot end the wait, and says so without a sender's word: a
+    /// `Received` with no `spec.id`, which the operator never writes.
+    Void {
+        why: &'static str,
+    },
 }
 
 pub fn answer(s: &Signal, now: Timestamp) -> Answer {
@@ -53,12 +68,18 @@ pub fn answer(s: &Signal, now: Timestamp) -> Answer {
             };
         }
         Some(SignalPhase::Superseded) => return Answer::Superseded,
-        // Received (written): it stays what the step took.
+        // Received (written): it stays what the step took. Only a sender's
+        // id is a signal; a status alone is not.
         Some(SignalPhase::Received) => {
-            return Answer::Sent {
-                id: s.spec.id.clone().unwrap_or_default(),
-                data: s.spec.data.clone(),
-                by: sent_by(s),
+            return match s.spec.id.clone() {
+                Some(id) => Answer::Sent {
+                    id,
+                    data: s.spec.data.clone(),
+                    by: sent_by(s),
+                },
+                None => Answer::Void {
+                    why: "says Received but carries no spec.id, so no sender sent it",
+                },
             };
         }
         _ => {}
@@ -130,7 +151,7 @@ pub fn desired_status(
     let waiting = step == Some(StepPhase::Waiting);
     let on_timeout = s.spec.on_timeout;
     let (phase, message) = match (answer(s, now), waiting) {
-        (Answer::Expired { .. } | Answer::Superseded, _) => return None,
+        (Answer::Expired { .. } | Answer::Superseded | Answer::Void { .. }, _) => return None,
         // Opened and not written yet: say what it waits for, so `kubectl
         // get signals` shows it.
         (Answer::Pending { expires_at }, true) if s.status.is_none() => (
@@ -201,6 +222,8 @@ pub struct Request<'a> {
     pub description: Option<String>,
     pub expires_at: Option<Timestamp>,
     pub on_timeout: SignalTimeout,
+    pub senders: Option<Senders>,
+    pub separate_from_requester: bool,
     pub requested_by: Option<String>,
 }
 
@@ -227,6 +250,8 @@ pub fn build(r: Request) -> Signal {
             description: r.description,
             expires_at: r.expires_at.map(Time),
             on_timeout: r.on_timeout,
+            senders: r.senders,
+            separate_from_requester: r.separate_from_requester,
             requested_by: r.requested_by,
             id: None,
             data: None,
@@ -234,4 +259,57 @@ pub fn build(r: Request) -> Signal {
         },
         status: None,
     }
+}
+
+/// Why `existing`, found under the name of the Signal `wanted` that the run
+/// waits on, is not that Signal; `None` when it is. As for an Approval: its
+/// controller is this run and it waits for what the run waits for now, from
+/// whom the run waits for it (a signal sent to it meanwhile is the run's to
+/// take). The controller adopts an existing Signal only on these terms.
+pub fn not_this_runs(existing: &Signal, wanted: &Signal, run_uid: &str) -> Option<String> {
+    let (e, w) = (&existing.spec, &wanted.spec);
+    not_the_runs(
+        existing
+            .metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default(),
+        run_uid,
+        [
+            ("runUid", e.run_uid != w.run_uid),
+            ("runName", e.run_name != w.run_name),
+            ("step", e.step != w.step),
+            ("planRevision", e.plan_revision != w.plan_revision),
+            ("description", e.description != w.description),
+            ("expiresAt", e.expires_at != w.expires_at),
+            ("onTimeout", e.on_timeout != w.on_timeout),
+            ("senders", e.senders != w.senders),
+            (
+                "separateFromRequester",
+                e.separate_from_requester != w.separate_from_requester,
+            ),
+            ("requestedBy", e.requested_by != w.requested_by),
+        ],
+    )
+}
+
+/// Why `s`, found under the name of the Signal checkpoint `cp` waits on, is
+/// not one this run opened for it; `None` when it is. Only what the
+/// checkpoint fixed is compared (an edit of the step's description or
+/// senders after the wait began does not disown the Signal it opened).
+pub fn not_opened_for(s: &Signal, run_uid: &str, cp: &StepCheckpoint) -> Option<String> {
+    let spec = &s.spec;
+    not_the_runs(
+        s.metadata.owner_references.as_deref().unwrap_or_default(),
+        run_uid,
+        [
+            ("runUid", spec.run_uid != run_uid),
+            ("step", spec.step != cp.name),
+            ("planRevision", spec.plan_revision != cp.plan_revision),
+            (
+                "expiresAt",
+                spec.expires_at.as_ref().map(|t| t.0) != cp.wake_at.as_ref().map(|t| t.0),
+            ),
+        ],
+    )
 }

@@ -8,8 +8,8 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{
-    ApprovalContext, ApprovalKind, CheckpointState, Decision as Answered, EffectOutcome, OnTimeout,
-    RunPhase, StepCheckpoint, StepPhase, StepRole, StepSpec,
+    ApprovalContext, ApprovalKind, Approvers, CheckpointState, Decision as Answered, EffectOutcome,
+    OnTimeout, RunPhase, ServiceAccountRef, StepCheckpoint, StepPhase, StepRole, StepSpec,
 };
 use crate::engine::approval::{self, Answer};
 use crate::engine::names::{self, PodRole};
@@ -240,16 +240,10 @@ impl<'a> Machine<'a> {
         // Who may answer is the gate's: a Reconcile question about a step
         // goes to the same people as its approval (one answer suffices).
         let gate = step.approval.clone().unwrap_or_default();
-        let approvers = gate.approvers.map(|mut a| {
-            let ns = self.run.metadata.namespace.clone().unwrap_or_default();
-            for sa in a
-                .service_accounts
-                .iter_mut()
-                .filter(|s| s.namespace.is_empty())
-            {
-                sa.namespace = ns.clone();
-            }
-            a
+        let ns = self.run.metadata.namespace.as_deref().unwrap_or_default();
+        let approvers = gate.approvers.map(|a| Approvers {
+            service_accounts: ServiceAccountRef::in_namespace(a.service_accounts, ns),
+            ..a
         });
         let requested_by = self
             .run

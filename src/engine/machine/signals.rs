@@ -9,15 +9,21 @@
 //! `engine::signal`): an expiry is written to the Signal first, and only
 //! then does `onTimeout` apply, so a signal is either taken or refused,
 //! never lost in between.
+//!
+//! Who may send is the step's (`wait.signal.senders`,
+//! `separateFromRequester`), copied onto the Signal where the API server's
+//! admission policies read it; the run takes only a Signal it opened.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::{CheckpointState, EffectOutcome, RunPhase, SignalTimeout, StepPhase};
+use crate::api::{
+    CheckpointState, EffectOutcome, RunPhase, Senders, ServiceAccountRef, SignalTimeout, StepPhase,
+};
 use crate::engine::names;
 use crate::engine::plan::{self, Plan};
 use crate::engine::reasons::Reason;
 use crate::engine::signal::{self, Answer};
-use crate::engine::{Action, EventType};
+use crate::engine::{Action, EventType, Refusal, RefusalCause};
 use crate::labels;
 
 use super::{Machine, whole_seconds};
@@ -55,6 +61,14 @@ impl<'a> Machine<'a> {
         };
         let step = plan.steps[i];
         let wait = step.wait.as_deref().and_then(|w| w.signal.clone());
+        let ns = self.run.metadata.namespace.as_deref().unwrap_or_default();
+        let senders = wait
+            .as_ref()
+            .and_then(|w| w.senders.clone())
+            .map(|s| Senders {
+                service_accounts: ServiceAccountRef::in_namespace(s.service_accounts, ns),
+                ..s
+            });
         let s = signal::build(signal::Request {
             name: name.clone(),
             namespace: self.run.metadata.namespace.clone(),
@@ -65,7 +79,9 @@ impl<'a> Machine<'a> {
             plan_revision: cp.plan_revision,
             description: wait.as_ref().and_then(|w| w.description.clone()),
             expires_at: cp.wake_at.as_ref().map(|t| t.0),
-            on_timeout: wait.map(|w| w.on_timeout).unwrap_or_default(),
+            on_timeout: wait.as_ref().map(|w| w.on_timeout).unwrap_or_default(),
+            senders,
+            separate_from_requester: wait.is_some_and(|w| w.separate_from_requester),
             requested_by: self
                 .run
                 .metadata
@@ -103,6 +119,20 @@ impl<'a> Machine<'a> {
             return;
         };
         let step = cp.name.clone();
+        // A Signal under the name the run opened but not opened by it (a
+        // planted one, on a cluster without the chart's policies) is never
+        // taken: it stays in the way, visibly (D16).
+        if let Some(why) = signal::not_opened_for(s, self.uid, &cp) {
+            if let Some(t) = &cp.wake_at {
+                self.deadlines.push(t.0);
+            }
+            let refusal = Refusal {
+                name,
+                cause: RefusalCause::NameTaken,
+                message: why,
+            };
+            return self.stall(&format!("step {step}"), "Signal", &refusal);
+        }
         match signal::answer(s, self.now) {
             Answer::Pending { expires_at } => {
                 if let Some(at) = expires_at {
@@ -217,6 +247,11 @@ impl<'a> Machine<'a> {
                 Reason::SignalExpired,
                 format!("Signal {name} was superseded while the step waited on it"),
             ),
+            Answer::Void { why } => self.refuse_step(
+                c,
+                Reason::SignalExpired,
+                format!("Signal {name} {why}; it is not applied and takes no signal now"),
+            ),
         }
     }
 
@@ -227,7 +262,18 @@ impl<'a> Machine<'a> {
     /// server instead of being sent into a void.
     pub(super) fn sync_signals(&mut self) {
         let terminal = self.status.phase.is_some_and(RunPhase::is_terminal);
-        for s in self.signals.iter().filter(|s| s.spec.run_uid == self.uid) {
+        // Only the run's own: the status of a Signal it did not open is not
+        // the operator's to write.
+        let own = |s: &&crate::api::Signal| {
+            s.spec.run_uid == self.uid
+                && crate::engine::not_the_runs(
+                    s.metadata.owner_references.as_deref().unwrap_or_default(),
+                    self.uid,
+                    [],
+                )
+                .is_none()
+        };
+        for s in self.signals.iter().filter(own) {
             let Some(name) = s.metadata.name.clone() else {
                 continue;
             };

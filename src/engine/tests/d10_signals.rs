@@ -6,7 +6,10 @@
 //! that stops waiting supersedes its Signal so a late one is refused.
 
 use super::*;
-use crate::api::{SignalPhase, SignalTimeout, SignalWait, StepSpec, WaitSpec};
+use crate::api::{
+    Senders, ServiceAccountRef, SignalPhase, SignalStatus, SignalTimeout, SignalWait, StepSpec,
+    WaitSpec,
+};
 
 fn wait_signal(name: &str, timeout: Option<&str>, on_timeout: SignalTimeout) -> StepSpec {
     StepSpec {
@@ -18,6 +21,7 @@ fn wait_signal(name: &str, timeout: Option<&str>, on_timeout: SignalTimeout) -> 
                 description: Some("payment settled".into()),
                 timeout: timeout.map(Duration::from),
                 on_timeout,
+                ..SignalWait::default()
             }),
         })),
         effect: Effect::None,
@@ -408,6 +412,141 @@ fn a_signal_whose_data_matches_the_result_schema_is_committed() {
     w.settle();
     assert_eq!(cp(&w, "settle", 1).result, Some(json!({"amount": 5})));
     assert_eq!(w.created, ["run-a-2b8d3c-r1-a1", "run-b-59c772-r1-a1"]);
+}
+
+/// Who may send travels into the Signal, where the API server's policies
+/// read it: the wait's senders (a ServiceAccount without a namespace is the
+/// run's), its separation and the run's creator.
+#[test]
+fn a_signal_carries_the_waits_senders_separation_and_the_runs_creator() {
+    let mut settle = wait_signal("settle", None, SignalTimeout::Fail);
+    let wait = settle.wait.as_mut().unwrap().signal.as_mut().unwrap();
+    wait.senders = Some(Senders {
+        users: vec!["ci-bot".into()],
+        groups: vec!["payments-bridges".into()],
+        service_accounts: vec![
+            ServiceAccountRef {
+                namespace: String::new(),
+                name: "bridge".into(),
+            },
+            ServiceAccountRef {
+                namespace: "ci".into(),
+                name: "runner".into(),
+            },
+        ],
+    });
+    wait.separate_from_requester = true;
+    let mut run = AgentRun::test().with_steps([settle]);
+    run.metadata.annotations = Some([(labels::REQUESTED_BY.to_owned(), "dave".to_owned())].into());
+    let mut w = World::new(run);
+    w.settle();
+    let s = &w.signals[&signal_of(&w)].spec;
+    let senders = s.senders.clone().expect("senders copied");
+    assert_eq!(
+        (senders.users, senders.groups),
+        (
+            vec!["ci-bot".to_owned()],
+            vec!["payments-bridges".to_owned()]
+        )
+    );
+    let accounts: Vec<(&str, &str)> = senders
+        .service_accounts
+        .iter()
+        .map(|a| (a.namespace.as_str(), a.name.as_str()))
+        .collect();
+    assert_eq!(accounts, [("default", "bridge"), ("ci", "runner")]);
+    assert_eq!(
+        (s.separate_from_requester, s.requested_by.as_deref()),
+        (true, Some("dave"))
+    );
+}
+
+/// The run takes only a Signal it opened: one under the name it waits on
+/// whose controller is another object (planted on a cluster without the
+/// chart's policies) is never applied, nor written to — not even the expiry
+/// at its deadline; the run keeps waiting and says what is in the way (D16).
+#[test]
+fn a_signal_the_run_did_not_open_is_never_applied() {
+    let mut w = settle(SignalTimeout::Fail);
+    let name = signal_of(&w);
+    let planted = w.signals.get_mut(&name).unwrap();
+    planted.metadata.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
+    w.advance(3600);
+    w.settle();
+    assert_eq!(
+        signal_phase(&w),
+        Some(SignalPhase::Waiting),
+        "the operator writes no status on a Signal it did not open"
+    );
+    assert!(w.send_signal(&name, "pay-1", json!({"amount": 1_000_000}), "mallory"));
+    let d = w.step();
+    assert!(
+        !events(&d).contains(&Reason::SignalReceived),
+        "{:?}",
+        events(&d)
+    );
+    let c = cp(&w, "settle", 1);
+    assert_eq!((c.phase, c.result.clone()), (StepPhase::Waiting, None));
+    let stalled = condition(&w, ConditionType::Stalled);
+    assert_eq!(stalled.reason, Reason::NameTaken);
+    assert!(
+        stalled.message.contains(&format!(
+            "step settle: Signal {name} exists but does not belong to this run"
+        )) && stalled.message.contains("(uid someone-else)"),
+        "{}",
+        stalled.message
+    );
+    w.settle();
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"], "b never started");
+
+    // Owned by the run, but for another plan revision than the checkpoint's:
+    // not the one it opened either.
+    let mut w = settle(SignalTimeout::Fail);
+    let name = signal_of(&w);
+    w.signals.get_mut(&name).unwrap().spec.plan_revision = 2;
+    assert!(w.send_signal(&name, "pay-1", json!({}), "mallory"));
+    w.settle();
+    assert_eq!(cp(&w, "settle", 1).phase, StepPhase::Waiting);
+    assert!(
+        condition(&w, ConditionType::Stalled)
+            .message
+            .contains("its spec differs from what the run asks in planRevision")
+    );
+}
+
+/// A status alone is not a signal: a Signal that says Received with no
+/// sender's `spec.id` (written by someone other than the operator, who
+/// writes Received only after its step took an id) is not applied. The
+/// API server takes no id on it any more, so the step fails and says why.
+#[test]
+fn a_signal_marked_received_without_an_id_is_not_applied() {
+    let mut w = settle(SignalTimeout::Fail);
+    let name = signal_of(&w);
+    w.signals.get_mut(&name).unwrap().status = Some(SignalStatus {
+        phase: SignalPhase::Received,
+        recorded_at: None,
+        message: Some("forged".into()),
+    });
+    let d = w.step();
+    assert!(
+        !events(&d).contains(&Reason::SignalReceived),
+        "{:?}",
+        events(&d)
+    );
+    let c = cp(&w, "settle", 1);
+    assert_eq!((c.phase, c.result.clone()), (StepPhase::Failed, None));
+    assert_eq!(
+        c.message.as_deref(),
+        Some(
+            format!(
+                "Signal {name} says Received but carries no spec.id, so no sender sent it; it is not applied and takes no signal now"
+            )
+            .as_str()
+        )
+    );
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Failed));
+    assert_eq!(w.created, ["run-a-2b8d3c-r1-a1"], "b never started");
 }
 
 /// D22: a signal's data comes from outside and is bounded before anything
