@@ -1,6 +1,6 @@
 //! The cluster benchmark's driver (`make bench`, e2e/src/bin/bench/), run on
-//! the test plane with the debug binaries and one batch of one 10-step run, so
-//! that the driver cannot rot unnoticed; and the operator's API writes of that
+//! the test plane with the debug binaries, one batch of one 10-step run and a
+//! resume of three runs, so that the driver cannot rot unnoticed; and the operator's API writes of that
 //! run, counted the way the benchmark counts them (kube-apiserver
 //! `apiserver_request_total` deltas by verb and resource), held to the count
 //! the operator makes today.
@@ -56,7 +56,7 @@ async fn bench_driver_completes_a_ten_step_run_within_todays_write_count() {
     // the Events it reported, watched while the driver runs.
     let ours = count_operator_events().await;
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(["--concurrency", "1", "--repeats", "1", "--resume-runs", "0"])
+        .args(["--concurrency", "1", "--repeats", "1", "--resume-runs", "3"])
         .args(["--status-steps", "0", "--deadline-secs", "120"])
         .args(["--steps", &STEPS.to_string()])
         .arg("--operator-bin")
@@ -86,6 +86,14 @@ async fn bench_driver_completes_a_ten_step_run_within_todays_write_count() {
     assert_eq!(batches.len(), 1, "one batch: {doc}");
     let b = &batches[0];
     assert_eq!(b["failedRuns"], 0, "{b}");
+    // The resume path (the operator SIGKILLed with runs in flight and
+    // started again) runs here too, so it cannot rot unnoticed either.
+    let resumes = doc["resumes"].as_array().expect("resumes");
+    assert_eq!(resumes.len(), 1, "one resume: {doc}");
+    let r = &resumes[0];
+    assert_eq!(r["runs"], 3, "{r}");
+    assert_eq!(r["duplicatePods"], 0, "{r}");
+    assert_eq!(r["duplicateExecutions"], 0, "{r}");
     let mut writes: BTreeMap<String, f64> =
         serde_json::from_value(b["writes"].clone()).expect("writes by kind");
     let operator_events = ours.stop().await;
@@ -158,7 +166,10 @@ async fn count_operator_events() -> EventCount {
                     }
                     watcher::Event::Apply(ev) | watcher::Event::InitApply(ev) => {
                         let ns = ev.metadata.namespace.clone().unwrap_or_default();
+                        // The batch's namespace; the resume's (bench-resume-…)
+                        // are not the 10-step run's writes.
                         if ns.starts_with("bench-")
+                            && !ns.starts_with("bench-resume-")
                             && ev.reporting_controller.as_deref() == Some("agentrun-operator")
                             && let Some(uid) = ev.metadata.uid.clone()
                         {

@@ -223,7 +223,7 @@ fn meter(e: &mut IdedExpr) {
                 // A target named by an identifier may be a namespace of
                 // functions (`math.greatest`): left as it is.
                 if charge && !matches!(t.expr, Expr::Ident(_)) {
-                    let inner = std::mem::replace(t.as_mut(), IdedExpr::default());
+                    let inner = std::mem::take(t.as_mut());
                     **t = sized(inner);
                 }
             }

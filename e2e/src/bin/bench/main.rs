@@ -154,6 +154,12 @@ async fn bench(args: Args) -> Res<()> {
     if let Some(path) = &args.json {
         let doc = json!({
             "batches": batches.values().flatten().map(Batch::json).collect::<Vec<_>>(),
+            "resumes": resumes.iter().map(|r| json!({
+                "runs": r.runs,
+                "duplicatePods": r.duplicate_pods,
+                "duplicateExecutions": r.duplicate_executions,
+                "readyS": r.ready_s,
+            })).collect::<Vec<_>>(),
         });
         std::fs::write(path, doc.to_string()).map_err(io(format!("writing {}", path.display())))?;
     }

@@ -224,13 +224,68 @@ pub async fn controller_metrics(addr: SocketAddr) -> String {
         .unwrap_or_default()
 }
 
-/// One metric value (sum over label sets) from a `/metrics` text.
-pub fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum()
+/// One metric value (sum over label sets) from a `/metrics` text. A metric
+/// the text does not expose at all is an error, never 0: an empty scrape (a
+/// process that did not answer) or a renamed metric would read as "nothing
+/// happened". A family that is exposed but has no sample of this label set
+/// yet (a labelled counter never incremented) is 0.
+pub fn metric(text: &str, name: &str) -> Res<f64> {
+    let mut found = false;
+    let mut sum = 0.0;
+    for l in text.lines() {
+        if l.strip_prefix(name)
+            .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        {
+            found = true;
+            sum += l
+                .rsplit_once(' ')
+                .and_then(|(_, v)| v.parse::<f64>().ok())
+                .unwrap_or(0.0);
+        }
+    }
+    let family = name.split('{').next().unwrap_or(name);
+    let family = family.strip_suffix("_total").unwrap_or(family);
+    let declared = text.lines().any(|l| {
+        l.strip_prefix("# TYPE ")
+            .and_then(|r| r.strip_prefix(family))
+            .is_some_and(|r| r.starts_with(' '))
+    });
+    if found || declared {
+        Ok(sum)
+    } else {
+        Err(BenchError::Stage(format!(
+            "metric {name} is not in the scrape ({} bytes): the process did not answer, or the metric was renamed",
+            text.len()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric;
+
+    const TEXT: &str = "# TYPE agentrun_held_behind_starts counter\n\
+        agentrun_held_behind_starts_total{kind=\"event\"} 3\n\
+        # TYPE agentrun_duplicate_creates_suppressed counter\n\
+        agentrun_duplicate_creates_suppressed_total 2\n";
+
+    #[test]
+    fn a_metric_missing_from_the_scrape_is_an_error_not_zero() {
+        assert_eq!(
+            metric(TEXT, "agentrun_duplicate_creates_suppressed_total").unwrap(),
+            2.0
+        );
+        assert_eq!(
+            metric(TEXT, "agentrun_held_behind_starts_total{kind=\"event\"}").unwrap(),
+            3.0
+        );
+        // Declared, never incremented for this label set: 0.
+        assert_eq!(
+            metric(TEXT, "agentrun_held_behind_starts_total{kind=\"release\"}").unwrap(),
+            0.0
+        );
+        // Not exposed at all, or an empty scrape: an error.
+        assert!(metric(TEXT, "agentrun_renamed_total").is_err());
+        assert!(metric("", "agentrun_duplicate_creates_suppressed_total").is_err());
+    }
 }

@@ -218,11 +218,17 @@ pub async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume>
         + g.pods.values().filter(|p| p.attempt != "1").count();
     let ledger = Ledger::read(dir.join("ledger.jsonl"))
         .map_err(|e| BenchError::Stage(format!("reading the ledger: {e}")))?;
-    let duplicate_executions = ledger
-        .executions_by_key()
-        .values()
-        .filter(|k| **k > 1)
-        .count();
+    // Per logical step (run, step name), not per key: a step that ran again
+    // under another key is a duplicate too. Each step of these runs runs once.
+    let mut per_logical_step: HashMap<(&str, &str), usize> = HashMap::new();
+    for e in ledger.executions().filter(|e| e.is_step()) {
+        let key = (
+            e.run.as_deref().unwrap_or_default(),
+            e.step.as_deref().unwrap_or_default(),
+        );
+        *per_logical_step.entry(key).or_default() += 1;
+    }
+    let duplicate_executions = per_logical_step.values().map(|k| k - 1).sum::<usize>();
     let res = Resume {
         runs: n,
         repeat,
@@ -232,15 +238,15 @@ pub async fn resume_batch(setup: &Setup, n: usize, repeat: usize) -> Res<Resume>
         finished_s: g.last_finished_after(restart),
         duplicate_pods,
         duplicate_executions,
-        suppressed_creates: metric(&op_metrics, "agentrun_duplicate_creates_suppressed_total"),
+        suppressed_creates: metric(&op_metrics, "agentrun_duplicate_creates_suppressed_total")?,
         held_releases: metric(
             &op_metrics,
             "agentrun_held_behind_starts_total{kind=\"release\"}",
-        ),
+        )?,
         held_events: metric(
             &op_metrics,
             "agentrun_held_behind_starts_total{kind=\"event\"}",
-        ),
+        )?,
         rss_idle_kib: rss_idle,
         hwm_kib: hwm,
         window_cpu_s,

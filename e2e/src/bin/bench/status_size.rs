@@ -57,7 +57,7 @@ async fn sample(setup: &Setup, watch: &Watch, pids: &[(&'static str, u32)]) -> R
     let text = scrape(setup, "apiserver").await?;
     let status_body = update_body_bytes(&text, "agentruns");
     let etcd = scrape(setup, "etcd").await?;
-    let etcd_put_bytes = metric(&etcd, "etcd_debugging_mvcc_total_put_size_in_bytes");
+    let etcd_put_bytes = metric(&etcd, "etcd_debugging_mvcc_total_put_size_in_bytes")?;
     Ok(Sample {
         done,
         cpu_before,

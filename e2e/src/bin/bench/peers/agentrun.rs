@@ -188,16 +188,16 @@ impl Controller for Operator {
     }
 
     /// Its reconciles and status writes, from its `/metrics`.
-    fn figures(batch: &mut Batch, metrics: &str, created: Duration) {
-        let reconciles = metric(metrics, "agentrun_reconcile_duration_seconds_count");
-        let rsum = metric(metrics, "agentrun_reconcile_duration_seconds_sum");
+    fn figures(batch: &mut Batch, metrics: &str, created: Duration) -> Res<()> {
+        let reconciles = metric(metrics, "agentrun_reconcile_duration_seconds_count")?;
+        let rsum = metric(metrics, "agentrun_reconcile_duration_seconds_sum")?;
         batch.reconciles = reconciles;
         batch.reconcile_mean_ms = if reconciles > 0.0 {
             rsum / reconciles * 1000.0
         } else {
             0.0
         };
-        batch.status_writes = metric(metrics, "agentrun_checkpoint_write_duration_seconds_count");
+        batch.status_writes = metric(metrics, "agentrun_checkpoint_write_duration_seconds_count")?;
         eprintln!(
             "[bench]   created {} runs in {:.1} s; operator metrics: {}",
             batch.runs,
@@ -209,9 +209,13 @@ impl Controller for Operator {
                 "agentrun_reconcile_errors_total",
             ]
             .iter()
-            .map(|m| format!("{m}={}", metric(metrics, m)))
+            .map(|m| match metric(metrics, m) {
+                Ok(v) => format!("{m}={v}"),
+                Err(e) => format!("{m}: {e}"),
+            })
             .collect::<Vec<_>>()
             .join(" ")
         );
+        Ok(())
     }
 }

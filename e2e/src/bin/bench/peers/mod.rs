@@ -81,7 +81,9 @@ pub trait Controller: Sized {
     async fn stop(self) {}
     /// Its own figures of the batch, from its `/metrics`; `created` is how
     /// long the creates took.
-    fn figures(_batch: &mut Batch, _metrics: &str, _created: Duration) {}
+    fn figures(_batch: &mut Batch, _metrics: &str, _created: Duration) -> Res<()> {
+        Ok(())
+    }
 }
 
 impl Peer {
@@ -184,7 +186,7 @@ async fn batch<C: Controller>(setup: &Setup, n: usize, steps: usize, repeat: usi
         rss_end_kib: rss_end,
         hwm_kib: hwm,
     });
-    C::figures(&mut batch, &metrics, created);
+    C::figures(&mut batch, &metrics, created)?;
     // The runs, their Pods and whatever else the controller made go with the namespace.
     teardown(setup, ns).await?;
     Ok(batch)
