@@ -16,7 +16,8 @@
 //! `AGENTRUN_CONSOLE_SCREENSHOTS=DIR` the tests write the screenshots in
 //! docs/images there. The History pages' test is in `console/history.rs`; who
 //! the local console serves (the printed token) in `console/auth.rs`; the
-//! cluster's sign-in modes in `console/in_cluster.rs`; the console process,
+//! cluster's sign-in modes in `console/in_cluster.rs`, and what one person
+//! can make it do (group headers, views) in `console/proxy.rs`; the console process,
 //! raw HTTP and Chromium in `console/harness.rs`.
 
 #[path = "console/auth.rs"]
@@ -29,6 +30,8 @@ mod history;
 mod in_cluster;
 #[path = "console/live.rs"]
 mod live;
+#[path = "console/proxy.rs"]
+mod proxy;
 #[path = "console/retry.rs"]
 mod retry;
 

@@ -35,7 +35,7 @@ pub struct ConsoleArgs {
     #[arg(long, default_value = "X-Forwarded-User")]
     pub user_header: String,
     /// With --auth proxy: the header that lists the user's groups
-    /// (comma-separated; may repeat).
+    /// (comma-separated, in one header; a repeated one is refused).
     #[arg(long, default_value = "X-Forwarded-Groups")]
     pub group_header: String,
     /// With --auth proxy: put before the user's name (as the API

@@ -27,6 +27,7 @@ pub mod auth;
 pub mod filter;
 pub mod history_page;
 pub mod pages;
+pub mod proxy;
 pub mod retry;
 pub mod run_page;
 mod sse;
@@ -51,8 +52,9 @@ use serde::Deserialize;
 
 use crate::commands::{Error, events_of};
 use crate::decide::send_decision;
-use auth::{Auth, Mode, ProxyTrust, Sessions};
+use auth::{Auth, Mode, Sessions};
 use filter::{HistoryFilter, RunFilter};
+use proxy::ProxyTrust;
 use view::{User, View};
 
 /// How `kubectl agentrun console` was asked to run.
