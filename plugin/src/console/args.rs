@@ -11,7 +11,8 @@ pub struct ConsoleArgs {
     /// token for this session).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
-    /// Open it in the default browser (the URL with its token).
+    /// Open it in the default browser: through a page only you can read
+    /// (the token is never a process argument), removed once used.
     #[arg(long)]
     pub open: bool,
     /// A view without decisions: no forms, no writes.

@@ -212,6 +212,8 @@ pub async fn authenticate(
                     return refused(LOCAL_REFUSAL);
                 }
                 if page {
+                    // `--open`'s page has done its work.
+                    c.launched();
                     // The token leaves the address bar (and history) at once.
                     let set = format!("{name}={token}; HttpOnly; SameSite=Strict; Path=/");
                     return see_other(&rest, Some(&set));
@@ -294,7 +296,7 @@ fn secure(headers: &HeaderMap) -> &'static str {
 }
 
 /// Percent-encodes everything but unreserved characters and `/`.
-fn encode(s: &str) -> String {
+pub(super) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
