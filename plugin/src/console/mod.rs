@@ -26,6 +26,7 @@ pub mod args;
 pub mod auth;
 pub mod filter;
 pub mod history_page;
+pub mod namespace;
 pub mod open;
 pub mod pages;
 pub mod proxy;
@@ -301,7 +302,7 @@ fn router(console: Shared) -> Router {
             .route("/ns/{ns}/runs/{run}/retry/preview", get(retry::preview));
     }
     if console.namespace.is_none() && matches!(console.auth, Auth::Users { .. }) {
-        r = r.route("/namespace", get(view::choose_namespace));
+        r = r.route("/namespace", get(namespace::choose_namespace));
     }
     if let Auth::Users {
         sessions: Some(_), ..
