@@ -98,7 +98,8 @@ struct RunArgs {
     max_active_runs_per_namespace: u32,
 
     /// Most runs active at once in all the namespaces watched; the rest
-    /// queue. 0: no cap.
+    /// queue, and a freed place goes to the namespace with the fewest
+    /// active runs. 0: no cap.
     #[arg(long, env = "AGENTRUN_MAX_ACTIVE_RUNS", default_value_t = 0)]
     max_active_runs: u32,
 

@@ -8,9 +8,13 @@
 //! order is the platform team's priority first — the run's
 //! `podTemplate.priorityClassName`, ranked by `--queue-priority-classes`
 //! (first listed first; a class not listed, or none, after every listed one)
-//! — then creation time, namespace and name. Run authors choose a class only
-//! if they may use it (the chart's runs policy, D17); they cannot rank it. A started run is never queued again,
-//! so raising or lowering a cap, or restarting the operator, never stops what
+//! — then namespaces take turns ([`turns`]: the namespace with the fewest
+//! active runs first, so one namespace's burst cannot hold every place of
+//! the total), then creation time, namespace and name. Run authors choose a
+//! class only if they may use it (the chart's runs policy, D17); they cannot
+//! rank it. A started run is never queued again — one that waits for an
+//! approval, a signal or a timer keeps its place until it finishes — so
+//! raising or lowering a cap, or restarting the operator, never stops what
 //! runs and never starts anything twice.
 //!
 //! The run cache may lag this process's own status writes: a run admitted a
@@ -146,8 +150,8 @@ impl Capacity {
     }
 }
 
-/// Where `run` stands: every run that has not started, in queue order, is
-/// given a place while one is free (its namespace's and the total); `run`
+/// Where `run` stands: every run that has not started, in [`turns`] order,
+/// is given a place while one is free (its namespace's and the total); `run`
 /// starts if it is given one.
 fn place(caps: &Caps, run: &Seat, all: &[Seat], held: &HashMap<Key, Instant>) -> Option<Queued> {
     let mut active: BTreeMap<&str, u32> = BTreeMap::new();
@@ -165,7 +169,7 @@ fn place(caps: &Caps, run: &Seat, all: &[Seat], held: &HashMap<Key, Instant>) ->
     if !waiting.iter().any(|s| s.key() == run.key()) {
         waiting.push(run);
     }
-    waiting.sort();
+    let waiting = turns(waiting, &active);
     // Places given in order; a run its namespace's cap holds back does not
     // hold back the runs of other namespaces behind it.
     let mut ahead_in_namespace = 0u32;
@@ -202,6 +206,35 @@ fn place(caps: &Caps, run: &Seat, all: &[Seat], held: &HashMap<Key, Instant>) ->
         }
     }
     None
+}
+
+/// The order in which the waiting runs are given places: namespaces take
+/// turns. Each namespace's own queue is in [`Seat`] order (class rank, then
+/// creation); its k-th waiting run (from 0) is in round `active + k`, where
+/// `active` is how many of its runs hold places now. Places go by class rank
+/// first, then round, then the seat's own order. So under the total cap the
+/// namespace with the fewest active runs gets the next place, and a burst in
+/// one namespace waits behind a single run of another instead of ahead of it.
+/// Everything here is read from the runs (their `startedAt`, phase, creation
+/// time and names) and this process's holds on admissions it just wrote, so
+/// an operator that restarts derives the same order.
+fn turns<'s>(mut waiting: Vec<&'s Seat>, active: &BTreeMap<&str, u32>) -> Vec<&'s Seat> {
+    waiting.sort();
+    let mut next: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut ranked: Vec<(usize, u32, &Seat)> = waiting
+        .into_iter()
+        .map(|s| {
+            let ns = s.namespace.as_str();
+            let k = next
+                .entry(ns)
+                .or_insert_with(|| active.get(ns).copied().unwrap_or(0));
+            let round = *k;
+            *k += 1;
+            (s.rank, round, s)
+        })
+        .collect();
+    ranked.sort();
+    ranked.into_iter().map(|(_, _, s)| s).collect()
 }
 
 #[cfg(test)]
@@ -320,6 +353,116 @@ mod tests {
             (q.position, q.why.as_str()),
             (1, "2 of 2 runs active in all namespaces (maxActiveRuns)")
         );
+    }
+
+    /// Under the total cap alone, namespace a's five runs came first and took
+    /// both places; b's one run, created last, gets the next place a frees,
+    /// not the place after a's three others.
+    #[test]
+    fn the_next_place_goes_to_the_namespace_with_fewest_active_runs() {
+        let c = cap(None, Some(2));
+        let mut all = vec![
+            seat("a", "a1", 1, true),
+            seat("a", "a2", 2, true),
+            seat("a", "a3", 3, false),
+            seat("a", "a4", 4, false),
+            seat("a", "a5", 5, false),
+            seat("b", "b1", 6, false),
+        ];
+        assert_eq!(c.admit(&all[5], &all).map(|q| q.position), Some(1));
+        all[0].gone = true;
+        assert_eq!(c.admit(&all[2], &all).map(|q| q.position), Some(1));
+        assert_eq!(c.admit(&all[5], &all), None, "b1 takes a1's place");
+        // a2 ends: b holds one place, a none, so a's oldest is next.
+        all[1].gone = true;
+        assert_eq!(
+            c.admit(&all[3], &all).map(|q| q.position),
+            Some(1),
+            "a3 is given the place, a4 is first behind it"
+        );
+        assert_eq!(c.admit(&all[2], &all), None);
+    }
+
+    /// With nothing active, places alternate between the namespaces, each in
+    /// its own creation order; ties in a round go to the older run.
+    #[test]
+    fn namespaces_take_turns_each_in_its_own_order() {
+        let waiting = [
+            seat("a", "a1", 1, false),
+            seat("a", "a2", 2, false),
+            seat("a", "a3", 3, false),
+            seat("b", "b1", 4, false),
+            seat("b", "b2", 5, false),
+            seat("c", "c1", 6, false),
+        ];
+        let active = BTreeMap::from([("c", 2u32)]);
+        let order: Vec<&str> = turns(waiting.iter().collect(), &active)
+            .into_iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(order, ["a1", "b1", "a2", "b2", "a3", "c1"]);
+    }
+
+    /// The platform team's class still goes first: a ranked run of the
+    /// busiest namespace starts before an unranked run of an idle one.
+    #[test]
+    fn a_listed_class_goes_before_the_turns_of_namespaces() {
+        let c = Capacity::new(Caps {
+            per_namespace: None,
+            total: Some(2),
+            priority_classes: vec!["critical".into()],
+        });
+        let all = vec![
+            seat("a", "a1", 1, true),
+            Seat {
+                rank: 0,
+                ..seat("a", "urgent", 3, false)
+            },
+            Seat {
+                rank: 1,
+                ..seat("b", "b1", 2, false)
+            },
+        ];
+        assert_eq!(c.admit(&all[2], &all).map(|q| q.position), Some(1));
+        assert_eq!(c.admit(&all[1], &all), None);
+    }
+
+    /// An operator started again has no holds and no memory of who went last:
+    /// the same runs, in any order, give the same verdicts.
+    #[test]
+    fn the_order_comes_from_the_runs_alone() {
+        let all = vec![
+            seat("a", "a1", 1, true),
+            seat("a", "a2", 2, false),
+            seat("a", "a3", 3, false),
+            seat("b", "b1", 4, false),
+            seat("c", "c1", 5, true),
+            seat("c", "c2", 6, false),
+        ];
+        let verdicts = |seats: &[Seat]| {
+            let mut v: Vec<(String, Option<u32>)> = seats
+                .iter()
+                .map(|s| {
+                    let fresh = cap(None, Some(3));
+                    (s.name.clone(), fresh.admit(s, seats).map(|q| q.position))
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let mut shuffled = all.clone();
+        shuffled.reverse();
+        shuffled.swap(1, 4);
+        let want = vec![
+            ("a1".to_owned(), None),
+            ("a2".to_owned(), Some(1)),
+            ("a3".to_owned(), Some(2)),
+            ("b1".to_owned(), None),
+            ("c1".to_owned(), None),
+            ("c2".to_owned(), Some(1)),
+        ];
+        assert_eq!(verdicts(&all), want);
+        assert_eq!(verdicts(&shuffled), want);
     }
 
     #[test]

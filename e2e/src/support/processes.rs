@@ -229,6 +229,10 @@ impl Process {
 #[derive(Clone, Debug)]
 pub struct OperatorConfig {
     pub namespace: String,
+    /// Watch every namespace, not only `namespace` (its log and Lease stay
+    /// there). Every run on the plane is then this operator's: only for a
+    /// test that has the plane to itself.
+    pub all_namespaces: bool,
     /// Instance identity (also the lease holder identity).
     pub identity: String,
     pub leader_elect: bool,
@@ -247,6 +251,7 @@ impl OperatorConfig {
     pub fn new(namespace: &str) -> OperatorConfig {
         OperatorConfig {
             namespace: namespace.to_owned(),
+            all_namespaces: false,
             identity: format!("operator-{namespace}"),
             leader_elect: false,
             lease_duration_seconds: 6,
@@ -259,13 +264,15 @@ impl OperatorConfig {
     }
 }
 
-/// Starts the operator watching the scenario's namespace only.
+/// Starts the operator watching the scenario's namespace only (or every
+/// namespace, with `all_namespaces`).
 pub fn start_operator(cfg: &OperatorConfig) -> Process {
     let mut cmd = Command::new(operator_binary());
-    cmd.arg("run")
-        .arg("--namespace")
-        .arg(&cfg.namespace)
-        .arg("--identity")
+    cmd.arg("run");
+    if !cfg.all_namespaces {
+        cmd.arg("--namespace").arg(&cfg.namespace);
+    }
+    cmd.arg("--identity")
         .arg(&cfg.identity)
         .arg("--metrics-addr")
         .arg(format!("127.0.0.1:{}", cfg.metrics_port))

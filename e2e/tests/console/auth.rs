@@ -288,3 +288,109 @@ async fn the_local_console_serves_only_whoever_has_the_printed_token() {
     assert_eq!(a.code, 401);
     s.finish().await;
 }
+
+/// `--open` with `xdg-open` stubbed on PATH by a script that records what
+/// the kernel shows of it: its arguments hold no token (nor does any
+/// process's on the machine), only the `file://` address of a page in a
+/// directory only its owner may enter, which sends the browser on with the
+/// token and is removed once the token is traded for the cookie.
+#[tokio::test]
+async fn open_gives_the_browser_a_private_page_and_no_process_the_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scenario::start_without_operator("console-open").await;
+    let ns = s.namespace().to_owned();
+    let dir = agentrun_e2e::support::processes::log_dir(&ns);
+    let (stubs, seen, runtime) = (dir.join("stubs"), dir.join("seen"), dir.join("runtime"));
+    for d in [&stubs, &seen, &runtime] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let opener = stubs.join("xdg-open");
+    std::fs::write(
+        &opener,
+        format!(
+            r#"#!/bin/sh
+out='{}'
+tr '\0' ' ' < /proc/$$/cmdline > "$out/cmdline.tmp"
+f=$(printf '%s' "$1" | sed 's|^file://||')
+stat -c '%a' "$f" > "$out/file-mode"
+stat -c '%a' "$(dirname "$f")" > "$out/dir-mode"
+cp "$f" "$out/page.html"
+printf '%s' "$f" > "$out/path"
+mv "$out/cmdline.tmp" "$out/cmdline"
+"#,
+            seen.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&opener, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        stubs.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = tokio::process::Command::new(agentrun_e2e::support::processes::plugin_binary());
+    cmd.arg("--kubeconfig")
+        .arg(agentrun_e2e::kubeconfig())
+        .args(["console", "-n", &ns, "--open"])
+        .env("PATH", path)
+        .env("XDG_RUNTIME_DIR", &runtime);
+    let (_process, printed) = super::started(&ns, "open", cmd).await;
+    let (base, token) = printed
+        .split_once("?token=")
+        .unwrap_or_else(|| panic!("the console printed no token: {printed}"));
+    assert_eq!(token.len(), 64, "{printed}");
+
+    let recorded = seen.join("cmdline");
+    let deadline = Instant::now() + PAGE_TIMEOUT;
+    while !recorded.exists() {
+        assert!(Instant::now() < deadline, "the opener never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let argv = std::fs::read_to_string(&recorded).unwrap();
+    assert!(!argv.contains(token), "the opener's arguments: {argv}");
+    assert!(
+        argv.contains(&format!("file://{}", runtime.display())),
+        "{argv}"
+    );
+    // Nothing on the machine shows the token in its arguments.
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            assert!(
+                !cmdline.contains(token),
+                "{}: {cmdline}",
+                entry.path().display()
+            );
+        }
+    }
+    let read = |f: &str| std::fs::read_to_string(seen.join(f)).unwrap();
+    assert_eq!(
+        (read("file-mode").trim(), read("dir-mode").trim()),
+        ("600", "700")
+    );
+    let page = read("page.html");
+    assert!(
+        page.contains(&format!(r#"content="0;url={base}?token={token}""#)),
+        "{page}"
+    );
+    // The browser trades the token: the page and its directory go.
+    let port: u16 = base
+        .trim_start_matches("http://127.0.0.1:")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let a = request([127, 0, 0, 1], port, "GET", &format!("/?token={token}"), "").await;
+    assert_eq!(a.code, 303, "{}", a.head);
+    let file = std::path::PathBuf::from(read("path"));
+    let deadline = Instant::now() + PAGE_TIMEOUT;
+    while file.exists() || file.parent().is_some_and(|d| d.exists()) {
+        assert!(
+            Instant::now() < deadline,
+            "{} is still there",
+            file.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.finish().await;
+}

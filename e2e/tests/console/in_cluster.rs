@@ -26,14 +26,14 @@ use super::{PAGE_TIMEOUT, RUN_TIMEOUT, gated, started};
 /// The chart's console objects for `mode` (ServiceAccount, and the role the
 /// mode needs), applied to the plane; deleted when dropped. The console
 /// then runs with a token of that ServiceAccount, nothing else.
-struct ChartConsole {
+pub(super) struct ChartConsole {
     file: String,
-    user: String,
+    pub(super) user: String,
     kubeconfig: PathBuf,
 }
 
 impl ChartConsole {
-    async fn install(ns: &str, values: &[&str]) -> ChartConsole {
+    pub(super) async fn install(ns: &str, values: &[&str]) -> ChartConsole {
         let suffix = ns.rsplit('-').next().expect("namespace suffix");
         let release = format!("agentrun-operator-{suffix}");
         let mut args = vec!["--set", "console.enabled=true"];
@@ -67,7 +67,7 @@ impl ChartConsole {
 
     /// `kubectl-agentrun console` as the ServiceAccount, on 127.0.0.1, with
     /// `args`: the process and its port.
-    async fn start(&self, ns: &str, args: &[&str]) -> (Process, u16) {
+    pub(super) async fn start(&self, ns: &str, args: &[&str]) -> (Process, u16) {
         let mut cmd = tokio::process::Command::new(plugin_binary());
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -485,7 +485,7 @@ async fn the_token_mode_console_serves_each_token_what_it_may_list() {
 }
 
 /// POST /login with `token`.
-async fn login_with(port: u16, token: &str, headers: &str) -> Answer {
+pub(super) async fn login_with(port: u16, token: &str, headers: &str) -> Answer {
     let form = format!("token={token}");
     exchange([127, 0, 0, 1], port, "POST", "/login", headers, Some(&form)).await
 }

@@ -11,7 +11,8 @@ pub struct ConsoleArgs {
     /// token for this session).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
-    /// Open it in the default browser (the URL with its token).
+    /// Open it in the default browser: through a page only you can read
+    /// (the token is never a process argument), removed once used.
     #[arg(long)]
     pub open: bool,
     /// A view without decisions: no forms, no writes.
@@ -35,7 +36,7 @@ pub struct ConsoleArgs {
     #[arg(long, default_value = "X-Forwarded-User")]
     pub user_header: String,
     /// With --auth proxy: the header that lists the user's groups
-    /// (comma-separated; may repeat).
+    /// (comma-separated, in one header; a repeated one is refused).
     #[arg(long, default_value = "X-Forwarded-Groups")]
     pub group_header: String,
     /// With --auth proxy: put before the user's name (as the API

@@ -11,24 +11,24 @@
 //!     otherwise: GET of a page ─▶ /login (token mode); anything else 401
 //! ```
 //!
-//! The pure parts (token comparison, cookies, the proxy's peer and headers)
-//! are unit-tested here; the flows are tested against the API server in
+//! The pure parts (token comparison, cookies) are unit-tested here, the
+//! proxy's peer and headers in `proxy.rs`; the flows are tested against the API server in
 //! `e2e/tests/console/auth.rs`.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Form, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use ipnet::IpNet;
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 
 use super::Shared;
+use super::proxy::{ProxyTrust, proxied, trusted};
 use crate::identity::Identity;
 
 /// How people sign in to a console served beyond this machine.
@@ -39,19 +39,6 @@ pub enum Mode {
     Proxy,
     /// The user pastes a bearer token on a login page; the console uses it.
     Token,
-}
-
-/// Whom the console trusts to name the user, and in which headers.
-#[derive(Clone, Debug)]
-pub struct ProxyTrust {
-    /// Peers whose headers are believed; from anyone else they are refused.
-    pub from: Vec<IpNet>,
-    pub user_header: HeaderName,
-    pub group_header: HeaderName,
-    /// Put before the names the proxy gives, as the API server's own OIDC
-    /// flags do (`--oidc-username-prefix`), so they match RBAC's subjects.
-    pub user_prefix: String,
-    pub group_prefix: String,
 }
 
 /// How requests are tied to a person.
@@ -145,55 +132,6 @@ pub fn split_token(uri: &Uri) -> (Option<String>, String) {
     (token, path)
 }
 
-/// Whether `peer` is one of the trusted proxies (an IPv4 peer seen on an
-/// IPv6 socket counts as its IPv4 address).
-pub fn trusted(peer: IpAddr, from: &[IpNet]) -> bool {
-    let peer = peer.to_canonical();
-    from.iter().any(|net| net.contains(&peer))
-}
-
-/// The user and groups a trusted proxy named, prefixed: `None` without the
-/// user header; an error when the header is repeated, empty or not text (a
-/// proxy that appends to a client's header must not make two users one), or
-/// when it names a `system:` user or group (Kubernetes' own identities, such
-/// as `system:masters`, are never a person signed in through a proxy).
-/// Groups come comma-separated, in one header or several.
-pub fn proxied(headers: &HeaderMap, trust: &ProxyTrust) -> Result<Option<Identity>, &'static str> {
-    let mut users = headers.get_all(&trust.user_header).iter();
-    let Some(user) = users.next() else {
-        return Ok(None);
-    };
-    if users.next().is_some() {
-        return Err("the proxy's user header is repeated");
-    }
-    let user = user
-        .to_str()
-        .map_err(|_| "the proxy's user header is not text")?
-        .trim();
-    if user.is_empty() {
-        return Err("the proxy's user header is empty");
-    }
-    if user.starts_with("system:") {
-        return Err("the proxy named a system: user");
-    }
-    let mut groups = Vec::new();
-    for v in headers.get_all(&trust.group_header) {
-        let v = v
-            .to_str()
-            .map_err(|_| "the proxy's group header is not text")?;
-        for g in v.split(',').map(str::trim).filter(|g| !g.is_empty()) {
-            if g.starts_with("system:") {
-                return Err("the proxy named a system: group");
-            }
-            groups.push(format!("{}{g}", trust.group_prefix));
-        }
-    }
-    Ok(Some(Identity {
-        user: format!("{}{user}", trust.user_prefix),
-        groups,
-    }))
-}
-
 /// Token-mode sessions: a random id in the browser's cookie, the pasted
 /// token here, until it expires or the user signs out.
 pub struct Sessions {
@@ -204,6 +142,8 @@ pub struct Sessions {
 #[derive(Clone)]
 pub struct Session {
     pub token: String,
+    /// Who the API server said the token is, at sign-in.
+    pub user: String,
     pub expires: Instant,
 }
 
@@ -219,11 +159,13 @@ impl Sessions {
         self.ttl
     }
 
-    /// A new session for `token` (checked by the caller); its id.
-    pub fn open(&self, token: String) -> String {
+    /// A new session for `token`, which the API server took for `user`
+    /// (checked by the caller); its id.
+    pub fn open(&self, token: String, user: String) -> String {
         let id = random_token();
         let s = Session {
             token,
+            user,
             expires: Instant::now() + self.ttl,
         };
         if let Ok(mut live) = self.live.lock() {
@@ -270,6 +212,8 @@ pub async fn authenticate(
                     return refused(LOCAL_REFUSAL);
                 }
                 if page {
+                    // `--open`'s page has done its work.
+                    c.launched();
                     // The token leaves the address bar (and history) at once.
                     let set = format!("{name}={token}; HttpOnly; SameSite=Strict; Path=/");
                     return see_other(&rest, Some(&set));
@@ -352,7 +296,7 @@ fn secure(headers: &HeaderMap) -> &'static str {
 }
 
 /// Percent-encodes everything but unreserved characters and `/`.
-fn encode(s: &str) -> String {
+pub(super) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
@@ -441,7 +385,7 @@ pub async fn login(
     };
     match checked {
         Ok(me) if !me.user.is_empty() && me.user != "system:anonymous" => {
-            let id = sessions.open(token);
+            let id = sessions.open(token, me.user.clone());
             let set = format!(
                 "{SESSION_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{}",
                 sessions.ttl().as_secs(),
@@ -490,16 +434,7 @@ pub fn sign_out() -> Markup {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn trust() -> ProxyTrust {
-        ProxyTrust {
-            from: vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()],
-            user_header: HeaderName::from_static("x-forwarded-user"),
-            group_header: HeaderName::from_static("x-forwarded-groups"),
-            user_prefix: String::new(),
-            group_prefix: String::new(),
-        }
-    }
+    use axum::http::HeaderName;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -590,92 +525,19 @@ mod tests {
     }
 
     #[test]
-    fn only_peers_in_the_trusted_ranges_are_proxies() {
-        let from = trust().from;
-        for (peer, want) in [
-            ("10.1.2.3", true),
-            ("11.0.0.1", false),
-            ("127.0.0.1", false),
-            ("::ffff:10.9.9.9", true),
-            ("::ffff:192.168.0.1", false),
-            ("fd12::1", true),
-            ("fe80::1", false),
-        ] {
-            assert_eq!(trusted(peer.parse().unwrap(), &from), want, "{peer}");
-        }
-        let one: Vec<IpNet> = vec!["127.0.0.1/32".parse().unwrap()];
-        assert!(trusted("127.0.0.1".parse().unwrap(), &one));
-        assert!(!trusted("127.0.0.3".parse().unwrap(), &one));
-    }
-
-    #[test]
-    fn the_proxys_headers_name_one_user_and_their_groups() {
-        let t = trust();
-        let id = |user: &str, groups: &[&str]| Identity {
-            user: user.into(),
-            groups: groups.iter().map(|g| g.to_string()).collect(),
-        };
-        let ok = [
-            (headers(&[]), None),
-            (
-                headers(&[("x-forwarded-user", "alice")]),
-                Some(id("alice", &[])),
-            ),
-            (
-                headers(&[
-                    ("X-Forwarded-User", " alice@example.com "),
-                    ("x-forwarded-groups", "dev, ops,,"),
-                    ("x-forwarded-groups", "oncall"),
-                ]),
-                Some(id("alice@example.com", &["dev", "ops", "oncall"])),
-            ),
-            (headers(&[("x-forwarded-groups", "dev")]), None),
-        ];
-        for (h, want) in ok {
-            assert_eq!(proxied(&h, &t), Ok(want), "{h:?}");
-        }
-        for h in [
-            headers(&[("x-forwarded-user", "alice"), ("x-forwarded-user", "bob")]),
-            headers(&[("x-forwarded-user", "  ")]),
-            headers(&[("x-forwarded-user", "system:admin")]),
-            headers(&[
-                ("x-forwarded-user", "alice"),
-                ("x-forwarded-groups", "dev,system:masters"),
-            ]),
-        ] {
-            assert!(proxied(&h, &t).is_err(), "{h:?}");
-        }
-        let prefixed = ProxyTrust {
-            user_prefix: "oidc:".into(),
-            group_prefix: "oidc:".into(),
-            ..trust()
-        };
-        assert_eq!(
-            proxied(
-                &headers(&[("x-forwarded-user", "alice"), ("x-forwarded-groups", "dev")]),
-                &prefixed
-            ),
-            Ok(Some(id("oidc:alice", &["oidc:dev"])))
-        );
-        let mut bad = HeaderMap::new();
-        bad.insert(
-            "x-forwarded-user",
-            HeaderValue::from_bytes(b"al\xffice").unwrap(),
-        );
-        assert!(proxied(&bad, &t).is_err());
-    }
-
-    #[test]
     fn a_session_lives_until_it_expires_or_is_closed() {
         let s = Sessions::new(Duration::from_secs(60));
-        let id = s.open("tok".into());
+        let id = s.open("tok".into(), "alice".into());
         assert_eq!(id.len(), 64);
-        assert_eq!(s.get(&id).map(|s| s.token), Some("tok".into()));
+        assert_eq!(
+            s.get(&id).map(|s| (s.token, s.user)),
+            Some(("tok".into(), "alice".into()))
+        );
         assert!(s.get("nope").is_none());
         s.close(&id);
         assert!(s.get(&id).is_none());
         let brief = Sessions::new(Duration::ZERO);
-        let id = brief.open("tok".into());
+        let id = brief.open("tok".into(), "alice".into());
         assert!(brief.get(&id).is_none(), "expired at once");
     }
 }

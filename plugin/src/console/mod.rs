@@ -26,7 +26,10 @@ pub mod args;
 pub mod auth;
 pub mod filter;
 pub mod history_page;
+pub mod namespace;
+pub mod open;
 pub mod pages;
+pub mod proxy;
 pub mod retry;
 pub mod run_page;
 mod sse;
@@ -51,8 +54,9 @@ use serde::Deserialize;
 
 use crate::commands::{Error, events_of};
 use crate::decide::send_decision;
-use auth::{Auth, Mode, ProxyTrust, Sessions};
+use auth::{Auth, Mode, Sessions};
 use filter::{HistoryFilter, RunFilter};
+use proxy::ProxyTrust;
 use view::{User, View};
 
 /// How `kubectl agentrun console` was asked to run.
@@ -104,6 +108,17 @@ pub struct Console {
     /// Local mode: requests must name 127.0.0.1 or localhost (no DNS
     /// rebinding onto the kubeconfig's credentials).
     loopback: bool,
+    /// `--open`'s page with the tokened URL, until the browser has used it.
+    launch: std::sync::Mutex<Option<open::LaunchPage>>,
+}
+
+impl Console {
+    /// Removes `--open`'s page (the token was traded, time is up, or the
+    /// console stops).
+    fn launched(&self) {
+        let page = self.launch.lock().ok().and_then(|mut l| l.take());
+        drop(page);
+    }
 }
 
 type Shared = Arc<Console>;
@@ -192,6 +207,7 @@ pub async fn serve(
         default_namespace,
         port,
         decide: !opts.read_only,
+        launch: std::sync::Mutex::default(),
     });
     let mode = if opts.read_only { ", read-only" } else { "" };
     let url = match (&console.auth, &console.local) {
@@ -222,24 +238,53 @@ pub async fn serve(
         }
     };
     if opts.open {
-        let opener = if cfg!(target_os = "macos") {
-            "open"
-        } else {
-            "xdg-open"
-        };
-        if let Err(e) = std::process::Command::new(opener).arg(&url).spawn() {
-            eprintln!("console: could not open a browser ({opener}: {e}); open {url}");
-        }
+        open_browser(&console, &url);
     }
-    axum::serve(
+    let served = axum::serve(
         listener,
-        router(console).into_make_service_with_connect_info::<SocketAddr>(),
+        router(console.clone()).into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(async {
         let _ = tokio::signal::ctrl_c().await;
     })
-    .await?;
-    Ok(())
+    .await;
+    console.launched();
+    Ok(served?)
+}
+
+/// Opens `url` in the default browser. A URL with the local token goes
+/// through a page only this user can read ([`open`]): the opener's
+/// arguments, which anyone on the machine can read, never hold it.
+fn open_browser(console: &Shared, url: &str) {
+    let opener = open::opener();
+    let address = match console.auth {
+        Auth::Local { .. } => match open::LaunchPage::write(&open::base_dir(), url) {
+            Ok(page) => {
+                let address = page.address();
+                if let Ok(mut l) = console.launch.lock() {
+                    *l = Some(page);
+                }
+                let c = console.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(open::KEEP).await;
+                    c.launched();
+                });
+                address
+            }
+            Err(e) => {
+                eprintln!(
+                    "console: could not write a page for the browser ({e}); open the URL above"
+                );
+                return;
+            }
+        },
+        Auth::Users { .. } => url.to_owned(),
+    };
+    // tokio's child is reaped when it exits; the console does not wait for it.
+    if let Err(e) = tokio::process::Command::new(opener).arg(&address).spawn() {
+        eprintln!("console: could not open a browser ({opener}: {e}); open the URL above");
+        console.launched();
+    }
 }
 
 /// The routes; the read-only view has no write route at all.
@@ -257,7 +302,7 @@ fn router(console: Shared) -> Router {
             .route("/ns/{ns}/runs/{run}/retry/preview", get(retry::preview));
     }
     if console.namespace.is_none() && matches!(console.auth, Auth::Users { .. }) {
-        r = r.route("/namespace", get(view::choose_namespace));
+        r = r.route("/namespace", get(namespace::choose_namespace));
     }
     if let Auth::Users {
         sessions: Some(_), ..

@@ -1,12 +1,16 @@
 //! One person's view of the cluster: a client that acts as them, who the API
 //! server says they are, and watches (as them) of the runs and Approvals
 //! they may list. Locally there is one, the kubeconfig's user's; in the
-//! cluster one per signed-in user, made on their first request and dropped
-//! when nothing has used it for a while.
+//! cluster one per signed-in user (and namespace they chose), made on their
+//! first request and dropped when nothing has used it for a while. A person
+//! holds at most [`VIEWS_PER_USER`] at once, whatever cookies they send: the
+//! watches are the API server's load and the console's memory.
 //!
 //! ```text
 //!   request ─▶ authenticate ─▶ Who ─▶ Console::view_for ─▶ Arc<View>
-//!                                        │ cache by who (per user+groups, per session)
+//!                                        │ cache by who (per user+groups, per session) and chosen namespace;
+//!                                        │ one view for who may list every namespace;
+//!                                        │ ≤ VIEWS_PER_USER per user: the idle one used least recently goes, else 429
 //!                                        └─ new: SelfSubjectReview, scope, 2 watches
 //!   View ── client (impersonating / bearer token / kubeconfig)
 //!        ├─ reflector AgentRuns ─┐
@@ -29,6 +33,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 
 use super::auth::{Auth, Who};
+use super::namespace::{NAMESPACE_COOKIE, namespace_name};
 use super::{Console, Scope, Shared, pages};
 use crate::commands::{Error, whoami};
 use crate::identity::Identity;
@@ -39,6 +44,12 @@ const IDLE: Duration = Duration::from_secs(10 * 60);
 
 /// How long a new view waits for its first lists before the page renders.
 const READY: Duration = Duration::from_secs(10);
+
+/// Most views one user holds at once: one per namespace they chose and per
+/// sign-in (a token session), each with two watches of its own. Past it the
+/// one used least recently that no page streams from is dropped; when every
+/// one streams, the request is refused (`429`).
+pub const VIEWS_PER_USER: usize = 4;
 
 /// What every handler reads and acts with: one person's client, identity
 /// and watches.
@@ -291,13 +302,74 @@ impl View {
     pub fn ended(&self) -> tokio::sync::watch::Receiver<bool> {
         self.ended.subscribe()
     }
+
+    fn touch(&self) {
+        if let Ok(mut used) = self.used.lock() {
+            *used = Instant::now();
+        }
+    }
 }
 
 /// A signed-in user, and the namespace they chose (if they may not list
 /// every one).
 type Key = (Who, Option<String>);
 
-type Cells = HashMap<Key, Arc<tokio::sync::OnceCell<Arc<View>>>>;
+/// A view, made on its first request.
+struct Cell {
+    /// The user it acts for (their name, whatever their groups or session),
+    /// counted against [`VIEWS_PER_USER`].
+    user: String,
+    view: Arc<tokio::sync::OnceCell<Arc<View>>>,
+}
+
+impl Cell {
+    /// Nobody holds it but the cache: no page streams from it and no request
+    /// is making or using it.
+    fn unheld(&self) -> bool {
+        Arc::strong_count(&self.view) == 1
+            && self.view.get().is_none_or(|v| Arc::strong_count(v) == 1)
+    }
+
+    fn last_used(&self) -> Option<Instant> {
+        self.view.get().and_then(|v| v.used.lock().ok().map(|u| *u))
+    }
+}
+
+type Cells = HashMap<Key, Cell>;
+
+/// Why a request has no view.
+pub enum NoView {
+    /// The user already holds [`VIEWS_PER_USER`] views, each in use.
+    Full,
+    Failed(Error),
+}
+
+impl From<Error> for NoView {
+    fn from(e: Error) -> NoView {
+        NoView::Failed(e)
+    }
+}
+
+/// Makes room for one more view of `user`: drops their views nobody holds,
+/// the least recently used first, until they hold fewer than
+/// [`VIEWS_PER_USER`]; `false` when every one is in use.
+fn make_room(cells: &mut Cells, user: &str) -> bool {
+    loop {
+        let theirs: Vec<(&Key, &Cell)> = cells.iter().filter(|(_, c)| c.user == user).collect();
+        if theirs.len() < VIEWS_PER_USER {
+            return true;
+        }
+        let Some(key) = theirs
+            .iter()
+            .filter(|(_, c)| c.unheld())
+            .min_by_key(|(_, c)| c.last_used())
+            .map(|(k, _)| (*k).clone())
+        else {
+            return false;
+        };
+        cells.remove(&key);
+    }
+}
 
 /// The views of the signed-in users, by who they are.
 #[derive(Default)]
@@ -309,11 +381,13 @@ impl Console {
     /// The view that acts for `who`: the kubeconfig user's, or the signed-in
     /// user's (made on first use), in the namespace they `chose` if they may
     /// not list every one. The one place a request's identity becomes a
-    /// client.
-    pub async fn view_for(&self, who: &Who, chose: Option<&str>) -> Result<Arc<View>, Error> {
+    /// client, and where a user's views are bounded ([`VIEWS_PER_USER`]).
+    pub async fn view_for(&self, who: &Who, chose: Option<&str>) -> Result<Arc<View>, NoView> {
         if let (Who::Local, Some(v)) = (who, &self.local) {
             return Ok(v.clone());
         }
+        let user = self.user_of(who)?;
+        let chose = chose.filter(|_| self.namespace.is_none());
         let cell = {
             let mut by_who = self
                 .views
@@ -321,11 +395,32 @@ impl Console {
                 .lock()
                 .map_err(|_| Error::Usage("the console's views are poisoned".into()))?;
             self.sweep(&mut by_who);
-            let chose = chose.filter(|_| self.namespace.is_none());
-            by_who
-                .entry((who.clone(), chose.map(str::to_owned)))
-                .or_default()
-                .clone()
+            // Who may list every namespace sees them all whatever they chose:
+            // one view, not one per namespace cookie.
+            let everywhere = by_who.iter().find_map(|((w, _), c)| {
+                c.view
+                    .get()
+                    .filter(|v| w == who && matches!(v.scope, Scope::All))
+                    .cloned()
+            });
+            if let Some(v) = everywhere {
+                v.touch();
+                return Ok(v);
+            }
+            let key = (who.clone(), chose.map(str::to_owned));
+            if !by_who.contains_key(&key) {
+                if !make_room(&mut by_who, &user) {
+                    return Err(NoView::Full);
+                }
+                by_who.insert(
+                    key.clone(),
+                    Cell {
+                        user,
+                        view: Arc::default(),
+                    },
+                );
+            }
+            by_who[&key].view.clone()
         };
         let view = cell
             .get_or_try_init(|| async {
@@ -349,7 +444,7 @@ impl Console {
                 let fallback = |me: &Identity| {
                     chose
                         .map(str::to_owned)
-                        .or_else(|| own_namespace(&me.user))
+                        .or_else(|| super::namespace::own_namespace(&me.user))
                         .unwrap_or_else(|| self.default_namespace.clone())
                 };
                 let v = View::start(
@@ -365,10 +460,26 @@ impl Console {
             })
             .await?
             .clone();
-        if let Ok(mut used) = view.used.lock() {
-            *used = Instant::now();
-        }
+        view.touch();
         Ok(view)
+    }
+
+    /// The name of the user `who` acts for: the proxy's, or the one the API
+    /// server gave the session's token at sign-in.
+    fn user_of(&self, who: &Who) -> Result<String, Error> {
+        match (who, &self.auth) {
+            (Who::Proxy(id), _) => Ok(id.user.clone()),
+            (
+                Who::Session(sid),
+                Auth::Users {
+                    sessions: Some(s), ..
+                },
+            ) => s
+                .get(sid)
+                .map(|s| s.user)
+                .ok_or_else(|| Error::Refused("the session has ended".into())),
+            _ => Err(Error::Refused("not a local console".into())),
+        }
     }
 
     /// Drops `who`'s views (a session that ended) and closes their streams.
@@ -378,7 +489,7 @@ impl Console {
                 if w != who {
                     return true;
                 }
-                if let Some(v) = cell.get() {
+                if let Some(v) = cell.view.get() {
                     v.ended.send_replace(true);
                 }
                 false
@@ -386,13 +497,14 @@ impl Console {
         }
     }
 
-    /// Drops the views no page streams from that have been idle, and those
-    /// of sessions that ended.
+    /// Drops the views no page streams from that have been idle, those of
+    /// sessions that ended, and those whose making failed.
     fn sweep(&self, by_who: &mut Cells) {
         let now = Instant::now();
         by_who.retain(|(who, _), cell| {
-            let Some(v) = cell.get() else {
-                return true;
+            let Some(v) = cell.view.get() else {
+                // Being made, or its making failed (nobody holds it then).
+                return !cell.unheld();
             };
             let live_session = match (who, &self.auth) {
                 (
@@ -412,8 +524,7 @@ impl Console {
                 .lock()
                 .map(|u| now.duration_since(*u) > IDLE)
                 .unwrap_or(true);
-            // Only the cell holds it: no page streams from it.
-            !(idle && Arc::strong_count(v) == 1)
+            !(idle && cell.unheld())
         });
     }
 
@@ -453,7 +564,20 @@ impl FromRequestParts<Shared> for User {
             super::auth::cookie(&parts.headers, NAMESPACE_COOKIE).filter(|ns| namespace_name(ns));
         match c.view_for(&who, chose).await {
             Ok(v) => Ok(User(v)),
-            Err(e) => {
+            Err(NoView::Full) => {
+                eprintln!(
+                    "console: {} holds {VIEWS_PER_USER} views, each in use; refused another",
+                    who.label()
+                );
+                Err((
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "You have {VIEWS_PER_USER} views of the cluster open in this console (one per namespace you chose and per sign-in), each on a page that is open: close one of those pages, then reload this one."
+                    ),
+                )
+                    .into_response())
+            }
+            Err(NoView::Failed(e)) => {
                 eprintln!("console: acting for {}: {e}", who.label());
                 Err((
                     StatusCode::FORBIDDEN,
@@ -465,81 +589,61 @@ impl FromRequestParts<Shared> for User {
     }
 }
 
-/// A ServiceAccount's namespace, from its user name.
-pub fn own_namespace(user: &str) -> Option<String> {
-    let (ns, _) = user
-        .strip_prefix("system:serviceaccount:")?
-        .split_once(':')?;
-    Some(ns.to_owned()).filter(|ns| namespace_name(ns))
-}
-
-/// The namespace a signed-in user chose to see.
-pub const NAMESPACE_COOKIE: &str = "agentrun_namespace";
-
-/// A namespace's name: a DNS label (RFC 1123).
-pub fn namespace_name(s: &str) -> bool {
-    (1..=63).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-#[derive(serde::Deserialize)]
-pub struct Choice {
-    #[serde(default)]
-    name: String,
-}
-
-/// `GET /namespace?name=NS`: the namespace a user who may not list every
-/// one sees (a preference in a cookie; the API server still decides what
-/// they may list there).
-pub async fn choose_namespace(axum::extract::Query(c): axum::extract::Query<Choice>) -> Response {
-    if !namespace_name(&c.name) {
-        return (
-            StatusCode::BAD_REQUEST,
-            format!("{:?} is not a namespace name", c.name),
-        )
-            .into_response();
-    }
-    let set = format!(
-        "{NAMESPACE_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
-        c.name
-    );
-    (
-        StatusCode::SEE_OTHER,
-        [
-            (axum::http::header::LOCATION, "/".to_owned()),
-            (axum::http::header::SET_COOKIE, set),
-        ],
-    )
-        .into_response()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Cells of `user`, one per namespace in `namespaces`, each held by the
+    /// returned handles (as a request or a page's stream would).
+    fn cells(
+        cells: &mut Cells,
+        user: &str,
+        namespaces: &[&str],
+    ) -> Vec<Arc<tokio::sync::OnceCell<Arc<View>>>> {
+        namespaces
+            .iter()
+            .map(|ns| {
+                let view: Arc<tokio::sync::OnceCell<Arc<View>>> = Arc::default();
+                let who = Who::Proxy(Identity {
+                    user: user.into(),
+                    groups: vec![],
+                });
+                cells.insert(
+                    (who, Some((*ns).to_owned())),
+                    Cell {
+                        user: user.into(),
+                        view: view.clone(),
+                    },
+                );
+                view
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_namespace_is_a_dns_label_and_a_service_account_has_one() {
-        for (s, ok) in [
-            ("team-a", true),
-            ("a", true),
-            ("Team", false),
-            ("-a", false),
-            ("a-", false),
-            ("a.b", false),
-            ("", false),
-            (&"a".repeat(64), false),
-            ("a;b=c", false),
-        ] {
-            assert_eq!(namespace_name(s), ok, "{s:?}");
-        }
-        assert_eq!(
-            own_namespace("system:serviceaccount:team-a:reader").as_deref(),
-            Some("team-a")
+    fn a_user_holds_at_most_the_bound_and_only_unheld_views_make_room() {
+        let mut all = Cells::new();
+        let mut alice = cells(&mut all, "alice", &["a", "b", "c", "d"]);
+        let _bob = cells(&mut all, "bob", &["a", "b", "c", "d"]);
+        assert_eq!(VIEWS_PER_USER, 4);
+        assert!(
+            !make_room(&mut all, "alice"),
+            "each of alice's views is in use"
         );
-        assert_eq!(own_namespace("alice"), None);
-        assert_eq!(own_namespace("system:serviceaccount:broken"), None);
+        assert!(make_room(&mut all, "carol"), "others' views do not count");
+        // One of alice's pages closes: that view goes, the others stay.
+        drop(alice.remove(1));
+        assert!(make_room(&mut all, "alice"));
+        let left: Vec<&str> = {
+            let mut v: Vec<&str> = all
+                .iter()
+                .filter(|(_, c)| c.user == "alice")
+                .filter_map(|((_, ns), _)| ns.as_deref())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(left, ["a", "c", "d"]);
+        assert_eq!(all.iter().filter(|(_, c)| c.user == "bob").count(), 4);
     }
 }
