@@ -519,8 +519,16 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Crd => {
-            print!("{}", agentrun_operator::api::crds_yaml());
-            std::process::ExitCode::SUCCESS
+            // Written, not printed: `print!` panics when the reader has gone
+            // (`agentrun-operator crd | head`); a closed pipe is a normal end.
+            use std::io::Write;
+            match std::io::stdout().write_all(agentrun_operator::api::crds_yaml().as_bytes()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    eprintln!("agentrun-operator: writing the CRDs: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+                _ => std::process::ExitCode::SUCCESS,
+            }
         }
         Command::Version => {
             println!("agentrun-operator {}", env!("CARGO_PKG_VERSION"));

@@ -101,7 +101,10 @@ pub struct Delivery {
     #[serde(default)]
     pub state: DeliveryState,
     /// Requests sent so far.
+    // An int32 with a minimum of 0 in the schema: the API server knows no
+    // `uint32` format and warns about it on every apply.
     #[serde(default)]
+    #[schemars(with = "i32", range(min = 0))]
     pub attempts: u32,
     /// When the receiver accepted the notification.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -249,6 +249,16 @@ pub const QUEUE_RECHECK: SignedDuration = SignedDuration::from_secs(30);
 
 pub use machine::human_duration;
 
+/// The engine's one entry point: what happens next to one run, given what
+/// was observed of it (its spec and committed status, its Pods, Approvals and
+/// Signals, the refusals of this reconcile, the history) and the time.
+///
+/// Pure: no client, no clock, no randomness; the same facts give the same
+/// decision. It returns the status to write and the actions to take once
+/// that write is acknowledged (D4), and the deadlines at which the run must
+/// be looked at again. Every promise of docs/contract.md that the engine
+/// keeps is kept here, in the fixed order of stages `machine` lays out, and
+/// tested in `engine/tests/` first.
 pub fn decide(observed: &Observed) -> Decision {
     machine::decide(observed)
 }
