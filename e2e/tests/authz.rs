@@ -14,13 +14,16 @@
 //! ```
 //!
 //! The Approval half lives in `authz/approvals.rs`, the plugin's quorum
-//! vote path in `authz/votes.rs`. Needs the plane and
+//! vote path in `authz/votes.rs`, RunRecords (only the operator writes
+//! them, D22) in `authz/records.rs`. Needs the plane and
 //! `e2e/cluster tools`; fails, never skips, without them.
 
 #[path = "authz/approvals.rs"]
 mod approvals;
 #[path = "authz/planner.rs"]
 mod planner;
+#[path = "authz/records.rs"]
+mod records;
 #[path = "authz/votes.rs"]
 mod votes;
 
