@@ -6,6 +6,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Client, Resource};
+use std::sync::Arc;
 use tracing::{debug, warn};
 
 use super::Context;
@@ -13,7 +14,8 @@ use super::clock::Clock;
 use super::reconcile::World;
 use crate::api::{AgentRun, AgentRunStatus};
 use crate::engine::{self, Reason};
-use crate::history::{self, Settings};
+use crate::history::{self, Pruned, Retention, Settings};
+use crate::metrics::{Metrics, NamespaceLabel};
 
 /// What the history says of `run` before its decision: a run not started is
 /// looked up (by namespace and name: one indexed list); any other is `On`.
@@ -125,6 +127,29 @@ pub(super) async fn record(
     }
 }
 
+/// Says which namespaces hold more records inside the retention than
+/// `--history-max-per-namespace`: a warning each pruning, and the gauge
+/// `agentrun_history_records_over_cap`. Nothing is removed for it (D22).
+fn report_over_cap(pruned: &Pruned, keep: &Retention, metrics: &Metrics) {
+    metrics.history_over_cap.clear();
+    for (namespace, over) in &pruned.over_cap {
+        warn!(
+            namespace = %namespace,
+            over = over,
+            max_per_namespace = keep.max_per_namespace,
+            "the namespace holds more run records inside the retention than --history-max-per-namespace; \
+             none is removed before its retention ends"
+        );
+        let label = NamespaceLabel {
+            namespace: namespace.clone(),
+        };
+        metrics
+            .history_over_cap
+            .get_or_create(&label)
+            .set(i64::try_from(*over).unwrap_or(i64::MAX));
+    }
+}
+
 /// Removes records past the retention once the caches are synced, then
 /// every `prune_every`, and, from a store that outlives namespaces, the
 /// records of namespaces that are gone (`namespaces`: the client that may
@@ -134,6 +159,7 @@ pub(super) async fn prune_now_and_then(
     settings: Settings,
     clock: Clock,
     namespaces: Option<Client>,
+    metrics: Arc<Metrics>,
     mut synced: tokio::sync::watch::Receiver<u8>,
 ) {
     if synced.wait_for(|m| *m == super::SYNCED_ALL).await.is_err() {
@@ -142,8 +168,11 @@ pub(super) async fn prune_now_and_then(
     let namespaces = namespaces.filter(|_| settings.store.outlives_namespaces());
     let mut refused = false;
     loop {
-        if let Err(err) = settings.store.prune(clock.now(), &settings.retention).await {
-            warn!(error = %err, "pruning the run history failed; trying again later");
+        match settings.store.prune(clock.now(), &settings.retention).await {
+            Ok(pruned) => report_over_cap(&pruned, &settings.retention, &metrics),
+            Err(err) => {
+                warn!(error = %err, "pruning the run history failed; trying again later");
+            }
         }
         if let Some(client) = &namespaces {
             match history::live_namespaces(client, clock.now()).await {
