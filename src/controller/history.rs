@@ -6,6 +6,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Client, Resource};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use tracing::{debug, warn};
 
@@ -130,8 +131,24 @@ pub(super) async fn record(
 /// Says which namespaces hold more records inside the retention than
 /// `--history-max-per-namespace`: a warning each pruning, and the gauge
 /// `agentrun_history_records_over_cap`. Nothing is removed for it (D22).
-fn report_over_cap(pruned: &Pruned, keep: &Retention, metrics: &Metrics) {
-    metrics.history_over_cap.clear();
+/// `reported`: the namespaces the gauge has a series for; one no longer
+/// past the cap loses its series (the others are set in place, never
+/// cleared first, so no scrape finds them missing).
+fn report_over_cap(
+    pruned: &Pruned,
+    keep: &Retention,
+    metrics: &Metrics,
+    reported: &mut BTreeSet<String>,
+) {
+    for gone in reported
+        .iter()
+        .filter(|ns| !pruned.over_cap.contains_key(*ns))
+    {
+        metrics.history_over_cap.remove(&NamespaceLabel {
+            namespace: gone.clone(),
+        });
+    }
+    *reported = pruned.over_cap.keys().cloned().collect();
     for (namespace, over) in &pruned.over_cap {
         warn!(
             namespace = %namespace,
@@ -167,9 +184,10 @@ pub(super) async fn prune_now_and_then(
     }
     let namespaces = namespaces.filter(|_| settings.store.outlives_namespaces());
     let mut refused = false;
+    let mut reported = BTreeSet::new();
     loop {
         match settings.store.prune(clock.now(), &settings.retention).await {
-            Ok(pruned) => report_over_cap(&pruned, &settings.retention, &metrics),
+            Ok(pruned) => report_over_cap(&pruned, &settings.retention, &metrics, &mut reported),
             Err(err) => {
                 warn!(error = %err, "pruning the run history failed; trying again later");
             }
@@ -194,5 +212,57 @@ pub(super) async fn prune_now_and_then(
             }
         }
         tokio::time::sleep(settings.prune_every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+
+    /// The gauge's series, sorted (a family keeps no order).
+    fn scrape(registry: &Registry) -> Vec<String> {
+        let mut body = String::new();
+        prometheus_client::encoding::text::encode(&mut body, registry).unwrap();
+        let mut series: Vec<String> = body
+            .lines()
+            .filter(|l| l.starts_with("agentrun_history_records_over_cap{"))
+            .map(str::to_owned)
+            .collect();
+        series.sort();
+        series
+    }
+
+    /// The gauge follows each pruning: a namespace past the cap has its
+    /// count, one back under it loses its series, and one still past it
+    /// keeps its series throughout (it is set in place, never cleared).
+    #[test]
+    fn the_over_cap_gauge_follows_each_pruning() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let keep = Retention::default();
+        let mut reported = BTreeSet::new();
+        let mut pruned = Pruned::default();
+        pruned.note_over_cap("team-a", 3);
+        pruned.note_over_cap("team-b", 1);
+        pruned.note_over_cap("team-c", 0);
+        report_over_cap(&pruned, &keep, &metrics, &mut reported);
+        assert_eq!(
+            scrape(&registry),
+            [
+                r#"agentrun_history_records_over_cap{namespace="team-a"} 3"#,
+                r#"agentrun_history_records_over_cap{namespace="team-b"} 1"#,
+            ]
+        );
+        let mut next = Pruned::default();
+        next.note_over_cap("team-a", 5);
+        report_over_cap(&next, &keep, &metrics, &mut reported);
+        assert_eq!(
+            scrape(&registry),
+            [r#"agentrun_history_records_over_cap{namespace="team-a"} 5"#]
+        );
+        report_over_cap(&Pruned::default(), &keep, &metrics, &mut reported);
+        assert!(scrape(&registry).is_empty());
     }
 }
