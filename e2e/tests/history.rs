@@ -427,16 +427,29 @@ async fn a_flood_of_runs_past_the_cap_does_not_push_out_a_record_inside_its_rete
     let all = records(&s).list(&Default::default()).await.unwrap().items;
     assert_eq!(all.len(), 5, "nothing inside the retention is removed");
 
+    // Reported by the pruning (a scrape may fall between two).
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.operator_config.metrics_port));
-    let (code, body) = agentrun_e2e::support::http::http_get(addr, "/metrics")
-        .await
-        .unwrap();
-    assert_eq!(code, 200);
     let series = format!(
         "agentrun_history_records_over_cap{{namespace=\"{}\"}} 3",
         s.namespace()
     );
-    assert!(body.lines().any(|l| l == series), "no {series} in:\n{body}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, body) = agentrun_e2e::support::http::http_get(addr, "/metrics")
+            .await
+            .unwrap();
+        assert_eq!(code, 200);
+        let history: Vec<&str> = body.lines().filter(|l| l.contains("history")).collect();
+        if history.contains(&series.as_str()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {series} in:\n{}",
+            history.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let log = std::fs::read_to_string(s.operator_log()).unwrap();
     assert!(
         log.contains("more run records inside the retention than --history-max-per-namespace"),
