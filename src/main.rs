@@ -128,8 +128,9 @@ struct RunArgs {
 
     /// The PostgreSQL database of `--history-store postgres`, as a
     /// `postgres://user:password@host:port/dbname?sslmode=…` URL (or
-    /// `key=value` pairs). `sslmode=disable` connects in the clear;
-    /// `prefer` (the default) and `require` use TLS, verifying the server.
+    /// `key=value` pairs). TLS is required (`sslmode=require`, the default),
+    /// verifying the server; `sslmode=disable` connects in the clear (a local
+    /// Unix socket), `prefer` falls back to it when the server has no TLS.
     /// Best set from a Secret through the environment.
     #[arg(
         long,
@@ -149,7 +150,10 @@ struct RunArgs {
     #[arg(long, env = "AGENTRUN_HISTORY_RETENTION", default_value = "720h", value_parser = parse_retention)]
     history_retention: jiff::SignedDuration,
 
-    /// Most records one namespace keeps; the oldest go first.
+    /// Most records one namespace is expected to hold inside the retention.
+    /// More are reported (a warning each pruning, the gauge
+    /// `agentrun_history_records_over_cap`) and kept: a record inside its
+    /// retention is never removed for the count.
     #[arg(long, env = "AGENTRUN_HISTORY_MAX_PER_NAMESPACE", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     history_max_per_namespace: u32,
 

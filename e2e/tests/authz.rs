@@ -16,7 +16,8 @@
 //! The Approval half lives in `authz/approvals.rs`, the plugin's quorum
 //! vote path in `authz/votes.rs`, step Pods' labels, annotations,
 //! nodeSelector and tolerations in `authz/pod_metadata.rs`, the status of
-//! Approvals and Signals in `authz/status.rs`. Needs the plane and
+//! Approvals and Signals in `authz/status.rs`, RunRecords (only the operator
+//! writes them, D22) in `authz/records.rs`. Needs the plane and
 //! `e2e/cluster tools`; fails, never skips, without them.
 
 #[path = "authz/approvals.rs"]
@@ -25,6 +26,8 @@ mod approvals;
 mod planner;
 #[path = "authz/pod_metadata.rs"]
 mod pod_metadata;
+#[path = "authz/records.rs"]
+mod records;
 #[path = "authz/status.rs"]
 mod status;
 #[path = "authz/votes.rs"]
@@ -479,8 +482,8 @@ async fn without_the_mutating_policies_separation_holds_for_a_planners_steps() {
     assert!(of_kind(&docs, "MutatingAdmissionPolicy").is_empty());
     assert_eq!(
         of_kind(&docs, "ValidatingAdmissionPolicy").len(),
-        4,
-        "approvals, runs, signals and the fence"
+        5,
+        "approvals, runs, signals, records and the fence"
     );
 
     let s = Scenario::start("authz-no-mutating").await;

@@ -44,6 +44,22 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
             .contains("system:serviceaccount:agentrun-system:agentrun-operator"),
         "only the operator opens a Signal"
     );
+    let records = named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "agentrun-operator-records",
+    );
+    assert!(
+        records["spec"]["validations"]
+            .to_string()
+            .contains("system:serviceaccount:agentrun-system:agentrun-operator"),
+        "only the operator writes RunRecords"
+    );
+    assert_eq!(
+        records["spec"]["matchConstraints"]["resourceRules"][0]["operations"],
+        serde_json::json!(["CREATE", "UPDATE", "DELETE"]),
+        "a record deleted makes its run execute again on the next re-sync"
+    );
 
     let validating_only = render(
         "agentrun-operator",
@@ -54,8 +70,8 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
     assert!(of_kind(&validating_only, "MutatingAdmissionPolicyBinding").is_empty());
     assert_eq!(
         of_kind(&validating_only, "ValidatingAdmissionPolicy").len(),
-        4,
-        "approvals, runs, signals and the fence"
+        5,
+        "approvals, runs, signals, records and the fence"
     );
 
     let none = render(

@@ -4,6 +4,9 @@
 //! the run (server-side, under Argo CD's field manager) runs nothing; running
 //! it again on purpose takes a new `agentrun.dev/rerun` value; a crash
 //! between the record and the status loses nothing and writes no second one.
+//! A record under a name the operator does not give is not history, and a
+//! flood of runs past `--history-max-per-namespace` pushes no record out
+//! inside its retention (D22). Who may write records: tests/authz/records.rs.
 
 use std::time::Duration;
 
@@ -336,5 +339,135 @@ async fn the_rerun_annotation_is_set_at_creation_only() {
         "frank may annotate otherwise",
     );
     drop(p);
+    s.finish().await;
+}
+
+/// A record under a name the operator does not give (an administrator's
+/// copy, or one planted before only the operator could write records) is
+/// not history: with the run's own record gone and only such a copy left,
+/// the manifest created again runs.
+#[tokio::test]
+async fn a_record_under_another_name_never_makes_a_run_already_ran() {
+    let s = Scenario::start("history-planted-name").await;
+    let name = "refund-order-4713";
+    sync(&s, &manifest(&s, name, None)).await;
+    let first = finished(&s, name).await;
+    assert_eq!(phase(&first), Some(RunPhase::Succeeded));
+    wait_deleted(&s, name, &first.uid().unwrap()).await;
+    let recs = records_of(&s, name).await;
+    assert_eq!(recs.len(), 1);
+    let original = &recs[0];
+
+    // The same record, labels and annotations, under another name (as the
+    // plane's administrator, in system:masters); the operator's own removed.
+    let mut copy = RunRecord::new(&format!("{name}-copy"), original.spec.clone());
+    copy.metadata.labels = original.metadata.labels.clone();
+    copy.metadata.annotations = original.metadata.annotations.clone();
+    records(&s)
+        .create(&Default::default(), &copy)
+        .await
+        .unwrap();
+    records(&s)
+        .delete(&original.name_any(), &Default::default())
+        .await
+        .unwrap();
+
+    sync(&s, &manifest(&s, name, None)).await;
+    let again = finished(&s, name).await;
+    assert_eq!(
+        phase(&again),
+        Some(RunPhase::Succeeded),
+        "a copy under another name is not the run's history: {:#?}",
+        again.status
+    );
+    assert_eq!(executions(&s, name), ["refund", "refund"]);
+    s.finish().await;
+}
+
+/// D22: `--history-max-per-namespace` never pushes a record out inside its
+/// retention. With a cap of 2 and a pruning every second, four cheap runs
+/// after the refund leave five records; the refund's stays, its GitOps
+/// re-creation still runs nothing, and the namespace is reported past the
+/// cap (the gauge, the operator's warning).
+#[tokio::test]
+async fn a_flood_of_runs_past_the_cap_does_not_push_out_a_record_inside_its_retention() {
+    let mut s = Scenario::start_without_operator("history-flood").await;
+    s.operator_config.extra_env = vec![
+        ("AGENTRUN_HISTORY_MAX_PER_NAMESPACE".into(), "2".into()),
+        ("AGENTRUN_HISTORY_PRUNE_SECONDS".into(), "1".into()),
+    ];
+    s.start_operator(None);
+    let name = "refund-order-4714";
+    sync(&s, &manifest(&s, name, None)).await;
+    let first = finished(&s, name).await;
+    assert_eq!(phase(&first), Some(RunPhase::Succeeded));
+    wait_deleted(&s, name, &first.uid().unwrap()).await;
+
+    let cheap = json!({
+        "ttlSecondsAfterFinished": 1,
+        "steps": [sim_step("noop", "None", json!({"runMs": 10}))],
+    });
+    let mut uids = Vec::new();
+    for i in 0..4 {
+        let run = s.create_run(&format!("cheap-{i}"), cheap.clone()).await;
+        uids.push(run.uid().unwrap());
+    }
+    // The TTL waits for each record: deleted means recorded.
+    for (i, uid) in uids.iter().enumerate() {
+        wait_deleted(&s, &format!("cheap-{i}"), uid).await;
+    }
+    // Three prunings at least, with five records against a cap of two.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let kept = records_of(&s, name).await;
+    assert_eq!(
+        kept.len(),
+        1,
+        "the refund's record, inside its retention, was pushed out by the count"
+    );
+    let all = records(&s).list(&Default::default()).await.unwrap().items;
+    assert_eq!(all.len(), 5, "nothing inside the retention is removed");
+
+    // Reported by the pruning (a scrape may fall between two).
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], s.operator_config.metrics_port));
+    let series = format!(
+        "agentrun_history_records_over_cap{{namespace=\"{}\"}} 3",
+        s.namespace()
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, body) = agentrun_e2e::support::http::http_get(addr, "/metrics")
+            .await
+            .unwrap();
+        assert_eq!(code, 200);
+        let history: Vec<&str> = body.lines().filter(|l| l.contains("history")).collect();
+        if history.contains(&series.as_str()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {series} in:\n{}",
+            history.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let log = std::fs::read_to_string(s.operator_log()).unwrap();
+    assert!(
+        log.contains("more run records inside the retention than --history-max-per-namespace"),
+        "the operator does not warn"
+    );
+
+    sync(&s, &manifest(&s, name, None)).await;
+    let again = finished(&s, name).await;
+    assert_eq!(
+        phase(&again),
+        Some(RunPhase::AlreadyRan),
+        "{:#?}",
+        again.status
+    );
+    assert_eq!(
+        executions(&s, name),
+        ["refund"],
+        "the refund was issued once"
+    );
     s.finish().await;
 }

@@ -210,6 +210,103 @@ async fn postgres_tls_verifies_the_server_against_the_ca_given() {
     );
 }
 
+/// A man in the middle who says the server offers no TLS: it answers a
+/// client's SSLRequest with `N` and relays everything else to the test
+/// server (port `server`) in the clear. Its port.
+async fn tls_stripper(server: u16) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Length 8, code 80877103: PostgreSQL's SSLRequest.
+    const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut first = [0u8; 8];
+                if client.read_exact(&mut first).await.is_err() {
+                    return;
+                }
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", server)).await
+                else {
+                    return;
+                };
+                let sent = if first == SSL_REQUEST {
+                    client.write_all(b"N").await
+                } else {
+                    upstream.write_all(&first).await
+                };
+                if sent.is_ok() {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+/// TLS is required unless the URL says otherwise: through a man in the
+/// middle who says the server has no TLS, a URL that names no `sslmode`
+/// (either form) is refused, where libpq's default `prefer` would go on in
+/// the clear; `sslmode=disable` (the opt-out for a local socket) and an
+/// explicit `prefer` still connect.
+#[tokio::test]
+async fn postgres_without_an_sslmode_refuses_a_server_that_offers_no_tls() {
+    let url = database_url();
+    let server = url.parse::<tokio_postgres::Config>().unwrap().get_ports()[0];
+    let stripper = tls_stripper(server).await;
+    let through = url.replace(&format!(":{server}/"), &format!(":{stripper}/"));
+    let bare = through.replace("?sslmode=disable", "");
+    assert!(
+        through != url && !bare.contains("sslmode"),
+        "AGENTRUN_TEST_DATABASE_URL is not postgres://…:{server}/…?sslmode=disable: {url}"
+    );
+    let pairs = format!("host=127.0.0.1 port={stripper} user=postgres dbname=agentrun");
+    for refused in [bare.clone(), pairs] {
+        let err = PgStore::connect(&refused, None, None)
+            .await
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("server does not support TLS"),
+            "{refused}: {err}"
+        );
+    }
+    for mode in ["disable", "prefer"] {
+        let ns = unique(&format!("no-tls-{mode}"));
+        let store = PgStore::connect(&format!("{bare}?sslmode={mode}"), None, Some(ns.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("sslmode={mode} through the stripper: {e}"));
+        let store = Store::Postgres(Box::new(store));
+        let r = record(&ns, "refund", "a0000001", RunPhase::Succeeded, 10);
+        store.put(&r).await.unwrap();
+        assert_eq!(store.get(&ns, "refund-a0000001").await.unwrap(), Some(r));
+    }
+}
+
+/// A row whose name is not the one the operator gives that run's record
+/// (written by hand, or by anyone else holding the database's credentials)
+/// is not history: neither found for its run nor got by its name.
+#[tokio::test]
+async fn postgres_a_row_under_another_name_is_not_history() {
+    let ns = unique("renamed");
+    let store = Store::Postgres(Box::new(pg_store(&database_url(), &ns).await));
+    let r = record(&ns, "refund", "a0000001", RunPhase::Succeeded, 10);
+    store.put(&r).await.unwrap();
+    assert_eq!(store.find(&ns, "refund").await.unwrap(), vec![r.clone()]);
+    let renamed = admin()
+        .await
+        .execute(
+            "UPDATE agentrun_run_records SET name = 'refund-planted' WHERE namespace = $1",
+            &[&ns],
+        )
+        .await
+        .unwrap();
+    assert_eq!(renamed, 1);
+    assert_eq!(store.find(&ns, "refund").await.unwrap(), vec![]);
+    assert_eq!(store.get(&ns, "refund-planted").await.unwrap(), None);
+}
+
 #[tokio::test]
 async fn the_operator_does_not_start_without_its_database() {
     let kubeconfig = agentrun_e2e::kubeconfig();

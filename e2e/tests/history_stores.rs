@@ -13,6 +13,8 @@
 //! (`AGENTRUN_TEST_DATABASE_URL`, from `eval "$(e2e/cluster env)"`); fails,
 //! never skips, without them.
 
+use std::collections::BTreeMap;
+
 use agentrun_e2e::TestEnv;
 use agentrun_e2e::support::history::{at, by, database_url, names, pg_store, record, unique};
 use agentrun_e2e::support::namespace::TestNamespace;
@@ -80,7 +82,8 @@ on_both_stores!(
     a_name_held_by_another_runs_record_is_refused,
     every_filter_lists_the_same_records_newest_first,
     get_finds_a_record_by_namespace_and_name_only,
-    pruning_removes_what_is_past_the_window_then_past_the_count,
+    pruning_removes_what_is_past_the_window_and_only_counts_what_is_past_the_cap,
+    a_record_claiming_a_future_finish_expires_counted_from_when_it_was_stored,
     find_returns_the_records_of_that_run_name_only,
 );
 
@@ -94,7 +97,7 @@ async fn api_pruning_pages_through_the_records() {
         Store::Api(store) => Store::Api(store.listing_pages_of(2)),
         other => other,
     };
-    pruning_removes_what_is_past_the_window_then_past_the_count(&s).await;
+    pruning_removes_what_is_past_the_window_and_only_counts_what_is_past_the_cap(&s).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -341,7 +344,16 @@ async fn get_finds_a_record_by_namespace_and_name_only(s: &Subject) {
     );
 }
 
-async fn pruning_removes_what_is_past_the_window_then_past_the_count(s: &Subject) {
+/// Per namespace, the records past the cap, as a pruning reports them.
+fn over_cap(ns: &str, more: u64) -> BTreeMap<String, u64> {
+    BTreeMap::from([(ns.to_owned(), more)])
+}
+
+/// D22: the count a namespace is expected to hold never removes a record
+/// inside its retention (a flood of cheap runs would otherwise make an old
+/// run execute again on its next re-sync); the pruning says how far past it
+/// the namespace is.
+async fn pruning_removes_what_is_past_the_window_and_only_counts_what_is_past_the_cap(s: &Subject) {
     let ns = s.ns.as_str();
     put_all(
         s,
@@ -353,7 +365,7 @@ async fn pruning_removes_what_is_past_the_window_then_past_the_count(s: &Subject
             record(ns, "nightly", "40000004", RunPhase::Succeeded, 60),
             record(ns, "weekly", "50000005", RunPhase::Succeeded, 90),
             record(ns, "weekly", "60000006", RunPhase::Succeeded, 90),
-            // Another namespace: not this store's to prune.
+            // Another namespace: not this store's to prune or count.
             record(&s.other, "nightly", "70000007", RunPhase::Succeeded, 10),
         ],
     )
@@ -363,26 +375,31 @@ async fn pruning_removes_what_is_past_the_window_then_past_the_count(s: &Subject
         max_age: SignedDuration::from_hours(48),
         max_per_namespace: 2,
     };
+    let inside = [
+        "weekly-50000005",
+        "weekly-60000006",
+        "nightly-40000004",
+        "nightly-30000003",
+    ];
     assert_eq!(
         s.store.prune(now, &keep).await.unwrap(),
         Pruned {
             expired: 2,
-            over_count: 2
+            over_cap: over_cap(ns, 2),
         },
         "{}",
         s.store.kind()
     );
-    assert_eq!(
-        listed(s, Query::default()).await,
-        ["weekly-50000005", "weekly-60000006"]
-    );
+    assert_eq!(listed(s, Query::default()).await, inside);
     assert_eq!(
         s.store.prune(now, &keep).await.unwrap(),
-        Pruned::default(),
-        "{}: nothing more to remove",
+        Pruned {
+            expired: 0,
+            over_cap: over_cap(ns, 2),
+        },
+        "{}: nothing more to remove, the same count past the cap",
         s.store.kind()
     );
-    // Two finished in the same second, one place: the record names order them.
     let one = Retention {
         max_per_namespace: 1,
         ..keep
@@ -391,15 +408,48 @@ async fn pruning_removes_what_is_past_the_window_then_past_the_count(s: &Subject
         s.store.prune(now, &one).await.unwrap(),
         Pruned {
             expired: 0,
-            over_count: 1
+            over_cap: over_cap(ns, 3),
         }
     );
-    assert_eq!(listed(s, Query::default()).await, ["weekly-50000005"]);
+    assert_eq!(listed(s, Query::default()).await, inside);
+    let roomy = Retention {
+        max_per_namespace: 4,
+        ..keep
+    };
+    assert_eq!(s.store.prune(now, &roomy).await.unwrap(), Pruned::default());
     let other = Query {
         namespace: Some(s.other.clone()),
         ..Query::default()
     };
     assert_eq!(listed(s, other).await, ["nightly-70000007"]);
+}
+
+/// A record that claims to finish in ten years (one written before only the
+/// operator could write records) still expires: it counts from when the
+/// store took it at the latest, not from the time it claims.
+async fn a_record_claiming_a_future_finish_expires_counted_from_when_it_was_stored(s: &Subject) {
+    let now = jiff::Timestamp::now();
+    let mut future = record(&s.ns, "refund", "f0000001", RunPhase::Succeeded, 0);
+    future.outcome.completed_at = Time(now + SignedDuration::from_hours(24 * 3650));
+    let mut recent = record(&s.ns, "refund", "f0000002", RunPhase::Succeeded, 0);
+    recent.outcome.completed_at = Time(now - SignedDuration::from_hours(1));
+    put_all(s, &[future, recent]).await;
+    let keep = Retention {
+        max_age: SignedDuration::from_hours(48),
+        max_per_namespace: 10,
+    };
+    // Within 48 hours of being stored: kept.
+    assert_eq!(
+        s.store.prune(now, &keep).await.unwrap(),
+        Pruned::default(),
+        "{}",
+        s.store.kind()
+    );
+    // 49 hours after it was stored, both are past the window.
+    let later = now + SignedDuration::from_hours(49);
+    let pruned = s.store.prune(later, &keep).await.unwrap();
+    assert_eq!(pruned.expired, 2, "{}: {pruned:?}", s.store.kind());
+    assert_eq!(listed(s, Query::default()).await, Vec::<String>::new());
 }
 
 async fn find_returns_the_records_of_that_run_name_only(s: &Subject) {

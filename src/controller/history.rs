@@ -6,6 +6,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Client, Resource};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use tracing::{debug, warn};
 
 use super::Context;
@@ -13,7 +15,8 @@ use super::clock::Clock;
 use super::reconcile::World;
 use crate::api::{AgentRun, AgentRunStatus};
 use crate::engine::{self, Reason};
-use crate::history::{self, Settings};
+use crate::history::{self, Pruned, Retention, Settings};
+use crate::metrics::{Metrics, NamespaceLabel};
 
 /// What the history says of `run` before its decision: a run not started is
 /// looked up (by namespace and name: one indexed list); any other is `On`.
@@ -125,6 +128,45 @@ pub(super) async fn record(
     }
 }
 
+/// Says which namespaces hold more records inside the retention than
+/// `--history-max-per-namespace`: a warning each pruning, and the gauge
+/// `agentrun_history_records_over_cap`. Nothing is removed for it (D22).
+/// `reported`: the namespaces the gauge has a series for; one no longer
+/// past the cap loses its series (the others are set in place, never
+/// cleared first, so no scrape finds them missing).
+fn report_over_cap(
+    pruned: &Pruned,
+    keep: &Retention,
+    metrics: &Metrics,
+    reported: &mut BTreeSet<String>,
+) {
+    for gone in reported
+        .iter()
+        .filter(|ns| !pruned.over_cap.contains_key(*ns))
+    {
+        metrics.history_over_cap.remove(&NamespaceLabel {
+            namespace: gone.clone(),
+        });
+    }
+    *reported = pruned.over_cap.keys().cloned().collect();
+    for (namespace, over) in &pruned.over_cap {
+        warn!(
+            namespace = %namespace,
+            over = over,
+            max_per_namespace = keep.max_per_namespace,
+            "the namespace holds more run records inside the retention than --history-max-per-namespace; \
+             none is removed before its retention ends"
+        );
+        let label = NamespaceLabel {
+            namespace: namespace.clone(),
+        };
+        metrics
+            .history_over_cap
+            .get_or_create(&label)
+            .set(i64::try_from(*over).unwrap_or(i64::MAX));
+    }
+}
+
 /// Removes records past the retention once the caches are synced, then
 /// every `prune_every`, and, from a store that outlives namespaces, the
 /// records of namespaces that are gone (`namespaces`: the client that may
@@ -134,6 +176,7 @@ pub(super) async fn prune_now_and_then(
     settings: Settings,
     clock: Clock,
     namespaces: Option<Client>,
+    metrics: Arc<Metrics>,
     mut synced: tokio::sync::watch::Receiver<u8>,
 ) {
     if synced.wait_for(|m| *m == super::SYNCED_ALL).await.is_err() {
@@ -141,9 +184,13 @@ pub(super) async fn prune_now_and_then(
     }
     let namespaces = namespaces.filter(|_| settings.store.outlives_namespaces());
     let mut refused = false;
+    let mut reported = BTreeSet::new();
     loop {
-        if let Err(err) = settings.store.prune(clock.now(), &settings.retention).await {
-            warn!(error = %err, "pruning the run history failed; trying again later");
+        match settings.store.prune(clock.now(), &settings.retention).await {
+            Ok(pruned) => report_over_cap(&pruned, &settings.retention, &metrics, &mut reported),
+            Err(err) => {
+                warn!(error = %err, "pruning the run history failed; trying again later");
+            }
         }
         if let Some(client) = &namespaces {
             match history::live_namespaces(client, clock.now()).await {
@@ -165,5 +212,57 @@ pub(super) async fn prune_now_and_then(
             }
         }
         tokio::time::sleep(settings.prune_every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+
+    /// The gauge's series, sorted (a family keeps no order).
+    fn scrape(registry: &Registry) -> Vec<String> {
+        let mut body = String::new();
+        prometheus_client::encoding::text::encode(&mut body, registry).unwrap();
+        let mut series: Vec<String> = body
+            .lines()
+            .filter(|l| l.starts_with("agentrun_history_records_over_cap{"))
+            .map(str::to_owned)
+            .collect();
+        series.sort();
+        series
+    }
+
+    /// The gauge follows each pruning: a namespace past the cap has its
+    /// count, one back under it loses its series, and one still past it
+    /// keeps its series throughout (it is set in place, never cleared).
+    #[test]
+    fn the_over_cap_gauge_follows_each_pruning() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let keep = Retention::default();
+        let mut reported = BTreeSet::new();
+        let mut pruned = Pruned::default();
+        pruned.note_over_cap("team-a", 3);
+        pruned.note_over_cap("team-b", 1);
+        pruned.note_over_cap("team-c", 0);
+        report_over_cap(&pruned, &keep, &metrics, &mut reported);
+        assert_eq!(
+            scrape(&registry),
+            [
+                r#"agentrun_history_records_over_cap{namespace="team-a"} 3"#,
+                r#"agentrun_history_records_over_cap{namespace="team-b"} 1"#,
+            ]
+        );
+        let mut next = Pruned::default();
+        next.note_over_cap("team-a", 5);
+        report_over_cap(&next, &keep, &metrics, &mut reported);
+        assert_eq!(
+            scrape(&registry),
+            [r#"agentrun_history_records_over_cap{namespace="team-a"} 5"#]
+        );
+        report_over_cap(&Pruned::default(), &keep, &metrics, &mut reported);
+        assert!(scrape(&registry).is_empty());
     }
 }

@@ -332,6 +332,7 @@ pub async fn run(
             history,
             scope.clock.clone(),
             scope.namespace.is_none().then(|| client.clone()),
+            metrics.clone(),
             synced_rx.clone(),
         ));
     }

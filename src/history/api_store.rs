@@ -6,7 +6,10 @@
 //! is at most 63 characters), so the records of one name are one indexed
 //! list, and annotated with when the run finished
 //! (`agentrun.dev/completed-at`), so pruning lists metadata only and counts
-//! from what the PostgreSQL store counts from.
+//! from what the PostgreSQL store counts from: that time, but never later
+//! than the record's `creationTimestamp` (the API server's clock when it was
+//! stored). Only the operator writes records (the chart's admission policy);
+//! one whose name is not [`record_name`] of the run it names is not listed.
 
 use jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
@@ -14,7 +17,10 @@ use kube::{Api, Client, ResourceExt};
 use std::collections::BTreeMap;
 use tracing::{debug, info};
 
-use super::{Error, Pruned, Query, Retention, record_name, to_prune};
+use super::{
+    Error, Pruned, Query, Retention, as_stored_by_the_operator, finished_for_retention,
+    record_name, to_prune,
+};
 use crate::api::{RunRecord, RunRecordSpec};
 use crate::labels;
 
@@ -138,7 +144,7 @@ impl ApiStore {
             .await?
             .items
             .into_iter()
-            .map(|r| r.spec)
+            .filter_map(|r| as_stored_by_the_operator(&r.name_any(), r.spec))
             .collect();
         Ok(q.arrange(records))
     }
@@ -148,7 +154,8 @@ impl ApiStore {
         namespace: &str,
         name: &str,
     ) -> Result<Option<RunRecordSpec>, Error> {
-        Ok(self.api(namespace).get_opt(name).await?.map(|r| r.spec))
+        let found = self.api(namespace).get_opt(name).await?;
+        Ok(found.and_then(|r| as_stored_by_the_operator(name, r.spec)))
     }
 
     pub(super) async fn prune(&self, now: Timestamp, keep: &Retention) -> Result<Pruned, Error> {
@@ -162,16 +169,18 @@ impl ApiStore {
                 let (Some(ns), Some(name)) = (m.metadata.namespace, m.metadata.name) else {
                     continue;
                 };
-                // When the run finished; a record written before the annotation
-                // was: when it was written, which is when the run finished.
-                let finished = m
+                // When the run finished, as the operator annotated it; a
+                // record written before the annotation was: when it was
+                // written. Never later than that: a record claiming a future
+                // finish still leaves when its window, counted from then, ends.
+                let recorded = m
                     .metadata
                     .annotations
                     .as_ref()
                     .and_then(|a| a.get(labels::COMPLETED_AT))
-                    .and_then(|t| t.parse::<Timestamp>().ok())
-                    .or(m.metadata.creation_timestamp.as_ref().map(|t| t.0))
-                    .unwrap_or(now);
+                    .and_then(|t| t.parse::<Timestamp>().ok());
+                let stored = m.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                let finished = finished_for_retention(recorded, stored, now);
                 by_namespace
                     .entry(ns)
                     .or_default()
@@ -193,31 +202,26 @@ impl ApiStore {
                 now,
                 keep,
             );
+            pruned.note_over_cap(&ns, over);
             let api = self.api(&ns);
-            for (names, count) in [
-                (expired, &mut pruned.expired),
-                (over, &mut pruned.over_count),
-            ] {
-                for name in names {
-                    let dp = DeleteParams {
-                        preconditions: Some(Preconditions {
-                            uid: uids.get(&name).cloned().flatten(),
-                            resource_version: None,
-                        }),
-                        ..DeleteParams::default()
-                    };
-                    match api.delete(&name, &dp).await {
-                        Ok(_) => *count += 1,
-                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                        Err(err) => return Err(err.into()),
-                    }
+            for name in expired {
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: uids.get(&name).cloned().flatten(),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(&name, &dp).await {
+                    Ok(_) => pruned.expired += 1,
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                    Err(err) => return Err(err.into()),
                 }
             }
         }
-        if pruned != Pruned::default() {
+        if pruned.expired > 0 {
             info!(
                 expired = pruned.expired,
-                over_count = pruned.over_count,
                 "removed run records past their retention"
             );
         }

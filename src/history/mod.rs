@@ -12,11 +12,15 @@
 //! server ([`api_store`], the default: nothing new to run), and PostgreSQL
 //! for teams that keep months of history. Both answer the same questions
 //! with the same filter ([`Query::admits`]), and the same tests run on both.
+//! Only the operator writes records (the chart's admission policy, D22), each
+//! under the name it gives it ([`record_name`]); a record under another name
+//! is not read as history. What is kept, and for how long: [`retention`].
 
 pub mod api_store;
 pub mod postgres;
+pub mod retention;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -30,6 +34,7 @@ use crate::labels;
 
 pub use api_store::ApiStore;
 pub use postgres::PgStore;
+pub use retention::{Pruned, Retention, finished_for_retention, to_prune};
 
 /// Hex characters of a spec digest: 128 bits.
 const DIGEST_LEN: usize = 32;
@@ -51,34 +56,6 @@ pub enum Error {
     NameTaken { name: String, held_by: String },
     #[error("{0}")]
     Invalid(String),
-}
-
-/// How long records are kept, and how many per namespace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Retention {
-    /// Records of runs that finished longer ago than this are removed; a
-    /// run created again after it runs again.
-    pub max_age: SignedDuration,
-    /// Most records a namespace keeps; the oldest go first.
-    pub max_per_namespace: usize,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Retention {
-            max_age: SignedDuration::from_hours(30 * 24),
-            max_per_namespace: 1000,
-        }
-    }
-}
-
-/// What the pruning removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Pruned {
-    /// Past the retention window.
-    pub expired: u64,
-    /// Past the count a namespace keeps.
-    pub over_count: u64,
 }
 
 /// Which records to list. Every store filters with [`Query::admits`] (the
@@ -256,7 +233,8 @@ impl Store {
         }
     }
 
-    /// Removes records past the window or past the count a namespace keeps.
+    /// Removes records past the window, and counts, per namespace, those
+    /// inside it beyond the count a namespace is expected to hold (kept).
     pub async fn prune(&self, now: Timestamp, keep: &Retention) -> Result<Pruned, Error> {
         match self {
             Store::Api(s) => s.prune(now, keep).await,
@@ -265,34 +243,28 @@ impl Store {
     }
 }
 
-/// Which records of one namespace the retention removes: those past the
-/// window, then the oldest past the count. `(name, finished)` in, names out.
-pub fn to_prune(
-    mut records: Vec<(String, Timestamp)>,
-    now: Timestamp,
-    keep: &Retention,
-) -> (Vec<String>, Vec<String>) {
-    records.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let horizon = now.checked_sub(keep.max_age).unwrap_or(Timestamp::MIN);
-    let (mut expired, mut over) = (Vec::new(), Vec::new());
-    let mut kept = 0usize;
-    for (name, done) in records {
-        if done < horizon {
-            expired.push(name);
-        } else if kept >= keep.max_per_namespace {
-            over.push(name);
-        } else {
-            kept += 1;
-        }
-    }
-    (expired, over)
-}
-
 /// The record of `run` in its namespace: `<run>-<first 8 of its UID>`, so
 /// two runs of one name never share one.
 pub fn record_name(run: &str, uid: &str) -> String {
     let tag: String = uid.chars().filter(|c| *c != '-').take(8).collect();
     format!("{run}-{tag}")
+}
+
+/// The record stored under `name`, if `name` is the one the operator gives
+/// the record of the run it names ([`record_name`]). A record under another
+/// name was not written by the operator (planted before the admission
+/// policy kept records the operator's, copied by an administrator): it is
+/// no run's history, and never makes a run `AlreadyRan`.
+pub fn as_stored_by_the_operator(name: &str, record: RunRecordSpec) -> Option<RunRecordSpec> {
+    if name == record_name(&record.run.name, &record.run.uid) {
+        return Some(record);
+    }
+    tracing::warn!(
+        record = name,
+        run = %record.run.name,
+        "ignoring a run record whose name is not the one the operator gives that run's record"
+    );
+    None
 }
 
 /// The digest of what a run runs: its spec without `suspend` and `cancel`
@@ -335,7 +307,7 @@ pub fn is_recreation(
     now: Timestamp,
     keep: &Retention,
 ) -> bool {
-    let horizon = now.checked_sub(keep.max_age).unwrap_or(Timestamp::MIN);
+    let horizon = keep.horizon(now);
     record.run.namespace == run.metadata.namespace.as_deref().unwrap_or_default()
         && record.run.name == run.metadata.name.as_deref().unwrap_or_default()
         && record.run.uid != run.metadata.uid.as_deref().unwrap_or_default()

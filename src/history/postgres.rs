@@ -6,16 +6,19 @@
 //!   agentrun_run_records
 //!   (namespace, name) ─ primary key: name = record_name(run, uid), as a RunRecord's
 //!   run_name, run_uid, outcome, requested_by, completed_at ─ what Query and prune read
+//!   recorded_at ─ when the row was written (the database's clock): bounds completed_at
 //!   record jsonb ─ the RunRecordSpec, as the API server would store it
 //! ```
 //!
 //! It answers exactly as [`super::ApiStore`] does: the same put (create if
 //! absent; the same run's record stands if equal and is replaced if not;
 //! another run's is `NameTaken`), the same list ([`Query::arrange`] over
-//! rows SQL has filtered), the same pruning (by the run's completion, then
-//! the oldest past the count). One connection, shared by every caller; one
-//! that drops is opened again by the next call. Messages never carry the
-//! URL's password.
+//! rows SQL has filtered, a row whose name is not the record's own left
+//! out), the same pruning (by the run's completion, never later than when the
+//! row was written; past the count a namespace is expected to hold, only
+//! counted). One connection, shared by every caller; one that drops is
+//! opened again by the next call. TLS unless the URL says otherwise
+//! (`sslmode=require` by default). Messages never carry the URL's password.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +33,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, NoTls, Socket};
 use tracing::{debug, info, warn};
 
-use super::{Error, Pruned, Query, Retention, record_name, word};
+use super::{Error, Pruned, Query, Retention, as_stored_by_the_operator, record_name, word};
 use crate::api::RunRecordSpec;
 
 /// The table, and what it takes to have it: created if absent at every
@@ -77,7 +80,7 @@ RETURNING (xmax = 0) AS inserted";
 /// namespace and name as the API server lists (byte order: `COLLATE "C"`),
 /// so a limit cuts where it would.
 const LIST: &str = r#"
-SELECT record FROM agentrun_run_records
+SELECT name, record FROM agentrun_run_records
 WHERE ($1::text IS NULL OR namespace = $1)
   AND ($2::text IS NULL OR run_name = $2)
   AND ($3::text IS NULL OR outcome = $3)
@@ -87,20 +90,18 @@ WHERE ($1::text IS NULL OR namespace = $1)
 ORDER BY completed_at DESC, run_name COLLATE "C", namespace COLLATE "C", name COLLATE "C"
 LIMIT $7"#;
 
+/// The records finished before `$2`, as [`super::finished_for_retention`]
+/// counts: the finish recorded, never later than when the row was written.
 const EXPIRED: &str = "
 DELETE FROM agentrun_run_records
-WHERE ($1::text IS NULL OR namespace = $1) AND completed_at < $2";
+WHERE ($1::text IS NULL OR namespace = $1) AND LEAST(completed_at, recorded_at) < $2";
 
-/// Per namespace, the records past the count, oldest first: the order of
-/// [`super::to_prune`] (newest first, then the record's name).
-const OVER_COUNT: &str = r#"
-DELETE FROM agentrun_run_records AS r USING (
-    SELECT namespace, name, row_number() OVER (
-        PARTITION BY namespace ORDER BY completed_at DESC, name COLLATE "C") AS n
-    FROM agentrun_run_records
-    WHERE ($1::text IS NULL OR namespace = $1)
-) AS ranked
-WHERE r.namespace = ranked.namespace AND r.name = ranked.name AND ranked.n > $2"#;
+/// Per namespace holding more than `$2` records (after the expired went):
+/// how many more. They stay (super::retention).
+const OVER_CAP: &str = "
+SELECT namespace, count(*) - $2 FROM agentrun_run_records
+WHERE ($1::text IS NULL OR namespace = $1)
+GROUP BY namespace HAVING count(*) > $2";
 
 /// The records of namespaces that are gone, as [`super::of_a_gone_namespace`]
 /// says: `$2` when the list of live namespaces `$3` (created at `$4`) was taken.
@@ -117,8 +118,9 @@ WHERE ($1::text IS NULL OR r.namespace = $1)
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How the connection is made: in the clear (`sslmode=disable`), or with
-/// rustls (`prefer`, the default, tries TLS; `require` insists), verifying
-/// the server's certificate and name against the trusted roots.
+/// rustls (`require`, the default, insists; `prefer` falls back to the
+/// clear when the server offers no TLS), verifying the server's certificate
+/// and name against the trusted roots.
 #[derive(Clone)]
 enum Tls {
     Off,
@@ -156,9 +158,7 @@ impl PgStore {
         ca_pem: Option<&[u8]>,
         namespace: Option<String>,
     ) -> Result<PgStore, Error> {
-        let mut config: Config = url.parse().map_err(|e: tokio_postgres::Error| {
-            Error::Database(format!("the database URL is not valid: {}", chain(&e)))
-        })?;
+        let mut config = config_of(url)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -351,10 +351,11 @@ impl PgStore {
                 c.query(LIST, &params).await
             })
             .await?;
-        let records = rows
-            .iter()
-            .map(|row| decode(row.get(0)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut records = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let name: String = row.get(0);
+            records.extend(as_stored_by_the_operator(&name, decode(row.get(1))?));
+        }
         Ok(q.arrange(records))
     }
 
@@ -372,7 +373,8 @@ impl PgStore {
                 .await
             })
             .await?;
-        row.map(|r| decode(r.get(0))).transpose()
+        let record = row.map(|r| decode(r.get(0))).transpose()?;
+        Ok(record.and_then(|r| as_stored_by_the_operator(name, r)))
     }
 
     pub(super) async fn forget_gone_namespaces(
@@ -413,19 +415,62 @@ impl PgStore {
                 .await?;
         }
         let max = i64::try_from(keep.max_per_namespace).unwrap_or(i64::MAX);
-        pruned.over_count = self
-            .with_client("removing records past the count", |c| async move {
-                c.execute(OVER_COUNT, &[&ns, &max]).await
+        let over = self
+            .with_client("counting records past the cap", |c| async move {
+                c.query(OVER_CAP, &[&ns, &max]).await
             })
             .await?;
-        if pruned != Pruned::default() {
+        for row in over {
+            let (namespace, more): (String, i64) = (row.get(0), row.get(1));
+            pruned.note_over_cap(&namespace, u64::try_from(more).unwrap_or(0));
+        }
+        if pruned.expired > 0 {
             info!(
                 expired = pruned.expired,
-                over_count = pruned.over_count,
                 "removed run records past their retention"
             );
         }
         Ok(pruned)
+    }
+}
+
+/// The connection `url` describes, with TLS required unless it names an
+/// `sslmode` of its own (libpq's default, `prefer`, would fall back to the
+/// clear when someone in between says the server has no TLS). The URL is
+/// read by tokio-postgres twice: as given, for its errors, and with
+/// `sslmode=require` put before its own parameters, where a later `sslmode`
+/// of the URL's wins, for the mode.
+pub(super) fn config_of(url: &str) -> Result<Config, Error> {
+    let invalid = |e: tokio_postgres::Error| {
+        Error::Database(format!("the database URL is not valid: {}", chain(&e)))
+    };
+    let mut config: Config = url.parse().map_err(invalid)?;
+    let mode = with_tls_first(url)
+        .parse::<Config>()
+        .map_or(SslMode::Require, |c| c.get_ssl_mode());
+    config.ssl_mode(mode);
+    Ok(config)
+}
+
+/// `url` with `sslmode=require` as its first parameter: after the `?` of a
+/// `postgres://` URL (whose query starts at the first `?` after the
+/// credentials, as tokio-postgres reads it), or first of `key=value` pairs.
+fn with_tls_first(url: &str) -> String {
+    const FIRST: &str = "sslmode=require";
+    let Some(prefix) = ["postgres://", "postgresql://"]
+        .into_iter()
+        .find(|p| url.starts_with(p))
+    else {
+        return format!("{FIRST} {url}");
+    };
+    let rest = &url[prefix.len()..];
+    let host_at = rest.find('@').map_or(0, |i| i + 1);
+    match rest[host_at..].find('?') {
+        Some(q) => {
+            let at = prefix.len() + host_at + q + 1;
+            format!("{}{FIRST}&{}", &url[..at], &url[at..])
+        }
+        None => format!("{url}?{FIRST}"),
     }
 }
 

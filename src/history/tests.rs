@@ -137,8 +137,11 @@ fn a_run_edited_while_it_ran_is_recognised_from_its_first_manifest() {
     assert!(recognise(&[rec], &again, now, &keep).is_some());
 }
 
+/// D22: the count a namespace is expected to hold never pushes a record
+/// out inside its retention (a flood of cheap runs would otherwise make an
+/// old run execute again on its next re-sync); it is only counted.
 #[test]
-fn retention_removes_records_past_the_window_then_the_oldest_past_the_count() {
+fn retention_removes_records_past_the_window_and_only_counts_those_past_the_cap() {
     let now = t(100 * 86_400);
     let keep = Retention {
         max_age: SignedDuration::from_hours(10 * 24),
@@ -149,10 +152,171 @@ fn retention_removes_records_past_the_window_then_the_oldest_past_the_count() {
         ("old".to_owned(), now - SignedDuration::from_hours(11 * 24)),
         ("mid".to_owned(), now - DAY * 2),
         ("older".to_owned(), now - DAY * 3),
+        ("oldest-kept".to_owned(), now - DAY * 9),
+        ("edge".to_owned(), now - DAY * 10),
+        (
+            "past-edge".to_owned(),
+            now - DAY * 10 - SignedDuration::from_secs(1),
+        ),
     ];
     let (expired, over) = to_prune(records, now, &keep);
-    assert_eq!(expired, ["old"]);
-    assert_eq!(over, ["older"]);
+    assert_eq!(expired, ["old", "past-edge"]);
+    assert_eq!(over, 3, "5 inside the window, 2 expected: 3 more, all kept");
+    let (expired, over) = to_prune(vec![("one".to_owned(), now)], now, &keep);
+    assert!(expired.is_empty());
+    assert_eq!(over, 0);
+}
+
+/// A record counts from the finish it records, but never from later than
+/// when its store took it, nor than now: one claiming a finish in the future
+/// (written before the policy kept records the operator's) still expires.
+#[test]
+fn a_record_counts_from_its_own_finish_bounded_by_when_it_was_stored() {
+    let now = t(1000);
+    let cases = [
+        (
+            "its own finish, stored after",
+            Some(t(100)),
+            Some(t(105)),
+            t(100),
+        ),
+        (
+            "a finish after it was stored",
+            Some(t(5000)),
+            Some(t(200)),
+            t(200),
+        ),
+        (
+            "a finish in the future, no store time",
+            Some(t(5000)),
+            None,
+            now,
+        ),
+        ("a store time in the future", None, Some(t(5000)), now),
+        ("no finish recorded", None, Some(t(300)), t(300)),
+        ("nothing known", None, None, now),
+    ];
+    for (what, recorded, stored, want) in cases {
+        assert_eq!(
+            finished_for_retention(recorded, stored, now),
+            want,
+            "{what}"
+        );
+    }
+    // Planted at t(200), claiming to finish at t(5000): expired once the
+    // window counted from t(200) has passed.
+    let keep = Retention {
+        max_age: SignedDuration::from_secs(500),
+        max_per_namespace: 10,
+    };
+    let later = t(701);
+    let finished = finished_for_retention(Some(t(5000)), Some(t(200)), later);
+    let (expired, _) = to_prune(vec![("planted".to_owned(), finished)], later, &keep);
+    assert_eq!(expired, ["planted"]);
+}
+
+/// A record is the operator's only under the name the operator gives it:
+/// one under another name (a copy, or planted before the policy) is not
+/// history, and the run it names runs when created again.
+#[test]
+fn a_record_under_another_name_is_not_history() {
+    let keep = Retention::default();
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let first = run(
+        "refund-4711",
+        "0a1b2c3d-0000-4000-8000-000000000000",
+        spec(),
+    );
+    let rec = record_of(&first, RunPhase::Succeeded, now - DAY);
+    let again = run("refund-4711", "uid-2", spec());
+    let kept = as_stored_by_the_operator("refund-4711-0a1b2c3d", rec.clone());
+    assert_eq!(kept.as_ref(), Some(&rec));
+    assert!(recognise(&Vec::from_iter(kept), &again, now, &keep).is_some());
+    for other in [
+        "refund-4711-planted",
+        "refund-4711",
+        "refund-4711-0a1b2c3e",
+        "x",
+    ] {
+        let kept = as_stored_by_the_operator(other, rec.clone());
+        assert_eq!(kept, None, "{other}");
+        assert!(recognise(&Vec::from_iter(kept), &again, now, &keep).is_none());
+    }
+}
+
+/// PostgreSQL: TLS is required unless the URL names an `sslmode` of its own
+/// (`disable` for a local socket), in both forms of the URL; the URL's other
+/// parts (a password with `?` or `@` in it) read as before.
+#[test]
+fn a_database_url_requires_tls_unless_it_says_otherwise() {
+    use tokio_postgres::config::SslMode;
+    let cases = [
+        ("postgres://u:pw@db.example:5432/history", SslMode::Require),
+        ("postgresql://u:pw@db.example/history", SslMode::Require),
+        (
+            "postgres://db.example/history?application_name=x",
+            SslMode::Require,
+        ),
+        ("postgres://u:pw@db.example/history?", SslMode::Require),
+        (
+            "postgres://u:pw@db.example/history?sslmode=disable",
+            SslMode::Disable,
+        ),
+        (
+            "postgres://u:pw@db.example/history?connect_timeout=3&sslmode=prefer",
+            SslMode::Prefer,
+        ),
+        (
+            "postgres://u:pw@db.example/history?sslmode=require",
+            SslMode::Require,
+        ),
+        (
+            "postgres://u:p%3Fw%40x@db.example/history?sslmode=disable",
+            SslMode::Disable,
+        ),
+        ("postgres://u:pa?ss@db.example/history", SslMode::Require),
+        (
+            "host=db.example user=u password=pw dbname=history",
+            SslMode::Require,
+        ),
+        ("host=db.example user=u sslmode=disable", SslMode::Disable),
+        ("host=db.example user=u sslmode = prefer", SslMode::Prefer),
+        (
+            "host=/var/run/postgresql user=u sslmode=disable",
+            SslMode::Disable,
+        ),
+        (
+            "host=db.example password='a sslmode=disable' user=u",
+            SslMode::Require,
+        ),
+    ];
+    for (url, want) in cases {
+        let config = super::postgres::config_of(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(config.get_ssl_mode(), want, "{url}");
+    }
+    let password = |url: &str| {
+        super::postgres::config_of(url)
+            .unwrap()
+            .get_password()
+            .map(<[u8]>::to_vec)
+    };
+    assert_eq!(
+        password("postgres://u:p%3Fw%40x@db.example/h").as_deref(),
+        Some(&b"p?w@x"[..])
+    );
+    assert_eq!(
+        password("postgres://u:pa?ss@db.example/h").as_deref(),
+        Some(&b"pa?ss"[..])
+    );
+    assert_eq!(
+        password("host=h password='a sslmode=disable'").as_deref(),
+        Some(&b"a sslmode=disable"[..])
+    );
+    let bad = super::postgres::config_of("postgres://db.example/h?sslmode=bogus").unwrap_err();
+    assert!(
+        bad.to_string().contains("the database URL is not valid"),
+        "{bad}"
+    );
 }
 
 #[test]

@@ -130,6 +130,10 @@ pub struct Metrics {
     pub history_records: Counter,
     /// Reads or writes of the run history that failed.
     pub history_errors: Counter,
+    /// Per namespace, the records inside the retention beyond
+    /// `--history-max-per-namespace`, as the last pruning counted them:
+    /// kept (D22), reported.
+    pub history_over_cap: Family<NamespaceLabel, Gauge>,
     pub status_writes: Family<ResultLabel, Counter>,
     /// Finalizer releases and routine Events held until the first round
     /// after a start was over (`controller::resume`).
@@ -170,6 +174,7 @@ impl Metrics {
             duplicate_creates_suppressed: Counter::default(),
             history_records: Counter::default(),
             history_errors: Counter::default(),
+            history_over_cap: Family::default(),
             status_writes: Family::default(),
             held_behind_starts: Family::default(),
             step_duration: Family::new_with_constructor(long_durations),
@@ -316,6 +321,11 @@ impl Metrics {
             "history_errors",
             "Reads or writes of the run history that failed",
             m.history_errors.clone(),
+        );
+        r.register(
+            "history_records_over_cap",
+            "Run records inside the retention beyond --history-max-per-namespace, by namespace, at the last pruning: kept, never pruned early",
+            m.history_over_cap.clone(),
         );
         r.register(
             "runs",
