@@ -91,7 +91,14 @@ impl<'a> Machine<'a> {
         if observe::is_live(pod) {
             match pod.metadata.deletion_timestamp.as_ref() {
                 Some(gone_by) if gone_by.0 <= self.now => {
+                    // Still running past its grace period, it may act yet:
+                    // its effect is not known (D6, D7), so a re-plan or a
+                    // retry under another key asks a person first (D8).
+                    let unknown = self.acts(i) && observe::started(pod);
                     let cp = &mut self.status.steps[i];
+                    if unknown && cp.effect != Some(crate::api::EffectOutcome::Applied) {
+                        cp.effect = Some(crate::api::EffectOutcome::Unknown);
+                    }
                     cp.stopping = false;
                     cp.message = Some(format!(
                         "{}; its Pod did not stop within its grace period (a lost node?), so what it reports is not awaited",
@@ -127,15 +134,7 @@ impl<'a> Machine<'a> {
         };
         // Judged not started when it was stopped, it may have started since:
         // what its Pod finally shows decides whether it may have acted (D7).
-        let acts = self.status.steps[i].role == crate::api::StepRole::Step
-            && self
-                .run
-                .spec
-                .steps
-                .iter()
-                .chain(self.status.plan.iter().flat_map(|p| p.steps.iter()))
-                .find(|s| s.name == self.status.steps[i].name)
-                .is_none_or(|s| s.effect != crate::api::Effect::None);
+        let acts = self.acts(i);
         let cp = &mut self.status.steps[i];
         if acts && observe::started(pod) && cp.effect != Some(crate::api::EffectOutcome::Applied) {
             cp.effect = Some(crate::api::EffectOutcome::Unknown);
@@ -155,6 +154,20 @@ impl<'a> Machine<'a> {
             ));
         }
         false
+    }
+
+    /// Whether checkpoint `i` is a step that acts (its effect is not `None`).
+    fn acts(&self, i: usize) -> bool {
+        let cp = &self.status.steps[i];
+        cp.role == crate::api::StepRole::Step
+            && self
+                .run
+                .spec
+                .steps
+                .iter()
+                .chain(self.status.plan.iter().flat_map(|p| p.steps.iter()))
+                .find(|s| s.name == cp.name)
+                .is_none_or(|s| s.effect != crate::api::Effect::None)
     }
 
     pub(super) fn stop_and_release(&mut self, pod: &Pod, why: &str) {

@@ -192,3 +192,46 @@ fn a_pod_cache_older_than_a_recreated_pod_does_not_count_its_predecessor() {
         ],
     );
 }
+
+/// Found by the 20,000-case pass (`make chaos`) once fresh reads were drawn
+/// shorter than step timeouts: s0 (a read, fresh 60 s) then s1 (Idempotent,
+/// a 2 m timeout, one retry). s1's second attempt is lost to its timeout
+/// after it may have acted, and s0's result expires meanwhile.
+#[test]
+fn a_timed_out_attempt_that_may_have_acted_is_not_rerun_by_a_replan() {
+    let reconcile = || Ev::Reconcile {
+        fault: None,
+        crash: None,
+    };
+    let mut read = plain_step(0, 0, false);
+    read.fresh = true;
+    strictly(
+        &[read, plain_step(1, 1, true)],
+        vec![
+            Ev::Reconcile {
+                fault: None,
+                crash: Some((
+                    1,
+                    Lags {
+                        run: 0,
+                        pods: 1,
+                        approvals: 0,
+                    },
+                )),
+            },
+            Ev::Kubelet { which: 0, what: 2 },
+            reconcile(),
+            Ev::Vanish(2),
+            Ev::UserDelete(0),
+            Ev::Kubelet { which: 0, what: 0 },
+            Ev::SyncAll,
+            reconcile(),
+            Ev::ClockJump(121),
+            Ev::Kubelet { which: 0, what: 0 },
+            reconcile(),
+            reconcile(),
+            Ev::ClockJump(30),
+            reconcile(),
+        ],
+    );
+}
