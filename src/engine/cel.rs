@@ -139,7 +139,7 @@ fn refuse_unsupported(e: &IdedExpr) -> Result<(), String> {
 }
 
 /// Calls `f` on `e` and every expression inside it.
-fn visit(e: &IdedExpr, f: &mut impl FnMut(&IdedExpr)) {
+pub(super) fn visit(e: &IdedExpr, f: &mut impl FnMut(&IdedExpr)) {
     f(e);
     match &e.expr {
         Expr::Select(s) => visit(&s.operand, f),

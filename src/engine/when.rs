@@ -89,7 +89,18 @@ fn describe(v: &Value) -> String {
 /// `steps['<name>']`, wherever they appear.
 fn referenced_steps(e: &IdedExpr) -> Vec<String> {
     let mut out = Vec::new();
-    walk(e, &mut out);
+    bounded::visit(e, &mut |x| match &x.expr {
+        Expr::Select(s) if is_steps(&s.operand) => out.push(s.field.clone()),
+        Expr::Call(c) if c.func_name == "_[_]" => {
+            if let [operand, key] = c.args.as_slice()
+                && is_steps(operand)
+                && let Expr::Literal(LiteralValue::String(name)) = &key.expr
+            {
+                out.push(name.to_string());
+            }
+        }
+        _ => {}
+    });
     out.sort();
     out.dedup();
     out
@@ -97,60 +108,6 @@ fn referenced_steps(e: &IdedExpr) -> Vec<String> {
 
 fn is_steps(e: &IdedExpr) -> bool {
     matches!(&e.expr, Expr::Ident(n) if n == "steps")
-}
-
-fn walk(e: &IdedExpr, out: &mut Vec<String>) {
-    match &e.expr {
-        Expr::Select(s) => {
-            if is_steps(&s.operand) {
-                out.push(s.field.clone());
-            }
-            walk(&s.operand, out);
-        }
-        Expr::Call(c) => {
-            if c.func_name == "_[_]"
-                && let [operand, key] = c.args.as_slice()
-                && is_steps(operand)
-                && let Expr::Literal(LiteralValue::String(name)) = &key.expr
-            {
-                out.push(name.to_string());
-            }
-            if let Some(t) = &c.target {
-                walk(t, out);
-            }
-            for a in &c.args {
-                walk(a, out);
-            }
-        }
-        Expr::Comprehension(c) => {
-            for x in [
-                &c.iter_range,
-                &c.accu_init,
-                &c.loop_cond,
-                &c.loop_step,
-                &c.result,
-            ] {
-                walk(x, out);
-            }
-        }
-        Expr::List(l) => l.elements.iter().for_each(|x| walk(x, out)),
-        Expr::Map(m) => {
-            for entry in &m.entries {
-                if let cel::common::ast::EntryExpr::MapEntry(me) = &entry.expr {
-                    walk(&me.key, out);
-                    walk(&me.value, out);
-                }
-            }
-        }
-        Expr::Struct(s) => {
-            for entry in &s.entries {
-                if let cel::common::ast::EntryExpr::StructField(f) = &entry.expr {
-                    walk(&f.value, out);
-                }
-            }
-        }
-        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
-    }
 }
 
 #[cfg(test)]
