@@ -188,6 +188,25 @@ pub(super) fn cases() -> Vec<Case> {
             &["wait.signal.senders.groups: a group name cannot be blank"],
         ),
         refused(
+            "a when that builds a message",
+            run(json!({ "steps": [step("a"), {
+                "name": "b", "dependsOn": ["a"], "when": "steps.a.result == Foo{}",
+                "container": { "image": "ghcr.io/example/agent:1" },
+            }] })),
+            &["when: builds a message (Name{…}), which CEL over JSON results does not support"],
+        ),
+        refused(
+            "a when with four comprehensions",
+            run(json!({ "steps": [step("a"), {
+                "name": "b", "dependsOn": ["a"],
+                "when": "steps.a.result.x.all(p, [1].all(q, [1].exists(r, [1].map(t, t).size() > 0)))",
+                "container": { "image": "ghcr.io/example/agent:1" },
+            }] })),
+            &[
+                "when: at most 3 comprehensions (all, exists, exists_one, map, filter) in one expression",
+            ],
+        ),
+        refused(
             "a wait of 0s",
             run(json!({ "steps": [{ "name": "w", "wait": { "for": "0s" } }] })),
             &["wait.for must be longer than 0s"],
