@@ -432,11 +432,12 @@ pub fn sign_out() -> Markup {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use axum::http::HeaderName;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    /// A request's headers, repeated names kept (the proxy tests use it too).
+    pub(crate) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
             h.append(

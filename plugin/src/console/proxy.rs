@@ -84,6 +84,7 @@ pub fn proxied(headers: &HeaderMap, trust: &ProxyTrust) -> Result<Option<Identit
 }
 #[cfg(test)]
 mod tests {
+    use super::super::auth::tests::headers;
     use super::*;
     use axum::http::HeaderValue;
 
@@ -95,16 +96,6 @@ mod tests {
             user_prefix: String::new(),
             group_prefix: String::new(),
         }
-    }
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
     }
     #[test]
     fn only_peers_in_the_trusted_ranges_are_proxies() {
