@@ -42,14 +42,23 @@ CARGO ?= cargo
 export AGENTRUN_E2E_DIR ?= $(CURDIR)/target/e2e
 CLUSTER := e2e/cluster
 
-.PHONY: demo demo-stop test observability lint check-crds crds unit integration cluster-build cluster-up cluster-down tools bench bench-peers build
+.PHONY: demo demo-stop test observability lint layers check-crds crds unit integration cluster-build cluster-up cluster-down tools bench bench-peers build
 
 build:
 	$(CARGO) build --workspace --all-targets --locked
 
-lint:
+lint: layers
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+# The layers the crates hold: the engine reaches no client, runtime or store,
+# and the resources no client; a dependency that would break that fails here.
+layers:
+	@for c in agentrun-api agentrun-engine; do \
+	  tree=$$($(CARGO) tree --locked -p $$c -e normal --prefix none) || exit 1; \
+	  bad=$$(echo "$$tree" | grep -E '^(tokio|kube-runtime|kube-client|hyper|reqwest|tokio-postgres) ' | sort -u || true); \
+	  if [ -n "$$bad" ]; then echo "$$c depends on $$bad"; exit 1; fi; \
+	done; echo "layers: agentrun-api and agentrun-engine depend on no client, runtime or store"
 
 # The chart and the kustomize base carry copies (both need the file inside their tree).
 CRD_COPIES := charts/agentrun-operator/crds/agentrun.dev_crds.yaml config/crd/agentrun.dev_crds.yaml

@@ -1,5 +1,8 @@
 //! agentrun-operator makes AI-agent runs durable on Kubernetes.
 //!
+//! The resources, the engine and the history are crates of their own
+//! (`crates/`), re-exported here under the names the operator uses.
+//!
 //! - [`api`]: the `AgentRun`, `Approval`, `Signal` and `RunRecord` resources.
 //! - [`engine`]: the durable run state machine, pure and clock-free.
 //! - [`controller`]: the kube-runtime wiring: observe, decide, apply.
@@ -11,11 +14,11 @@
 //! - [`telemetry`]: what each committed write changed, and the run's trace.
 #![forbid(unsafe_code)]
 
-pub mod api;
+pub use agentrun_api as api;
+pub use agentrun_api::labels;
+pub use agentrun_engine as engine;
+pub use agentrun_history as history;
 pub mod controller;
-pub mod engine;
-pub mod history;
-pub mod labels;
 pub mod lease;
 pub mod metrics;
 pub mod notify;

@@ -1,6 +1,6 @@
 //! Long runs on the real control plane with the operator and the simulated
 //! kubelet: past 50 checkpoints the oldest are stored compressed in
-//! `status.archivedSteps` (src/api/archive.rs), and nothing of the contract
+//! `status.archivedSteps` (crates/api/src/archive.rs), and nothing of the contract
 //! moves: every step runs once, across an operator restart, and every
 //! checkpoint reads back. Under an AgentRun CRD that prunes the archive (one
 //! older than the operator), the operator finds out before it archives and

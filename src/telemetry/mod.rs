@@ -4,7 +4,7 @@
 //! from the run UID ([`ids`]).
 
 pub mod gauges;
-pub mod ids;
+pub use agentrun_engine::trace_ids as ids;
 pub mod trace;
 pub mod transitions;
 

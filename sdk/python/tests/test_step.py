@@ -11,7 +11,7 @@ import time
 from agentrun_step import (MAX_MESSAGE_BYTES, MessageTooLarge, Step, StepError, Terminated,
                            encode_message)
 
-# The layout the operator writes (src/engine/context.rs).
+# The layout the operator writes (crates/engine/src/context.rs).
 CONTEXT = {
     "run": "refund-order-4711",
     "runUid": "6f1c2b9e",

@@ -122,7 +122,7 @@ pub struct PriorResult {
     pub result: Value,
 }
 
-/// The context file as the operator writes it (src/engine/context.rs); unknown fields are
+/// The context file as the operator writes it (crates/engine/src/context.rs); unknown fields are
 /// ignored, as the contract asks. Its identity fields repeat the environment's.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
