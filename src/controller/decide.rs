@@ -15,7 +15,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::error::{Error, Result};
-use super::reconcile::World;
+use super::world::World;
 use crate::api::AgentRun;
 use crate::engine::{self, Observed};
 

@@ -186,7 +186,7 @@ impl Recorder {
         if event.series.is_some() {
             let name = event.metadata.name.as_deref().unwrap_or_default();
             events
-                .patch(name, &super::apply::patch_params(), &Patch::Merge(&event))
+                .patch(name, &super::patch::patch_params(), &Patch::Merge(&event))
                 .await?;
         } else {
             let params = PostParams {

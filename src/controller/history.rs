@@ -12,7 +12,7 @@ use tracing::{debug, warn};
 
 use super::Context;
 use super::clock::Clock;
-use super::reconcile::World;
+use super::world::World;
 use crate::api::{AgentRun, AgentRunStatus};
 use crate::engine::{self, Reason};
 use crate::history::{self, Pruned, Retention, Settings};

@@ -11,7 +11,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::{debug, error, info};
 
-use super::apply::{is_status, patch_params};
+use super::patch::{is_status, patch_params};
 use crate::api::{AgentRun, AgentRunStatus, archive};
 
 /// Writes `new` as the status of `run`: a JSON patch (RFC 6902) of only what
