@@ -34,16 +34,25 @@ pub const KEY: &str = "channels.yaml";
 pub const DEFAULT_TIMEOUT: StdDuration = StdDuration::from_secs(10);
 /// Attempts before a delivery is given up when a channel names none.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
+/// The headers of every delivery (`send`).
+/// The delivery id, stable across retries and restarts.
+pub const DELIVERY_HEADER: &str = "x-agentrun-delivery";
+/// `sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`, with the channel's key.
+pub const SIGNATURE_HEADER: &str = "x-agentrun-signature";
+/// Unix seconds when the request was signed; receivers refuse old ones.
+pub const TIMESTAMP_HEADER: &str = "x-agentrun-timestamp";
+/// `requested`, `escalated`, `decided` or `expired`.
+pub const EVENT_HEADER: &str = "x-agentrun-event";
 /// Headers the operator sets itself; a channel cannot replace them.
 const RESERVED_HEADERS: &[&str] = &[
     "content-type",
     "content-length",
     "host",
     "user-agent",
-    super::send::DELIVERY_HEADER,
-    super::send::SIGNATURE_HEADER,
-    super::send::TIMESTAMP_HEADER,
-    super::send::EVENT_HEADER,
+    DELIVERY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    EVENT_HEADER,
 ];
 
 /// How a message is laid out for its receiver.

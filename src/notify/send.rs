@@ -14,16 +14,9 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::channels::Channel;
+pub use super::channels::{DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
 use super::guard::Guard;
 
-/// The delivery id, stable across retries and restarts.
-pub const DELIVERY_HEADER: &str = "x-agentrun-delivery";
-/// `sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`, with the channel's key.
-pub const SIGNATURE_HEADER: &str = "x-agentrun-signature";
-/// Unix seconds when the request was signed; receivers refuse old ones.
-pub const TIMESTAMP_HEADER: &str = "x-agentrun-timestamp";
-/// `requested`, `escalated`, `decided` or `expired`.
-pub const EVENT_HEADER: &str = "x-agentrun-event";
 /// How long name resolution may take.
 const RESOLVE_TIMEOUT: StdDuration = StdDuration::from_secs(5);
 /// How much of a refusing receiver's body is read at most; the rest is

@@ -25,30 +25,8 @@ use agentrun_api::{
     StepPhase, StepRole, TokenUsage,
 };
 
-use super::gate::Start;
+use super::slot::{Acted, Slot, Start};
 use super::{Machine, timeout_text};
-
-/// Where an attempt's record lives in status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Slot {
-    /// `status.steps[i]`: a step, the planner or a compactor.
-    Step(usize),
-    /// `status.compensations[k]`.
-    Compensation(usize),
-}
-
-/// What a failed attempt did to the outside world, as far as anyone knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Acted {
-    /// Nothing: it said `"effect": "NotApplied"`, never started, or is not
-    /// a step with an effect.
-    No,
-    /// It may have: it ended without saying it did not act (D6).
-    Maybe,
-    /// It did: it reported its effect and then failed in another way (a
-    /// result its `resultSchema` refuses).
-    Yes,
-}
 
 impl Acted {
     /// `Maybe` unless `not` says otherwise.

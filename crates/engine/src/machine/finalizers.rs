@@ -124,7 +124,7 @@ impl<'a> Machine<'a> {
             _ => (None, false),
         };
         let tokens = result::tokens_best_effort(message.as_deref());
-        self.add_tokens(super::attempt::Slot::Step(i), tokens);
+        self.add_tokens(super::slot::Slot::Step(i), tokens);
         let report = exited_ok
             .then(|| result::parse(message.as_deref()).ok())
             .flatten();

@@ -17,7 +17,7 @@ use crate::{Action, EventType, RefusalCause};
 use agentrun_api::TokenUsage;
 
 use super::Machine;
-use super::attempt::{Acted, Slot};
+use super::slot::{Acted, Slot, Start};
 
 /// Why a Pod may not start now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,20 +42,6 @@ pub(super) enum Hold {
     LivePod,
     /// `spec.parallelism` step Pods are in flight.
     Parallelism,
-}
-
-/// What is about to start.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Start<'s> {
-    /// A new attempt of `role` at `name`, revision `rev`, with key `key`.
-    New {
-        role: PodRole,
-        name: &'s str,
-        rev: i64,
-        key: &'s str,
-    },
-    /// The Pod of the attempt recorded in this slot, never seen.
-    Again(Slot),
 }
 
 impl<'a> Machine<'a> {

@@ -35,6 +35,7 @@ mod queued;
 mod running;
 mod saga;
 mod signals;
+mod slot;
 mod verify;
 mod wait;
 
@@ -119,7 +120,7 @@ struct Machine<'a> {
     /// What this decision did, for the metrics.
     tally: Tally,
     /// Checkpoints of recorded attempts whose Pod was never seen.
-    unseen: Vec<attempt::Slot>,
+    unseen: Vec<slot::Slot>,
     /// This decision creates the Pod of a recorded NonIdempotent attempt whose
     /// UID is not recorded yet: the next decision, right after the create,
     /// sees the Pod as created and records its UID, so that a Pod removed

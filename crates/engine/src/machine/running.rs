@@ -19,7 +19,8 @@ use agentrun_api::{
     TokenUsage,
 };
 
-use super::attempt::{Acted, Record, Slot};
+use super::attempt::Record;
+use super::slot::{Acted, Slot};
 use super::{MAX_INLINE_RESULT, MAX_INLINE_RESULTS, Machine, timeout_text};
 
 impl<'a> Machine<'a> {
@@ -437,7 +438,7 @@ impl<'a> Machine<'a> {
                 format!("attempt {attempt} was disrupted ({why}) after it started"),
             );
         }
-        let at = self.disruption_backoff(plan, super::attempt::Slot::Step(i));
+        let at = self.disruption_backoff(plan, Slot::Step(i));
         let cp = &mut self.status.steps[i];
         let disruptions = cp.disruptions;
         let when = match &at {

@@ -15,7 +15,7 @@ use crate::result;
 use agentrun_api::{EffectOutcome, RunPhase, StepContainer, StepPhase, StepRole};
 
 use super::Machine;
-use super::attempt::{Acted, Slot};
+use super::slot::{Acted, Slot};
 
 impl<'a> Machine<'a> {
     pub(super) fn wind_down(&mut self, plan: &Plan<'_>) {

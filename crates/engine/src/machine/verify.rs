@@ -23,7 +23,7 @@ use crate::result;
 use agentrun_api::{CheckpointState, EffectOutcome, Provenance, StepPhase, StepRole};
 
 use super::Machine;
-use super::attempt::{Acted, Slot};
+use super::slot::{Acted, Slot};
 
 impl<'a> Machine<'a> {
     /// Whether step checkpoint `c` may still be settled by its probe: the
