@@ -13,9 +13,8 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::warn;
 
-use crate::api::Approval;
-use crate::engine::{Refusal, RefusalCause, not_the_runs};
-pub(super) use crate::engine::{held_by, not_this_runs_signal};
+use crate::engine::{Refusal, RefusalCause};
+pub(super) use crate::engine::{held_by, not_this_runs_approval, not_this_runs_signal};
 use crate::labels;
 
 /// What became of a create-if-absent.
@@ -107,42 +106,6 @@ pub(super) fn refusal_cause(status: &kube::core::Status) -> RefusalCause {
         400 | 403 | 422 => RefusalCause::Rejected,
         _ => RefusalCause::Transient,
     }
-}
-
-/// Why `existing`, found under the name of the Approval `wanted` that the run
-/// asks for, is not that Approval; `None` when it is (the operator opened it
-/// before and did not see it yet). It is the run's only when its controller
-/// is this run and everything that decides what a decision releases, and who
-/// may make it, is what the run asks now. Anything else stays in the way
-/// visibly (D16) and is never adopted: its decision would release the step.
-pub(super) fn not_this_runs_approval(
-    existing: &Approval,
-    wanted: &Approval,
-    run_uid: &str,
-) -> Option<String> {
-    let (e, w) = (&existing.spec, &wanted.spec);
-    not_the_runs(
-        existing.owner_references(),
-        run_uid,
-        [
-            ("runUid", e.run_uid != w.run_uid),
-            ("runName", e.run_name != w.run_name),
-            ("step", e.step != w.step),
-            ("planRevision", e.plan_revision != w.plan_revision),
-            ("kind", e.kind != w.kind),
-            ("stepDigest", e.step_digest != w.step_digest),
-            ("question", e.question != w.question),
-            ("approvers", e.approvers != w.approvers),
-            ("quorum", e.quorum != w.quorum),
-            (
-                "separateFromRequester",
-                e.separate_from_requester != w.separate_from_requester,
-            ),
-            ("requestedBy", e.requested_by != w.requested_by),
-            ("onTimeout", e.on_timeout != w.on_timeout),
-            ("expiresAt", e.expires_at != w.expires_at),
-        ],
-    )
 }
 
 #[cfg(test)]

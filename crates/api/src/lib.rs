@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod agentrun;
+mod answer;
 mod approval;
 mod approvers;
 pub mod archive;
@@ -31,6 +32,7 @@ mod signal;
 pub mod testing;
 
 pub use agentrun::*;
+pub use answer::{DurableAnswer, Opened};
 pub use approval::*;
 pub use approvers::*;
 pub use archive::ArchivedSteps;

@@ -1,5 +1,7 @@
 //! Approvals as durable waits (D10): the Approval objects the engine asks
-//! for, and what a person's decision (or the clock) makes of them.
+//! for, and what a person's decision (or the clock) makes of them. An
+//! Approval is a durable answer (`answer`); what is its own is the decision
+//! by votes and quorum, and the step digest it binds (D14).
 //!
 //! ```text
 //!   AgentRun ──owns──▶ Approval <run>-<step>-r<rev>-approve            (before a gated step)
@@ -7,9 +9,13 @@
 //! ```
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use sha2::{Digest, Sha256};
+
+use super::answer::{
+    self, Standing, answered_at, answered_by, deadline, field_owners, owned_meta, standing,
+};
 
 use agentrun_api::labels;
 use agentrun_api::{
@@ -56,32 +62,21 @@ pub fn answer(a: &Approval, now: Timestamp) -> Answer {
         Some(ApprovalPhase::Superseded) => return Answer::Superseded,
         _ => {}
     }
-    let deadline = match a.spec.kind {
-        ApprovalKind::Approve => a.spec.expires_at.as_ref().map(|t| t.0),
-        ApprovalKind::Reconcile => None,
-    };
-    if let Some(d) = decided(a) {
-        // The API server's clock says when the decision was stored. Where it
-        // says nothing (a client cleared managedFields), the decision is
-        // known to be in time only if the deadline has not passed yet: past
-        // it, it counts as late (D15: fail closed).
-        return match (deadline, d.at) {
-            (Some(deadline), Some(at)) if at > deadline => Answer::Expiring {
-                late: Some((d.decision, at)),
-            },
-            (Some(deadline), None) if now > deadline => Answer::Expiring {
-                late: Some((d.decision, now)),
-            },
-            _ => Answer::Decided {
+    let decided = decided(a);
+    let by_time = decided.as_ref().map(|d| ((), d.at));
+    match standing(deadline(a), by_time, now) {
+        Standing::Answered(()) => {
+            let d = decided.expect("answered");
+            Answer::Decided {
                 decision: d.decision,
                 by: d.by,
                 comment: d.comment,
-            },
-        };
-    }
-    match deadline {
-        Some(at) if at <= now => Answer::Expiring { late: None },
-        expires_at => Answer::Pending { expires_at },
+            }
+        }
+        Standing::Expiring { late } => Answer::Expiring {
+            late: late.map(|((), at)| (decided.expect("late").decision, at)),
+        },
+        Standing::Pending { expires_at } => Answer::Pending { expires_at },
     }
 }
 
@@ -165,9 +160,9 @@ fn decided(a: &Approval) -> Option<Decided> {
     }
     Some(Decided {
         decision: a.spec.decision?,
-        by: decided_by(a),
+        by: answered_by(a, a.spec.decided_by.as_ref()),
         comment: a.spec.comment.clone(),
-        at: decided_at(a),
+        at: answered_at(a),
     })
 }
 
@@ -293,52 +288,13 @@ pub fn desired_status(
     })
 }
 
-/// The managedFields entries that own `spec.<field>` (`f:decision`): who
-/// wrote it, and when the API server stored it.
-pub(super) fn spec_field_owners<'m>(
-    meta: &'m k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    field: &'m str,
-) -> impl Iterator<Item = &'m k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> + 'm
-{
-    meta.managed_fields.iter().flatten().filter(move |m| {
-        m.fields_v1
-            .as_ref()
-            .and_then(|f| f.0.get("f:spec")?.get(field))
-            .is_some()
-    })
-}
-
-/// The managedFields entry that owns `spec.decision`.
-fn decision_entry(
-    a: &Approval,
-) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> {
-    spec_field_owners(&a.metadata, "f:decision").next()
-}
-
-/// Who decided: the person the API server recorded (`spec.decidedBy`), or
-/// on a cluster without the admission policies the field manager that wrote
-/// `spec.decision`.
-fn decided_by(a: &Approval) -> Option<String> {
-    a.spec
-        .decided_by
-        .clone()
-        .or_else(|| decision_entry(a)?.manager.clone())
-}
-
 /// When the API server stored the last vote: the latest managedFields entry
 /// that owns `spec.votes`. Later than the vote that reached the quorum if
 /// more came after it, never earlier.
 fn votes_at(a: &Approval) -> Option<Timestamp> {
-    spec_field_owners(&a.metadata, "f:votes")
+    field_owners(&a.metadata, "f:votes")
         .filter_map(|m| m.time.as_ref().map(|t| t.0))
         .max()
-}
-
-/// When the API server stored the decision: the time of the managedFields
-/// entry that owns it. A later write by the same manager moves that time
-/// later, never earlier, so a decision is never taken for earlier than it was.
-fn decided_at(a: &Approval) -> Option<Timestamp> {
-    decision_entry(a)?.time.as_ref().map(|t| t.0)
 }
 
 /// The sha256 of what a step runs (D14): its container, effect and
@@ -381,19 +337,7 @@ pub struct Request<'a> {
 
 pub fn build(r: Request) -> Approval {
     Approval {
-        metadata: ObjectMeta {
-            name: Some(r.name),
-            namespace: r.namespace,
-            labels: Some(
-                [
-                    (labels::RUN.to_owned(), r.run_name.to_owned()),
-                    (labels::STEP.to_owned(), r.step.to_owned()),
-                ]
-                .into(),
-            ),
-            owner_references: Some(vec![r.owner]),
-            ..ObjectMeta::default()
-        },
+        metadata: owned_meta(r.name, r.namespace, r.owner, r.run_name, r.step),
         spec: ApprovalSpec {
             run_name: r.run_name.to_owned(),
             run_uid: r.run_uid.to_owned(),
@@ -419,4 +363,26 @@ pub fn build(r: Request) -> Approval {
         },
         status: None,
     }
+}
+
+/// Why `existing`, found under the name of the Approval `wanted` that the run
+/// asks for, is not that Approval; `None` when it is. Besides what every
+/// durable answer is opened for, everything that decides what a decision
+/// releases, and who may make it, must be what the run asks now: its
+/// decision would release the step.
+pub fn not_this_runs(existing: &Approval, wanted: &Approval, run_uid: &str) -> Option<String> {
+    let (e, w) = (&existing.spec, &wanted.spec);
+    answer::not_this_runs(
+        existing,
+        wanted,
+        run_uid,
+        [
+            ("kind", e.kind != w.kind),
+            ("stepDigest", e.step_digest != w.step_digest),
+            ("question", e.question != w.question),
+            ("approvers", e.approvers != w.approvers),
+            ("quorum", e.quorum != w.quorum),
+            ("onTimeout", e.on_timeout != w.on_timeout),
+        ],
+    )
 }

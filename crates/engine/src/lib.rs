@@ -29,6 +29,7 @@
 //! tokio): the engine's purity is a fact the compiler checks.
 #![forbid(unsafe_code)]
 
+pub mod answer;
 mod approval;
 pub mod cel;
 mod conditions;
@@ -59,6 +60,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use agentrun_api::{AgentRun, AgentRunStatus, Approval, ApprovalStatus, Signal, SignalStatus};
 
+pub use approval::not_this_runs as not_this_runs_approval;
 pub use names::{
     MAX_CHILD_NAME, PodRole, approve_name, approve_request, idempotency_key, pod_name,
     reconcile_name, signal_name,

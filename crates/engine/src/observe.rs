@@ -303,10 +303,10 @@ pub fn observe(pod: Option<&Pod>, seen_uid: Option<&str>) -> Observation {
 /// Why an object with these owners and these fields (name, differs from
 /// what the run asks) is not the run's; `None` when its controller is the
 /// run and no field differs.
-pub fn not_the_runs<const N: usize>(
+pub fn not_the_runs<'f>(
     owners: &[OwnerReference],
     run_uid: &str,
-    fields: [(&str, bool); N],
+    fields: impl IntoIterator<Item = (&'f str, bool)>,
 ) -> Option<String> {
     let controller = owners.iter().find(|o| o.controller == Some(true));
     if controller.is_none_or(|o| o.uid != run_uid) {

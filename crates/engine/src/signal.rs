@@ -6,8 +6,8 @@
 //!   sender   ──patch spec.id + spec.data──▶ Signal ──watch──▶ step Succeeded, result = data
 //! ```
 //!
-//! The order of a signal and its deadline is the API server's, as for an
-//! approval's decision: a signal counts if the API server stored it before
+//! A Signal is a durable answer (`answer`): its order against its deadline
+//! is the API server's, as for an approval's decision: a signal counts if the API server stored it before
 //! the deadline (the time of the managedFields entry that owns `spec.id`);
 //! an expiry takes effect once written to the Signal's status, after which
 //! the API server refuses a signal.
@@ -18,15 +18,15 @@
 //! an id is not a signal (D15: the server's record, or nothing).
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use serde_json::Value;
 
-use agentrun_api::labels;
 use agentrun_api::{
     Senders, Signal, SignalPhase, SignalSpec, SignalStatus, SignalTimeout, StepCheckpoint,
     StepPhase,
 };
 
+use super::answer::{self, Standing, answered_at, answered_by, deadline, owned_meta, standing};
 use super::observe::not_the_runs;
 
 /// What the run makes of a Signal right now.
@@ -84,53 +84,23 @@ pub fn answer(s: &Signal, now: Timestamp) -> Answer {
         }
         _ => {}
     }
-    let deadline = s.spec.expires_at.as_ref().map(|t| t.0);
-    if let Some(id) = s.spec.id.clone() {
-        // Where the API server's record of when says nothing (a client
-        // cleared managedFields), a signal is in time only if the deadline
-        // has not passed yet (D15: fail closed).
-        return match (deadline, sent_at(s)) {
-            (Some(deadline), Some(at)) if at > deadline => Answer::Expiring {
-                late: Some((id, at)),
-            },
-            (Some(deadline), None) if now > deadline => Answer::Expiring {
-                late: Some((id, now)),
-            },
-            _ => Answer::Sent {
-                id,
-                data: s.spec.data.clone(),
-                by: sent_by(s),
-            },
-        };
+    let sent = s.spec.id.clone().map(|id| (id, answered_at(s)));
+    match standing(deadline(s), sent, now) {
+        Standing::Answered(id) => Answer::Sent {
+            id,
+            data: s.spec.data.clone(),
+            by: sent_by(s),
+        },
+        Standing::Expiring { late } => Answer::Expiring { late },
+        Standing::Pending { expires_at } => Answer::Pending { expires_at },
     }
-    match deadline {
-        Some(at) if at <= now => Answer::Expiring { late: None },
-        expires_at => Answer::Pending { expires_at },
-    }
-}
-
-/// The managedFields entry that owns `spec.id`.
-fn id_entry(
-    s: &Signal,
-) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> {
-    super::approval::spec_field_owners(&s.metadata, "f:id").next()
-}
-
-/// When the API server stored the signal. A later write by the same manager
-/// moves the time later, never earlier: a signal is never taken for earlier
-/// than it was.
-fn sent_at(s: &Signal) -> Option<Timestamp> {
-    id_entry(s)?.time.as_ref().map(|t| t.0)
 }
 
 /// Who sent it: the user the API server recorded (`spec.sentBy`), or on a
 /// cluster without the admission policies the field manager that wrote
 /// `spec.id`.
 pub fn sent_by(s: &Signal) -> Option<String> {
-    s.spec
-        .sent_by
-        .clone()
-        .or_else(|| id_entry(s)?.manager.clone())
+    answered_by(s, s.spec.sent_by.as_ref())
 }
 
 /// The status a Signal should show, if it differs from what it shows.
@@ -229,19 +199,7 @@ pub struct Request<'a> {
 
 pub fn build(r: Request) -> Signal {
     Signal {
-        metadata: ObjectMeta {
-            name: Some(r.name),
-            namespace: r.namespace,
-            labels: Some(
-                [
-                    (labels::RUN.to_owned(), r.run_name.to_owned()),
-                    (labels::STEP.to_owned(), r.step.to_owned()),
-                ]
-                .into(),
-            ),
-            owner_references: Some(vec![r.owner]),
-            ..ObjectMeta::default()
-        },
+        metadata: owned_meta(r.name, r.namespace, r.owner, r.run_name, r.step),
         spec: SignalSpec {
             run_name: r.run_name.to_owned(),
             run_uid: r.run_uid.to_owned(),
@@ -268,27 +226,14 @@ pub fn build(r: Request) -> Signal {
 /// take). The controller adopts an existing Signal only on these terms.
 pub fn not_this_runs(existing: &Signal, wanted: &Signal, run_uid: &str) -> Option<String> {
     let (e, w) = (&existing.spec, &wanted.spec);
-    not_the_runs(
-        existing
-            .metadata
-            .owner_references
-            .as_deref()
-            .unwrap_or_default(),
+    answer::not_this_runs(
+        existing,
+        wanted,
         run_uid,
         [
-            ("runUid", e.run_uid != w.run_uid),
-            ("runName", e.run_name != w.run_name),
-            ("step", e.step != w.step),
-            ("planRevision", e.plan_revision != w.plan_revision),
             ("description", e.description != w.description),
-            ("expiresAt", e.expires_at != w.expires_at),
             ("onTimeout", e.on_timeout != w.on_timeout),
             ("senders", e.senders != w.senders),
-            (
-                "separateFromRequester",
-                e.separate_from_requester != w.separate_from_requester,
-            ),
-            ("requestedBy", e.requested_by != w.requested_by),
         ],
     )
 }
