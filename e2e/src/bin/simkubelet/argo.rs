@@ -187,7 +187,7 @@ impl TaskResultWriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod::{Ending, PodFacts};
+    use crate::facts::{Ending, PodFacts};
     use crate::status::terminated_status;
     use jiff::Timestamp;
     use serde_json::json;

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::SIGKILL_EXIT;
-use crate::pod::{Ending, PodFacts};
+use crate::facts::{Ending, PodFacts};
 
 fn condition(kind: &str, ready: bool, at: Timestamp, facts: &PodFacts) -> PodCondition {
     PodCondition {
