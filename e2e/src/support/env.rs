@@ -1,6 +1,5 @@
 //! Where the control plane is and how to reach it: the kubeconfig and clients
-//! (plain and impersonating). [`TestEnv`](super::test_env::TestEnv) bundles one
-//! for a test.
+//! (plain and impersonating). `TestEnv` (test_env.rs) bundles one for a test.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
