@@ -166,3 +166,43 @@ impl Ending {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::argo::argo_pod;
+    use serde_json::json;
+
+    #[test]
+    fn an_argo_pods_step_is_main_and_its_task_result_is_named_after_the_node() {
+        let facts = PodFacts::of(&argo_pod(), Duration::ZERO, true);
+        assert_eq!(facts.step_container, 1);
+        assert_eq!(
+            facts.argo,
+            Some(ArgoTask {
+                node_id: "r00000-456".into(),
+                workflow: "r00000".into(),
+                workflow_uid: "wf-uid".into(),
+            })
+        );
+        assert_eq!(
+            facts.argo.unwrap().placeholder(),
+            json!({
+                "apiVersion": "argoproj.io/v1alpha1",
+                "kind": "WorkflowTaskResult",
+                "metadata": {
+                    "name": "r00000-456",
+                    "labels": {
+                        "workflows.argoproj.io/workflow": "r00000",
+                        "workflows.argoproj.io/report-outputs-completed": "false",
+                    },
+                    "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                                         "name": "r00000", "uid": "wf-uid"}],
+                },
+            })
+        );
+        // Without the flag the same Pod is an ordinary one: the first container is the step.
+        let plain = PodFacts::of(&argo_pod(), Duration::ZERO, false);
+        assert_eq!((plain.step_container, plain.argo), (0, None));
+    }
+}
