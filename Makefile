@@ -170,8 +170,8 @@ bench:
 	  trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; \
 	  target/release/bench $(BENCH_ARGS)
 
-# The Job controller and Argo Workflows as peers (docs/performance.md, "Side by
-# side"): the same driver, once with AgentRuns, twice with chains of 10
+# The Job controller and Argo Workflows as peers (docs/performance-history.md,
+# "Side by side"): the same driver, once with AgentRuns, twice with chains of 10
 # single-Pod Jobs (kcm restarted between with a raised client QPS/burst) and
 # three times with Workflows of 10 sequential steps (Argo's workflow-controller,
 # one per batch: its defaults, a raised client QPS/burst, then also its

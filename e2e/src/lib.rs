@@ -33,13 +33,15 @@ pub mod support {
     pub mod processes;
     pub mod receiver;
     pub mod scenario;
+    pub mod test_env;
     pub mod wait;
 }
 
 pub use support::crds::{FIELD_MANAGER, apply_crd, install_crds};
-pub use support::env::{TestEnv, client, client_as, kubeconfig, repo_root};
+pub use support::env::{client, client_as, kubeconfig, repo_root};
 pub use support::http::{get_ok, http_get};
 pub use support::kubectl::{KubectlOutput, kubectl, kubectl_ok};
 pub use support::namespace::TestNamespace;
 pub use support::pods::{set_pod_evicted, set_pod_running, set_pod_terminated};
+pub use support::test_env::TestEnv;
 pub use support::wait::{wait_for, wait_for_deleted};

@@ -8,7 +8,7 @@
 //! keeps every Event it published for six minutes, whole and with a copy of
 //! its key, to fold repeats into a series, and scans them all on every
 //! publish. At 1,000 runs that was 20,000 cached Events, the largest share of
-//! the operator's heap (docs/performance.md, "Where the memory goes"). This
+//! the operator's heap (docs/performance-history.md, "Where the memory goes"). This
 //! one keeps a digest of the key and what a repeat needs to rebuild the
 //! first Event: when it was published and, only when it differs from the
 //! action, its note.

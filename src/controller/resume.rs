@@ -16,7 +16,7 @@
 //! accounts for, D5); the Events are the ones `--step-events` publishes,
 //! shed like any other when the API server cannot keep up. What moves is
 //! when: 1,000 resumed runs share two cores with their own releases and
-//! Events otherwise (docs/performance.md, "Resume after a SIGKILL").
+//! Events otherwise (docs/performance-history.md, "Resume after a SIGKILL").
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -21,7 +21,7 @@
 //! Why it matters: the apiserver decodes, validates, converts and encodes the
 //! whole object on every status write, per field of every checkpoint; one
 //! compressed string costs it a fraction of the structured checkpoints it
-//! holds (docs/performance.md, "Long runs").
+//! holds (docs/performance-history.md, "Long runs").
 
 use std::cell::Cell;
 use std::collections::hash_map::DefaultHasher;

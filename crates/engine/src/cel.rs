@@ -25,7 +25,7 @@ use cel::common::ast::{
 use cel::{Context, ExecutionError, Value};
 
 /// What one evaluation may spend, in the units described in the module
-/// docs: 89 ms of one core in a release build (docs/performance.md,
+/// docs: 89 ms of one core in a release build (docs/performance-history.md,
 /// "What a step's `when` may cost"), and the API server's own limit per
 /// expression.
 pub const COST_LIMIT: u64 = 1_000_000;

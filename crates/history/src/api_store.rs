@@ -27,7 +27,7 @@ use agentrun_api::{RunRecord, RunRecordSpec};
 /// Records whose metadata one list request of the pruning asks for. A
 /// record's metadata is mostly its managedFields, ~8 KB for a run of 10
 /// steps, so listing a thousand records in one response held ~8 MiB at once
-/// (docs/performance.md, "Where the memory goes").
+/// (docs/performance-history.md, "Where the memory goes").
 const PRUNE_PAGE: u32 = 100;
 
 /// RunRecords through the API server.

@@ -53,9 +53,9 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::ledger::Ledger;
-use crate::support::env::TestEnv;
 use crate::support::env::repo_root;
 use crate::support::processes::{OperatorConfig, log_dir, start_simkubelet};
+use crate::support::test_env::TestEnv;
 use disruptions::{Hound, disrupt};
 use edits::Editor;
 use operators::Operators;

@@ -1,16 +1,11 @@
-//! Where the control plane is and how to reach it: the kubeconfig, clients
-//! (plain and impersonating), and [`TestEnv`], the per-test bundle of a client,
-//! the installed CRDs and a fresh namespace.
+//! Where the control plane is and how to reach it: the kubeconfig and clients
+//! (plain and impersonating). `TestEnv` (test_env.rs) bundles one for a test.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::NamespaceResourceScope;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config, Resource};
-
-use super::crds::install_crds;
-use super::namespace::TestNamespace;
+use kube::{Client, Config};
 
 /// How long the first request may take before the plane counts as unreachable.
 const REACHABLE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -84,55 +79,4 @@ pub async fn client_as(user: &str) -> Client {
     config.auth_info.impersonate = Some(user.to_owned());
     let url = config.cluster_url.to_string();
     Client::try_from(config).unwrap_or_else(|e| unreachable(&url, &e.to_string()))
-}
-
-/// Everything one test needs: a client, the CRDs installed (once per
-/// process), and a fresh namespace that is deleted at the end.
-///
-/// ```no_run
-/// # async fn t() {
-/// let env = agentrun_e2e::TestEnv::new("evicted_step_resumes_with_same_key").await;
-/// let runs = env.api::<agentrun_operator::api::AgentRun>();
-/// // ...
-/// env.cleanup().await; // or let it drop
-/// # }
-/// ```
-pub struct TestEnv {
-    client: Client,
-    namespace: TestNamespace,
-}
-
-impl TestEnv {
-    /// Connects (panicking if the plane is down), installs the CRDs and
-    /// creates a namespace named after `test_name` with a random suffix.
-    pub async fn new(test_name: &str) -> TestEnv {
-        let client = client().await;
-        install_crds(&client).await;
-        let namespace = TestNamespace::create(&client, test_name).await;
-        TestEnv { client, namespace }
-    }
-
-    /// A handle on the client (cheap to clone).
-    pub fn client(&self) -> Client {
-        self.client.clone()
-    }
-
-    /// The test's namespace.
-    pub fn namespace(&self) -> &str {
-        self.namespace.name()
-    }
-
-    /// An `Api` for a namespaced kind in the test's namespace.
-    pub fn api<K>(&self) -> Api<K>
-    where
-        K: Resource<Scope = NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        Api::namespaced(self.client.clone(), self.namespace())
-    }
-
-    /// Deletes the namespace now (the drop guard does the same, best-effort).
-    pub async fn cleanup(self) {
-        self.namespace.cleanup(&self.client).await;
-    }
 }

@@ -183,7 +183,7 @@ impl Payments {
 /// A scenario whose step Pods run on the real node: namespace and operator, no simkubelet.
 /// Panics first if the node is not there.
 pub async fn node_scenario(test_name: &str) -> super::scenario::Scenario {
-    let env = super::env::TestEnv::new(test_name).await;
+    let env = super::test_env::TestEnv::new(test_name).await;
     require_node(&env.client()).await;
     let ns = env.namespace().to_owned();
     let operator_config = super::processes::OperatorConfig::new(&ns);

@@ -20,10 +20,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use super::env::TestEnv;
 use super::processes::{
     OperatorConfig, Process, free_port, log_dir, start_operator, start_simkubelet,
 };
+use super::test_env::TestEnv;
 use crate::ledger::Ledger;
 
 /// A running scenario.

@@ -17,7 +17,7 @@
 //! `--peer jobs` and `--peer argo` run the same batches with another controller
 //! instead of the operator: chains of Jobs (kube-controller-manager) or Argo
 //! Workflows (a workflow-controller started per batch, simkubelet playing Argo's
-//! `wait` sidecar); see docs/performance.md, "Side by side".
+//! `wait` sidecar); see docs/performance-history.md, "Side by side".
 //!
 //! The modules, each depending only on those above it:
 //!
@@ -47,7 +47,8 @@
 //!    `impl Peer` in `peers/mod.rs` (the compiler lists them).
 //! 3. Anything it needs once per invocation (CRDs, a binary's check) in
 //!    `Controller::prepare`, and its flags in `args.rs`.
-//! 4. A smoke run on a plane of your own, and its section in docs/performance.md.
+//! 4. A smoke run on a plane of your own, its section in docs/performance-history.md
+//!    and its rows in docs/performance.md.
 
 #![forbid(unsafe_code)]
 

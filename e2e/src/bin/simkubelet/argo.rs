@@ -74,7 +74,7 @@ impl ArgoTask {
     }
 
     /// argoexec's `createTaskResult`: an empty `NodeResult`, not yet complete.
-    fn placeholder(&self) -> Value {
+    pub(crate) fn placeholder(&self) -> Value {
         json!({
             "apiVersion": "argoproj.io/v1alpha1",
             "kind": "WorkflowTaskResult",
@@ -184,105 +184,28 @@ impl TaskResultWriter<'_> {
     }
 }
 
+/// An Argo step Pod as workflow-controller v4.0.5 makes it (init; wait and main): the
+/// fixture of the tests of what simkubelet reads from one (facts.rs) and reports (status.rs).
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pod::{Ending, PodFacts};
-    use crate::status::terminated_status;
-    use jiff::Timestamp;
-    use serde_json::json;
-    use std::time::Duration;
-
-    fn argo_pod() -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {
-                "name": "r00000-s001-123", "uid": "pod-uid",
-                "labels": {"workflows.argoproj.io/workflow": "r00000", "agentrun.dev/run": "r00000"},
-                "annotations": {"workflows.argoproj.io/node-id": "r00000-456"},
-                "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
-                                     "name": "r00000", "uid": "wf-uid", "controller": true}],
-            },
-            "spec": {
-                "initContainers": [{"name": "init", "image": "argoexec"}],
-                "containers": [
-                    {"name": "wait", "image": "argoexec", "env": [
-                        {"name": "ARGO_NODE_ID", "value": "r00000-456"},
-                        {"name": "ARGO_WORKFLOW_NAME", "value": "r00000"},
-                        {"name": "ARGO_WORKFLOW_UID", "value": "wf-uid"}]},
-                    {"name": "main", "image": "step"},
-                ],
-            },
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn an_argo_pods_step_is_main_and_its_task_result_is_named_after_the_node() {
-        let facts = PodFacts::of(&argo_pod(), Duration::ZERO, true);
-        assert_eq!(facts.step_container, 1);
-        assert_eq!(
-            facts.argo,
-            Some(ArgoTask {
-                node_id: "r00000-456".into(),
-                workflow: "r00000".into(),
-                workflow_uid: "wf-uid".into(),
-            })
-        );
-        assert_eq!(
-            facts.argo.unwrap().placeholder(),
-            json!({
-                "apiVersion": "argoproj.io/v1alpha1",
-                "kind": "WorkflowTaskResult",
-                "metadata": {
-                    "name": "r00000-456",
-                    "labels": {
-                        "workflows.argoproj.io/workflow": "r00000",
-                        "workflows.argoproj.io/report-outputs-completed": "false",
-                    },
-                    "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
-                                         "name": "r00000", "uid": "wf-uid"}],
-                },
-            })
-        );
-        // Without the flag the same Pod is an ordinary one: the first container is the step.
-        let plain = PodFacts::of(&argo_pod(), Duration::ZERO, false);
-        assert_eq!((plain.step_container, plain.argo), (0, None));
-    }
-
-    #[test]
-    fn an_argo_pod_ends_with_main_exit_code_wait_zero_and_init_completed() {
-        let facts = PodFacts::of(&argo_pod(), Duration::ZERO, true);
-        let at = Timestamp::UNIX_EPOCH;
-        let status = terminated_status(&facts, Some(at), at, Ending::Exited(3), Some("m".into()));
-        let codes: Vec<(String, i32, Option<String>)> = status
-            .container_statuses
-            .unwrap()
-            .into_iter()
-            .map(|c| {
-                let t = c.state.unwrap().terminated.unwrap();
-                (c.name, t.exit_code, t.message)
-            })
-            .collect();
-        assert_eq!(
-            codes,
-            [
-                ("wait".into(), 0, None),
-                ("main".into(), 3, Some("m".into()))
-            ]
-        );
-        let init = status.init_container_statuses.unwrap();
-        assert_eq!(init.len(), 1);
-        assert_eq!(
-            init[0]
-                .state
-                .as_ref()
-                .unwrap()
-                .terminated
-                .as_ref()
-                .unwrap()
-                .exit_code,
-            0
-        );
-        assert_eq!(status.phase.as_deref(), Some("Failed"));
-    }
+pub(crate) fn argo_pod() -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": "r00000-s001-123", "uid": "pod-uid",
+            "labels": {"workflows.argoproj.io/workflow": "r00000", "agentrun.dev/run": "r00000"},
+            "annotations": {"workflows.argoproj.io/node-id": "r00000-456"},
+            "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                                 "name": "r00000", "uid": "wf-uid", "controller": true}],
+        },
+        "spec": {
+            "initContainers": [{"name": "init", "image": "argoexec"}],
+            "containers": [
+                {"name": "wait", "image": "argoexec", "env": [
+                    {"name": "ARGO_NODE_ID", "value": "r00000-456"},
+                    {"name": "ARGO_WORKFLOW_NAME", "value": "r00000"},
+                    {"name": "ARGO_WORKFLOW_UID", "value": "wf-uid"}]},
+                {"name": "main", "image": "step"},
+            ],
+        },
+    }))
+    .unwrap()
 }

@@ -25,6 +25,7 @@
 
 mod argo;
 mod effects;
+mod facts;
 mod pod;
 mod sim_step;
 mod status;

@@ -1,147 +1,25 @@
-//! The life of one Pod: its facts, where its status says it stands, and the
-//! task that drives it from Pending to terminated, writing its status and
-//! the ledger.
+//! The life of one Pod: where its status says it stands, and the task that
+//! drives it from Pending to terminated, writing its status and the ledger.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrun_e2e::ledger::{LedgerEntry, LedgerEvent, Outcome};
+use agentrun_e2e::ledger::Outcome;
 use agentrun_operator::api::EffectOutcome;
-use agentrun_operator::labels;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStateRunning, Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-use crate::argo::{ArgoTask, TaskResultWriter, step_container};
-use crate::effects;
-use crate::sim_step::{Behaviour, SimStep, reported_effect, truncate_message};
+use crate::argo::{ArgoTask, TaskResultWriter};
+use crate::facts::{Ending, PodFacts};
+use crate::sim_step::{Behaviour, reported_effect, truncate_message};
 use crate::status::{running_status, terminated_status};
-use crate::{BAD_SIM_STEP_EXIT, Context, FIELD_MANAGER, SIGKILL_EXIT, SIM_STEP};
-
-#[derive(Clone, Debug)]
-pub(crate) struct PodFacts {
-    pub(crate) name: String,
-    pub(crate) namespace: String,
-    pub(crate) uid: String,
-    pub(crate) generation: Option<i64>,
-    pub(crate) run: Option<String>,
-    pub(crate) step: Option<String>,
-    pub(crate) role: Option<String>,
-    pub(crate) idempotency_key: Option<String>,
-    pub(crate) attempt: Option<u32>,
-    /// (name, image) of every regular container.
-    pub(crate) containers: Vec<(String, String)>,
-    /// Index in `containers` of the step: the first, or Argo's `main`.
-    pub(crate) step_container: usize,
-    /// Names of the init containers (they have run to completion once the Pod runs).
-    pub(crate) init_containers: Vec<(String, String)>,
-    /// The task result this Pod's Argo `wait` sidecar writes (`--argo-task-results`).
-    pub(crate) argo: Option<ArgoTask>,
-    pub(crate) behaviour: std::result::Result<Behaviour, String>,
-}
-
-impl PodFacts {
-    pub(crate) fn of(pod: &Pod, default_run: Duration, argo_task_results: bool) -> Self {
-        let labels = pod.labels();
-        let containers: Vec<(String, String)> = pod
-            .spec
-            .as_ref()
-            .map(|s| {
-                s.containers
-                    .iter()
-                    .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let init_containers: Vec<(String, String)> = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.init_containers.as_ref())
-            .map(|cs| {
-                cs.iter()
-                    .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let argo = argo_task_results.then(|| ArgoTask::of(pod)).flatten();
-        let step_container = step_container(pod, argo.is_some());
-        let env = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.get(step_container))
-            .and_then(|c| c.env.as_ref());
-        let env_value = |name: &str| {
-            env.and_then(|env| env.iter().find(|e| e.name == name))
-                .map(|e| e.value.clone())
-        };
-        let attempt = env_value(labels::env::ATTEMPT)
-            .flatten()
-            .or_else(|| labels.get(labels::ATTEMPT).cloned())
-            .and_then(|a| a.trim().parse::<u32>().ok());
-        let idempotency_key = pod
-            .annotations()
-            .get(labels::IDEMPOTENCY_KEY)
-            .cloned()
-            .or_else(|| env_value(labels::env::IDEMPOTENCY_KEY).flatten());
-        let behaviour = match env_value(SIM_STEP) {
-            None => Ok(SimStep::default()),
-            Some(None) => Err(format!("{SIM_STEP} must be a literal value")),
-            Some(Some(json)) => SimStep::parse(&json),
-        }
-        .and_then(|s| s.for_run(labels.get(labels::RUN).map(String::as_str)))
-        .and_then(|s| s.for_attempt(attempt.unwrap_or(1)))
-        .map(|s| s.behaviour(default_run));
-        Self {
-            name: pod.name_any(),
-            namespace: pod.namespace().unwrap_or_default(),
-            uid: pod.uid().unwrap_or_default(),
-            generation: pod.metadata.generation,
-            run: labels.get(labels::RUN).cloned(),
-            step: labels.get(labels::STEP).cloned(),
-            role: labels.get(labels::ROLE).cloned(),
-            idempotency_key,
-            attempt,
-            containers,
-            step_container,
-            init_containers,
-            argo,
-            behaviour,
-        }
-    }
-
-    /// Whether this Pod's attempt acted, having run for `ran`: a probe only
-    /// reads; a step acts once it ran past its `actAtMs`.
-    fn acts(&self, behaviour: &Behaviour, ran: Duration, said_not_applied: bool) -> bool {
-        self.role.as_deref() != Some("verify")
-            && behaviour.probe.is_none()
-            && effects::acted(ran, behaviour.act_at, said_not_applied)
-    }
-
-    fn ledger_entry(&self, started_at: Timestamp) -> LedgerEntry {
-        LedgerEntry {
-            event: LedgerEvent::Started,
-            pod: self.name.clone(),
-            namespace: self.namespace.clone(),
-            uid: self.uid.clone(),
-            run: self.run.clone(),
-            step: self.step.clone(),
-            idempotency_key: self.idempotency_key.clone(),
-            attempt: self.attempt,
-            role: self.role.clone(),
-            started_at,
-            exit_code: None,
-            outcome: None,
-            finished_at: None,
-            reported_effect: None,
-            acted: None,
-        }
-    }
-}
+use crate::{BAD_SIM_STEP_EXIT, Context, FIELD_MANAGER, SIGKILL_EXIT};
 
 /// How long a container that started at `from` ran until `to`.
 fn ran(from: Timestamp, to: Timestamp) -> Duration {
@@ -185,32 +63,6 @@ fn observe(pod: &Pod, step_container: usize) -> Stage {
             started_at: *started_at,
         },
         _ => Stage::Pending,
-    }
-}
-
-/// How a step ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Ending {
-    /// The step exited by itself with this code.
-    Exited(i32),
-    /// Killed (SIGKILL) because the Pod is being deleted.
-    Killed,
-}
-
-impl Ending {
-    pub(crate) fn exit_code(self) -> i32 {
-        match self {
-            Ending::Exited(code) => code,
-            Ending::Killed => SIGKILL_EXIT,
-        }
-    }
-
-    fn outcome(self) -> Outcome {
-        match self {
-            Ending::Exited(0) => Outcome::Succeeded,
-            Ending::Exited(_) => Outcome::Failed,
-            Ending::Killed => Outcome::Killed,
-        }
     }
 }
 

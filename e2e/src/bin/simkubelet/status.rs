@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::SIGKILL_EXIT;
-use crate::pod::{Ending, PodFacts};
+use crate::facts::{Ending, PodFacts};
 
 fn condition(kind: &str, ready: bool, at: Timestamp, facts: &PodFacts) -> PodCondition {
     PodCondition {
@@ -186,5 +186,49 @@ fn container_status(
         restart_count: 0,
         state: Some(state),
         ..ContainerStatus::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::argo::argo_pod;
+    use std::time::Duration;
+
+    #[test]
+    fn an_argo_pod_ends_with_main_exit_code_wait_zero_and_init_completed() {
+        let facts = PodFacts::of(&argo_pod(), Duration::ZERO, true);
+        let at = Timestamp::UNIX_EPOCH;
+        let status = terminated_status(&facts, Some(at), at, Ending::Exited(3), Some("m".into()));
+        let codes: Vec<(String, i32, Option<String>)> = status
+            .container_statuses
+            .unwrap()
+            .into_iter()
+            .map(|c| {
+                let t = c.state.unwrap().terminated.unwrap();
+                (c.name, t.exit_code, t.message)
+            })
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                ("wait".into(), 0, None),
+                ("main".into(), 3, Some("m".into()))
+            ]
+        );
+        let init = status.init_container_statuses.unwrap();
+        assert_eq!(init.len(), 1);
+        assert_eq!(
+            init[0]
+                .state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .exit_code,
+            0
+        );
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
     }
 }
