@@ -18,6 +18,8 @@ fn plain_step(effect: u8, retries: i32, timeout: bool) -> StepGen {
         deps: None,
         verify: false,
         wait: false,
+        signal: None,
+        schema: false,
     }
 }
 
@@ -25,6 +27,7 @@ const CURRENT: Lags = Lags {
     run: 0,
     pods: 0,
     approvals: 0,
+    signals: 0,
 };
 
 /// A reconcile without faults.
@@ -80,6 +83,7 @@ fn no_attempt_starts_while_an_unseen_one_stops() {
                 run: 0,
                 pods: HISTORY,
                 approvals: 0,
+                signals: 0,
             }),
             Ev::Reconcile {
                 fault: None,
@@ -134,6 +138,7 @@ fn a_stale_decision_does_not_supersede_a_reconcile_approval() {
                 run: 1,
                 pods: 3,
                 approvals: 0,
+                signals: 0,
             }),
             // Nothing to write on that run, so nothing fences it: it marks
             // the Reconcile Approval Superseded.
@@ -186,6 +191,7 @@ fn a_pod_cache_older_than_a_recreated_pod_does_not_count_its_predecessor() {
                 run: 0,
                 pods: 6,
                 approvals: 0,
+                signals: 0,
             }),
             Ev::Kubelet { which: 0, what: 0 },
             reconcile(),
@@ -216,6 +222,7 @@ fn a_timed_out_attempt_that_may_have_acted_is_not_rerun_by_a_replan() {
                         run: 0,
                         pods: 1,
                         approvals: 0,
+                        signals: 0,
                     },
                 )),
             },
