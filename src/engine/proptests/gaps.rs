@@ -242,3 +242,31 @@ fn a_timed_out_attempt_that_may_have_acted_is_not_rerun_by_a_replan() {
         ],
     );
 }
+
+/// Found once signals and result schemas were drawn: s1 (NonIdempotent,
+/// a 2 m timeout, a resultSchema) succeeds with a result its schema refuses
+/// as its timeout passes; the run asks a person what it did, the person
+/// answers MarkSucceeded, and the step is committed as succeeded with the
+/// refused result, which the steps after it would read (D7).
+#[test]
+fn a_result_its_schema_refused_is_not_committed_by_mark_succeeded() {
+    let mut s1 = plain_step(2, 1, true);
+    s1.schema = true;
+    let mut s0 = plain_step(0, 0, false);
+    (s0.deps, s1.deps) = (Some(0), Some(0));
+    strictly(
+        &[s0, s1],
+        vec![
+            reconcile(),
+            Ev::ClockJump(121),
+            Ev::Kubelet { which: 5, what: 2 },
+            reconcile(),
+            Ev::Human {
+                which: 0,
+                answer: false,
+                reconcile: 1,
+            },
+            reconcile(),
+        ],
+    );
+}
