@@ -128,6 +128,13 @@ impl<'a> Machine<'a> {
         let report = exited_ok
             .then(|| result::parse(message.as_deref()).ok())
             .flatten();
+        // D7: a result its step's resultSchema refuses is never kept, not
+        // even from a Pod that finished after its attempt was closed (a
+        // person's MarkSucceeded would commit it as the step's result).
+        let refused = report
+            .as_ref()
+            .is_some_and(|r| self.schema_refuses(i, &r.result));
+        let report = report.filter(|_| !refused);
         let (result, truncated) = match report {
             Some(r) => self.cap_result(r.result),
             None => (None, false),
@@ -142,7 +149,11 @@ impl<'a> Machine<'a> {
         }
         cp.stopping = false;
         let told = cp.message.clone().unwrap_or_else(|| "stopped".into());
-        if exited_ok && cp.result.is_none() {
+        if exited_ok && refused {
+            cp.message = Some(format!(
+                "{told}; its Pod then finished with exit code 0, and its result, which does not match its resultSchema, is not kept"
+            ));
+        } else if exited_ok && cp.result.is_none() {
             cp.result = result;
             cp.result_truncated |= truncated;
             cp.message = Some(format!(
@@ -155,6 +166,21 @@ impl<'a> Machine<'a> {
             ));
         }
         false
+    }
+
+    /// Whether checkpoint `i` is a step whose `resultSchema` refuses `result`.
+    fn schema_refuses(&self, i: usize, result: &serde_json::Value) -> bool {
+        let cp = &self.status.steps[i];
+        cp.role == agentrun_api::StepRole::Step
+            && self
+                .run
+                .spec
+                .steps
+                .iter()
+                .chain(self.status.plan.iter().flat_map(|p| p.steps.iter()))
+                .find(|s| s.name == cp.name)
+                .and_then(|s| s.result_schema.as_deref())
+                .is_some_and(|schema| crate::schema::mismatches(schema, result).is_err())
     }
 
     /// Whether checkpoint `i` is a step that acts (its effect is not `None`).

@@ -9,6 +9,7 @@ impl Sim {
     /// was before this decision's write, the current status, and the ledger.
     pub(super) fn check_action(&mut self, committed: &AgentRunStatus, a: &Action) {
         let held = self.w.status();
+        self.check_boundary_action(&held, a);
         match a {
             Action::CreatePod(pod) => {
                 let l = pod.metadata.labels.clone().unwrap();
@@ -104,7 +105,9 @@ impl Sim {
                                     && &c.name == earlier
                                     && (c.plan_revision == rev
                                         || (!rerun_here && c.plan_revision < rev))
-                                    && c.phase == StepPhase::Succeeded
+                                    // A wait for a signal that expired with
+                                    // `onTimeout: Skip` lets the steps after it go on.
+                                    && matches!(c.phase, StepPhase::Succeeded | StepPhase::Skipped)
                                     && c.checkpoint == CheckpointState::Committed
                             })
                             .max_by_key(|c| c.plan_revision);
@@ -174,7 +177,9 @@ impl Sim {
     /// anew) only after a person answered `Retry` on the Reconcile Approval
     /// about that attempt's Pod.
     /// D10 for time: a step Pod is created only once every wait step it
-    /// comes after has woken, by the API server's clock.
+    /// comes after has woken, by the API server's clock; and every wait for
+    /// a signal it comes after took its signal, or expired (its Signal says
+    /// so) with `onTimeout: Skip`.
     pub(super) fn check_waits_before(
         &self,
         held: &AgentRunStatus,
@@ -184,15 +189,34 @@ impl Sim {
     ) {
         let steps = &self.w.run.spec.steps;
         for anc in ancestors(steps, step) {
-            if !steps.iter().any(|s| s.name == anc && s.wait.is_some()) {
+            let Some(w) = steps
+                .iter()
+                .find(|s| s.name == anc)
+                .and_then(|s| s.wait.as_ref())
+            else {
                 continue;
-            }
+            };
             let wait = held
                 .steps
                 .iter()
                 .filter(|c| c.role == StepRole::Step && c.name == anc && c.plan_revision <= rev)
                 .max_by_key(|c| c.plan_revision)
                 .unwrap_or_else(|| panic!("{pod} created before wait {anc} started"));
+            if w.signal.is_some() {
+                let expired = wait
+                    .signal
+                    .as_ref()
+                    .and_then(|n| self.w.signals.get(n))
+                    .and_then(|s| s.status.as_ref())
+                    .is_some_and(|s| s.phase == agentrun_api::SignalPhase::Expired);
+                assert!(
+                    wait.phase == StepPhase::Succeeded
+                        || (wait.phase == StepPhase::Skipped && expired),
+                    "D10: {pod} created before wait {anc} took its signal or expired ({:?})",
+                    wait.phase
+                );
+                continue;
+            }
             let woke = wait.wake_at.as_ref().map(|t| t.0);
             assert!(
                 wait.phase == StepPhase::Succeeded && woke.is_some_and(|t| t <= self.w.now),

@@ -230,3 +230,63 @@ impl Sim {
         self.w.decide_approval(&name, decision, "someone");
     }
 }
+
+impl Sim {
+    /// Someone sends a signal on one of the run's Signals. The API server
+    /// refuses a sender the Signal does not name (the chart's admission
+    /// policy, which reads the Signal's `senders`), and what `send_signal`
+    /// refuses: another id once one was sent, anything once the Signal no
+    /// longer waits. What it takes first is the signal, stamped with its time.
+    pub(super) fn send(&mut self, which: usize, id: u8, data: u8, by: u8) {
+        let names: Vec<String> = self.w.signals.keys().cloned().collect();
+        if names.is_empty() {
+            return;
+        }
+        let name = names[which % names.len()].clone();
+        let by = if by == 0 { SENDER } else { INTRUDER };
+        let spec = &self.w.signals[&name].spec;
+        if spec
+            .senders
+            .as_ref()
+            .is_some_and(|s| !s.users.iter().any(|u| u == by))
+        {
+            return;
+        }
+        let first = spec.id.is_none();
+        let (id, data) = (format!("sig-{id}"), serde_json::json!({ "n": data }));
+        if self.w.send_signal(&name, &id, data.clone(), by) && first {
+            let at = self.w.now;
+            self.sends.insert(
+                name,
+                Sent {
+                    id,
+                    data,
+                    by: by.into(),
+                    at,
+                },
+            );
+        }
+    }
+
+    /// The controller's word on the caps on active runs: the run waits at
+    /// `position`, or (`None`) it may start.
+    pub(super) fn hold(&mut self, position: Option<u32>) {
+        self.w.queued = position.map(|position| crate::Queued {
+            position,
+            why: "2 of 2 runs active in namespace default (maxActiveRunsPerNamespace)".into(),
+        });
+    }
+
+    /// Whether `pod` is a step Pod of a step with a `resultSchema`.
+    pub(super) fn has_schema(&self, pod: &Pod) -> bool {
+        let l = pod.metadata.labels.as_ref().unwrap();
+        l[labels::ROLE] == "step"
+            && self
+                .w
+                .run
+                .spec
+                .steps
+                .iter()
+                .any(|s| s.name == l[labels::STEP] && s.result_schema.is_some())
+    }
+}

@@ -8,11 +8,14 @@ pub(super) fn drive(
     tokens: Option<i64>,
     mut events: Vec<Ev>,
     cancel_at: Option<usize>,
+    queued: Option<u32>,
 ) -> Reach {
     if let Some(at) = cancel_at {
         events.insert(at.min(events.len()), Ev::Cancel);
     }
-    run_events(Sim::new(build_run(&steps, tokens)), events)
+    let mut sim = Sim::new(build_run(&steps, tokens));
+    sim.hold(queued);
+    run_events(sim, events)
 }
 
 /// Plays `events`, then lets the world come to rest, checking the
@@ -26,6 +29,7 @@ pub(super) fn run_events(mut sim: Sim, events: Vec<Ev>) -> Reach {
                 | Ev::UserDelete(_)
                 | Ev::Vanish(_)
                 | Ev::Human { .. }
+                | Ev::Send { .. }
         );
         match e {
             Ev::Reconcile { fault, crash } => {
@@ -51,6 +55,7 @@ pub(super) fn run_events(mut sim: Sim, events: Vec<Ev>) -> Reach {
             }
             Ev::SyncRun => sim.run_cache = sim.w.run.clone(),
             Ev::SyncApprovals => sim.approval_cache = sim.w.approvals.clone(),
+            Ev::SyncSignals => sim.signal_cache = sim.w.signals.clone(),
             Ev::Crash(lags) => sim.restart(lags),
             Ev::Kubelet { which, what } => sim.kubelet(which, what),
             Ev::UserDelete(which) => sim.user_delete(which),
@@ -61,6 +66,13 @@ pub(super) fn run_events(mut sim: Sim, events: Vec<Ev>) -> Reach {
                 answer,
                 reconcile,
             } => sim.human(which, answer, reconcile),
+            Ev::Send {
+                which,
+                id,
+                data,
+                by,
+            } => sim.send(which, id, data, by),
+            Ev::Capacity(position) => sim.hold(position),
             Ev::Cancel => {
                 sim.w.run.spec.cancel = true;
                 sim.w.run.metadata.generation = sim.w.run.metadata.generation.map(|g| g + 1);
@@ -71,8 +83,10 @@ pub(super) fn run_events(mut sim: Sim, events: Vec<Ev>) -> Reach {
             sim.remember();
         }
     }
-    // The world stops changing except that Pods finish and time passes: the
-    // run must reach a terminal phase or a durable wait.
+    // The world stops changing except that Pods finish and time passes (and
+    // a place under the caps frees at last): the run must reach a terminal
+    // phase or a durable wait.
+    sim.hold(None);
     for turn in 0..400usize {
         sim.sync_all();
         let before = sim.w.status();
@@ -93,6 +107,11 @@ pub(super) fn run_events(mut sim: Sim, events: Vec<Ev>) -> Reach {
                         1 => (p.succeeded(&ok_message(serde_json::json!("done"), 1)), true),
                         _ => (p.exited(137, ""), true),
                     },
+                    // A step with a resultSchema reports a result that fits it.
+                    (false, _) if sim.has_schema(&p) => (
+                        p.succeeded(&ok_message(serde_json::json!({"n": 1}), 0)),
+                        true,
+                    ),
                     (false, _) => (p.succeeded(""), true),
                 };
                 let interrupted =
@@ -112,12 +131,23 @@ pub(super) fn run_events(mut sim: Sim, events: Vec<Ev>) -> Reach {
     sim.sync_all();
     let s = sim.w.status();
     let phase = s.phase.expect("a phase");
-    let waiting = phase == RunPhase::WaitingForApproval
-        && sim
-            .w
-            .approvals
-            .values()
-            .any(|a| a.spec.decision.is_none() && a.spec.expires_at.is_none());
+    // A durable wait: on a person with no deadline, or on a signal with none.
+    let on_person = sim
+        .w
+        .approvals
+        .values()
+        .any(|a| a.spec.decision.is_none() && a.spec.expires_at.is_none());
+    let on_signal = s.steps.iter().any(|c| {
+        c.phase == StepPhase::Waiting
+            && c.wake_at.is_none()
+            && c.signal
+                .as_ref()
+                .and_then(|n| sim.w.signals.get(n))
+                .is_some_and(|sig| sig.spec.id.is_none())
+    });
+    let waiting = (phase == RunPhase::WaitingForApproval && on_person)
+        || (matches!(phase, RunPhase::Waiting | RunPhase::WaitingForApproval)
+            && (on_person || on_signal));
     assert!(
         phase.is_terminal() || waiting,
         "no terminal phase or durable wait: {phase:?}\n{s:#?}"
@@ -153,10 +183,11 @@ proptest! {
     fn invariants_hold_under_random_interleavings(
         steps in steps_gen(),
         tokens in prop::option::weighted(0.3, 20i64..200),
-        events in prop::collection::vec(ev(), 0..80),
-        cancel_at in prop::option::weighted(0.15, 0usize..80),
+        events in prop::collection::vec(ev(), 0..EVENTS),
+        cancel_at in prop::option::weighted(0.15, 0usize..EVENTS),
+        queued in prop::option::weighted(QUEUED, 1u32..4),
     ) {
-        drive(steps, tokens, events, cancel_at);
+        drive(steps, tokens, events, cancel_at, queued);
     }
 }
 

@@ -18,6 +18,8 @@ fn plain_step(effect: u8, retries: i32, timeout: bool) -> StepGen {
         deps: None,
         verify: false,
         wait: false,
+        signal: None,
+        schema: false,
     }
 }
 
@@ -25,6 +27,7 @@ const CURRENT: Lags = Lags {
     run: 0,
     pods: 0,
     approvals: 0,
+    signals: 0,
 };
 
 /// A reconcile without faults.
@@ -80,6 +83,7 @@ fn no_attempt_starts_while_an_unseen_one_stops() {
                 run: 0,
                 pods: HISTORY,
                 approvals: 0,
+                signals: 0,
             }),
             Ev::Reconcile {
                 fault: None,
@@ -134,6 +138,7 @@ fn a_stale_decision_does_not_supersede_a_reconcile_approval() {
                 run: 1,
                 pods: 3,
                 approvals: 0,
+                signals: 0,
             }),
             // Nothing to write on that run, so nothing fences it: it marks
             // the Reconcile Approval Superseded.
@@ -186,6 +191,7 @@ fn a_pod_cache_older_than_a_recreated_pod_does_not_count_its_predecessor() {
                 run: 0,
                 pods: 6,
                 approvals: 0,
+                signals: 0,
             }),
             Ev::Kubelet { which: 0, what: 0 },
             reconcile(),
@@ -216,6 +222,7 @@ fn a_timed_out_attempt_that_may_have_acted_is_not_rerun_by_a_replan() {
                         run: 0,
                         pods: 1,
                         approvals: 0,
+                        signals: 0,
                     },
                 )),
             },
@@ -231,6 +238,61 @@ fn a_timed_out_attempt_that_may_have_acted_is_not_rerun_by_a_replan() {
             reconcile(),
             reconcile(),
             Ev::ClockJump(30),
+            reconcile(),
+        ],
+    );
+}
+
+/// Found once signals and result schemas were drawn: s1 (NonIdempotent,
+/// a 2 m timeout, a resultSchema) succeeds with a result its schema refuses
+/// as its timeout passes; the run asks a person what it did, the person
+/// answers MarkSucceeded, and the step is committed as succeeded with the
+/// refused result, which the steps after it would read (D7).
+#[test]
+fn a_result_its_schema_refused_is_not_committed_by_mark_succeeded() {
+    let mut s1 = plain_step(2, 1, true);
+    s1.schema = true;
+    let mut s0 = plain_step(0, 0, false);
+    (s0.deps, s1.deps) = (Some(0), Some(0));
+    strictly(
+        &[s0, s1],
+        vec![
+            reconcile(),
+            Ev::ClockJump(121),
+            Ev::Kubelet { which: 5, what: 2 },
+            reconcile(),
+            Ev::Human {
+                which: 0,
+                answer: false,
+                reconcile: 1,
+            },
+            reconcile(),
+        ],
+    );
+}
+
+/// Found once result schemas were drawn, and not fixed yet: s0
+/// (NonIdempotent, a verify probe, a resultSchema) loses its Pod; the probe
+/// answers `Applied` with a result the step's schema refuses, and the step
+/// is committed as succeeded with the probe's result (D7). The property
+/// test does not judge verified results until this passes.
+#[test]
+#[ignore = "open gap: a verify probe's Applied result is committed without the step's resultSchema"]
+fn a_verify_probes_result_is_checked_against_the_steps_schema() {
+    let mut s0 = plain_step(2, 0, false);
+    (s0.verify, s0.schema) = (true, true);
+    let mut sim = Sim::new(build_run(&[s0], None));
+    sim.judge_verified = true;
+    run_events(
+        sim,
+        vec![
+            reconcile(),
+            Ev::Vanish(0),
+            Ev::ClockJump(30),
+            reconcile(),
+            Ev::Kubelet { which: 0, what: 0 },
+            Ev::Kubelet { which: 0, what: 1 },
+            reconcile(),
             reconcile(),
         ],
     );

@@ -42,9 +42,10 @@ use super::{Action, Decision, Observed, PodRole, decide, idempotency_key};
 use agentrun_api::labels;
 use agentrun_api::{
     AgentRun, AgentRunStatus, Approval, ApprovalKind, CheckpointState, Decision as Answer, Effect,
-    EffectOutcome, OnTimeout, RunPhase, StepCheckpoint, StepPhase, StepRole, StepSpec,
+    EffectOutcome, OnTimeout, RunPhase, Signal, StepCheckpoint, StepPhase, StepRole, StepSpec,
 };
 
+mod boundary;
 mod checks;
 mod cluster;
 mod drive;
@@ -146,9 +147,11 @@ struct Sim {
     /// The Pods and Approvals at the end of each of the last events.
     pod_lists: VecDeque<BTreeMap<String, Pod>>,
     approval_lists: VecDeque<BTreeMap<String, Approval>>,
+    signal_lists: VecDeque<BTreeMap<String, Signal>>,
     run_cache: AgentRun,
     cache: BTreeMap<String, Pod>,
     approval_cache: BTreeMap<String, Approval>,
+    signal_cache: BTreeMap<String, Signal>,
     stand_ins: BTreeMap<String, StandIn>,
     keys: HashMap<(String, String, i64), String>,
     /// By Pod UID.
@@ -157,6 +160,28 @@ struct Sim {
     /// The process listed its Pods before the last changes to them and has
     /// not caught up since (a deposed leader resuming, a stale list).
     pods_behind: bool,
+    /// The signal the API server took on each Signal, by name: the first
+    /// sender's, as it stored it.
+    sends: BTreeMap<String, Sent>,
+    /// The Signals a committed write took as its step's result.
+    consumed: BTreeSet<String>,
+    /// A committed write held the run `Queued`.
+    was_queued: bool,
+    /// A committed write refused a result under its step's `resultSchema`.
+    schema_refused: bool,
+    /// Judge a result a verify probe found applied against the step's
+    /// schema too (only its gap case does: the engine does not yet).
+    judge_verified: bool,
+}
+
+/// A signal the API server took.
+#[derive(Clone, Debug)]
+struct Sent {
+    id: String,
+    data: serde_json::Value,
+    by: String,
+    /// The API server's time when it stored it.
+    at: Timestamp,
 }
 
 fn push_bounded<T>(q: &mut VecDeque<T>, v: T) {
@@ -218,14 +243,21 @@ impl Sim {
             run_versions: VecDeque::from([w.run.clone()]),
             pod_lists: VecDeque::from([BTreeMap::new()]),
             approval_lists: VecDeque::from([BTreeMap::new()]),
+            signal_lists: VecDeque::from([BTreeMap::new()]),
             run_cache: w.run.clone(),
             cache: BTreeMap::new(),
             approval_cache: BTreeMap::new(),
+            signal_cache: BTreeMap::new(),
             stand_ins: BTreeMap::new(),
             keys: HashMap::new(),
             ledger: HashMap::new(),
             resource_version: 1,
             pods_behind: false,
+            sends: BTreeMap::new(),
+            consumed: BTreeSet::new(),
+            was_queued: false,
+            schema_refused: false,
+            judge_verified: false,
             w,
         }
     }
@@ -237,10 +269,11 @@ impl Sim {
         push_bounded(&mut self.run_versions, self.w.run.clone());
     }
 
-    /// Remembers the Pods and Approvals as an event left them.
+    /// Remembers the Pods, Approvals and Signals as an event left them.
     fn remember(&mut self) {
         push_bounded(&mut self.pod_lists, self.w.pods.clone());
         push_bounded(&mut self.approval_lists, self.w.approvals.clone());
+        push_bounded(&mut self.signal_lists, self.w.signals.clone());
     }
 
     /// A new process: caches listed with these lags, no stand-ins.
@@ -249,6 +282,7 @@ impl Sim {
         self.run_cache = lagging(&self.run_versions, lags.run + 1, &self.w.run);
         self.cache = lagging(&self.pod_lists, lags.pods, &self.w.pods);
         self.approval_cache = lagging(&self.approval_lists, lags.approvals, &self.w.approvals);
+        self.signal_cache = lagging(&self.signal_lists, lags.signals, &self.w.signals);
         self.stand_ins.clear();
         self.pods_behind = self.cache != self.w.pods;
     }
@@ -258,6 +292,7 @@ impl Sim {
         self.run_cache = self.w.run.clone();
         self.cache = self.w.pods.clone();
         self.approval_cache = self.w.approvals.clone();
+        self.signal_cache = self.w.signals.clone();
         // Every event settles the stand-in of its Pod.
         self.stand_ins.clear();
     }
@@ -304,14 +339,17 @@ impl Sim {
             }
         }
         let approvals: Vec<Approval> = self.approval_cache.values().cloned().collect();
+        let signals: Vec<Signal> = self.signal_cache.values().cloned().collect();
         decide(&Observed {
             run,
             pods: &pods,
             approvals: &approvals,
-            signals: &[],
+            signals: &signals,
             refused: &[],
             source: None,
-            queued: None,
+            // The controller's word, even for a run that has started: the
+            // engine never queues one again.
+            queued: self.w.queued.clone(),
             history: crate::History::Off,
             now: self.w.now,
             cel: Default::default(),
@@ -348,6 +386,7 @@ impl Sim {
                     continue;
                 }
                 check_status_transition(&before, &d.status);
+                self.check_boundary(&before, &d.status);
                 self.w.run.status = Some(d.status.clone());
                 self.bump_resource_version();
                 self.ledger_write(&before, &d);
@@ -369,6 +408,8 @@ impl Sim {
                     Action::CreatePod(_)
                         | Action::CreateApproval(_)
                         | Action::SetApprovalStatus { .. }
+                        | Action::CreateSignal(_)
+                        | Action::SetSignalStatus { .. }
                 )
             });
             if acts

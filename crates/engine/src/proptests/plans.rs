@@ -18,6 +18,60 @@ pub(super) struct StepGen {
     pub(super) verify: bool,
     /// The step is a wait (90 s, no Pod) instead.
     pub(super) wait: bool,
+    /// The step waits for a signal instead (no Pod; takes precedence over
+    /// `wait`).
+    pub(super) signal: Option<SignalGen>,
+    /// The step's result (or its signal's data) must match [`SCHEMA`].
+    pub(super) schema: bool,
+}
+
+/// A wait for a signal.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SignalGen {
+    /// A deadline ([`SIGNAL_TIMEOUT`] after the wait starts); none waits
+    /// for ever.
+    pub(super) deadline: bool,
+    /// `onTimeout: Skip` instead of `Fail`.
+    pub(super) skip: bool,
+    /// Only [`SENDER`] may send it.
+    pub(super) senders: bool,
+}
+
+/// The `timeout` of a signal wait that has one (`5m`), in seconds.
+pub(super) const SIGNAL_TIMEOUT: i64 = 300;
+/// The one user a signal wait with senders names; [`INTRUDER`] is not.
+pub(super) const SENDER: &str = "alice";
+pub(super) const INTRUDER: &str = "mallory";
+
+/// The `resultSchema` of the steps that have one: an object whose `n` is an
+/// integer of at most 1. [`fits_schema`] says the same, written apart.
+pub(super) fn schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "required": ["n"],
+        "properties": {"n": {"type": "integer", "maximum": 1}},
+    })
+}
+
+/// Whether `v` matches [`schema`], decided without a JSON Schema validator.
+pub(super) fn fits_schema(v: &serde_json::Value) -> bool {
+    v.as_object()
+        .and_then(|o| o.get("n"))
+        .and_then(serde_json::Value::as_i64)
+        .is_some_and(|n| n <= 1)
+}
+
+fn signal_gen() -> impl Strategy<Value = SignalGen> {
+    (
+        prop::bool::weighted(0.6),
+        any::<bool>(),
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(|(deadline, skip, senders)| SignalGen {
+            deadline,
+            skip,
+            senders,
+        })
 }
 
 pub(super) fn step_gen() -> impl Strategy<Value = StepGen> {
@@ -32,9 +86,22 @@ pub(super) fn step_gen() -> impl Strategy<Value = StepGen> {
         any::<bool>(),
         prop::bool::weighted(0.3),
         prop::bool::weighted(0.12),
+        prop::option::weighted(0.15, signal_gen()),
+        prop::bool::weighted(0.3),
     )
         .prop_map(
-            |(effect, retries, timeout, approval, fresh, compensate, verify, wait)| StepGen {
+            |(
+                effect,
+                retries,
+                timeout,
+                approval,
+                fresh,
+                compensate,
+                verify,
+                wait,
+                signal,
+                schema,
+            )| StepGen {
                 effect,
                 retries,
                 timeout,
@@ -44,6 +111,8 @@ pub(super) fn step_gen() -> impl Strategy<Value = StepGen> {
                 deps: None,
                 verify,
                 wait,
+                signal,
+                schema,
             },
         )
 }
@@ -102,7 +171,36 @@ pub(super) fn build_run(steps: &[StepGen], tokens: Option<i64>) -> AgentRun {
             if g.verify {
                 s.verify = Some(Box::new(container("verify:1")));
             }
-            if g.wait {
+            if g.schema {
+                s.result_schema = Some(Box::new(schema()));
+            }
+            if let Some(sg) = g.signal {
+                s = StepSpec {
+                    name: s.name,
+                    wait: Some(Box::new(agentrun_api::WaitSpec {
+                        for_: None,
+                        until: None,
+                        signal: Some(agentrun_api::SignalWait {
+                            timeout: sg.deadline.then(|| {
+                                agentrun_api::Duration::from(format!("{SIGNAL_TIMEOUT}s").as_str())
+                            }),
+                            on_timeout: if sg.skip {
+                                agentrun_api::SignalTimeout::Skip
+                            } else {
+                                agentrun_api::SignalTimeout::Fail
+                            },
+                            senders: sg.senders.then(|| agentrun_api::Senders {
+                                users: vec![SENDER.into()],
+                                ..agentrun_api::Senders::default()
+                            }),
+                            ..agentrun_api::SignalWait::default()
+                        }),
+                    })),
+                    effect: Effect::None,
+                    result_schema: s.result_schema,
+                    ..StepSpec::default()
+                };
+            } else if g.wait {
                 s = StepSpec {
                     name: s.name,
                     wait: Some(Box::new(agentrun_api::WaitSpec {
@@ -132,6 +230,11 @@ pub(super) fn build_run(steps: &[StepGen], tokens: Option<i64>) -> AgentRun {
     run
 }
 
+/// At most how many events a history has.
+pub(super) const EVENTS: usize = 90;
+/// The share of runs that start queued under the caps on active runs.
+pub(super) const QUEUED: f64 = 0.15;
+
 /// How many versions behind the API server a restarted operator's first
 /// lists are (0: current).
 #[derive(Clone, Copy, Debug)]
@@ -139,14 +242,16 @@ pub(super) struct Lags {
     pub(super) run: usize,
     pub(super) pods: usize,
     pub(super) approvals: usize,
+    pub(super) signals: usize,
 }
 
 pub(super) fn lags() -> impl Strategy<Value = Lags> {
     let lag = || prop_oneof![2 => Just(0usize), 3 => 1..HISTORY];
-    (lag(), lag(), lag()).prop_map(|(run, pods, approvals)| Lags {
+    (lag(), lag(), lag(), lag()).prop_map(|(run, pods, approvals, signals)| Lags {
         run,
         pods,
         approvals,
+        signals,
     })
 }
 
@@ -176,6 +281,8 @@ pub(super) enum Ev {
     SyncRun,
     /// The Approval watch catches up.
     SyncApprovals,
+    /// The Signal watch catches up.
+    SyncSignals,
     /// The operator restarts; its first lists may be older than the last commit.
     Crash(Lags),
     /// A kubelet reports on a Pod.
@@ -195,6 +302,18 @@ pub(super) enum Ev {
         reconcile: u8,
     },
     Cancel,
+    /// Someone sends signal `sig-<id>` with data `{"n": data}` on one of the
+    /// run's Signals, as user `by` (0: [`SENDER`], else [`INTRUDER`]): the
+    /// API server takes it or refuses it as its admission policies would.
+    Send {
+        which: usize,
+        id: u8,
+        data: u8,
+        by: u8,
+    },
+    /// The controller's word on the caps on active runs changes: the run
+    /// waits at this position, or (`None`) may start.
+    Capacity(Option<u32>),
 }
 
 pub(super) fn ev() -> impl Strategy<Value = Ev> {
@@ -215,5 +334,9 @@ pub(super) fn ev() -> impl Strategy<Value = Ev> {
         1 => (0usize..8).prop_map(Ev::Vanish),
         3 => (1i64..400).prop_map(Ev::ClockJump),
         2 => (0usize..4, any::<bool>(), 0u8..3).prop_map(|(which, answer, reconcile)| Ev::Human { which, answer, reconcile }),
+        1 => Just(Ev::SyncSignals),
+        3 => (0usize..4, 0u8..2, 0u8..4, prop::bool::weighted(0.2))
+            .prop_map(|(which, id, data, intruder)| Ev::Send { which, id, data, by: u8::from(intruder) }),
+        3 => prop::option::weighted(0.3, 1u32..4).prop_map(Ev::Capacity),
     ]
 }

@@ -2,8 +2,8 @@
 //!
 //! A property test proves only what its cases reach: a D6 gap once needed
 //! 20,000 cases to show. Each history says what it reached (from the world at
-//! rest: the API server's run and Approvals, not what the operator says it
-//! did), and a test with a fixed seed asserts that a fair share of 256 cases
+//! rest: the API server's run, Approvals and Signals, and what its committed
+//! writes said, not what the operator says it did), and a test with a fixed seed asserts that a fair share of 256 cases
 //! reaches each path, so a generator that drifts away from one is noticed.
 //! The long pass (`make chaos`) runs the property test itself with tens of
 //! thousands of cases.
@@ -13,6 +13,8 @@ use proptest::test_runner::{Config, RngAlgorithm, RngSeed, TestRunner};
 
 use super::*;
 use agentrun_api::ApprovalKind;
+
+const PATHS: usize = 12;
 
 /// What one history reached.
 #[derive(Clone, Copy, Debug, Default)]
@@ -33,6 +35,15 @@ pub(super) struct Reach {
     compensation: bool,
     /// The run ended cancelled.
     cancelled: bool,
+    /// A wait for a signal took one.
+    signal_taken: bool,
+    /// A Signal expired (its status says so).
+    signal_expired: bool,
+    /// A result or a signal's data was refused under its step's
+    /// `resultSchema` (a committed write said so).
+    schema_refused: bool,
+    /// The run was held `Queued`, then started.
+    queued_then_admitted: bool,
 }
 
 impl Reach {
@@ -53,13 +64,28 @@ impl Reach {
                 .any(|c| c.disruptions > 0 && non_idempotent(&c.name)),
             reconcile: kind(ApprovalKind::Reconcile),
             approval: kind(ApprovalKind::Approve),
-            wait: status.steps.iter().any(|c| c.wake_at.is_some()),
+            // A timer: a wait for a signal's deadline is its own path.
+            wait: status
+                .steps
+                .iter()
+                .any(|c| c.wake_at.is_some() && c.signal.is_none()),
             compensation: !status.compensations.is_empty(),
             cancelled: status.phase == Some(RunPhase::Cancelled),
+            signal_taken: status
+                .steps
+                .iter()
+                .any(|c| c.signal.is_some() && c.phase == StepPhase::Succeeded),
+            signal_expired: sim.w.signals.values().any(|s| {
+                s.status
+                    .as_ref()
+                    .is_some_and(|st| st.phase == agentrun_api::SignalPhase::Expired)
+            }),
+            schema_refused: sim.schema_refused,
+            queued_then_admitted: sim.was_queued && status.started_at.is_some(),
         }
     }
 
-    fn paths(&self) -> [(&'static str, bool); 8] {
+    fn paths(&self) -> [(&'static str, bool); PATHS] {
         [
             ("re-plan", self.replan),
             ("retry", self.retry),
@@ -69,6 +95,10 @@ impl Reach {
             ("wait", self.wait),
             ("compensation", self.compensation),
             ("cancelled", self.cancelled),
+            ("signal taken", self.signal_taken),
+            ("signal expired", self.signal_expired),
+            ("schema refusal", self.schema_refused),
+            ("queued, then admitted", self.queued_then_admitted),
         ]
     }
 }
@@ -76,20 +106,24 @@ impl Reach {
 /// 256 histories drawn as the property test draws them, from a fixed seed:
 /// each rare path is reached by at least its share of them. The shares are
 /// about half of what this seed reaches (printed with `--nocapture`; a
-/// re-plan, the rarest, 9 of 256), so a generator change that halves one
-/// fails here and says which.
+/// re-plan, the rarest, 9 of 256; a schema refusal 15), so a generator
+/// change that halves one fails here and says which.
 #[test]
 fn random_histories_reach_the_rare_paths() {
     const CASES: usize = 256;
-    let minimum: [(&str, f64); 8] = [
+    let minimum: [(&str, f64); PATHS] = [
         ("re-plan", 0.02),
-        ("retry", 0.20),
-        ("NonIdempotent disruption", 0.10),
+        ("retry", 0.14),
+        ("NonIdempotent disruption", 0.06),
         ("Reconcile approval", 0.07),
         ("approval", 0.15),
         ("wait", 0.10),
         ("compensation", 0.04),
         ("cancelled", 0.04),
+        ("signal taken", 0.05),
+        ("signal expired", 0.05),
+        ("schema refusal", 0.03),
+        ("queued, then admitted", 0.10),
     ];
     let mut runner = TestRunner::new(Config {
         rng_algorithm: RngAlgorithm::XorShift,
@@ -100,14 +134,15 @@ fn random_histories_reach_the_rare_paths() {
     let strategy = (
         steps_gen(),
         prop::option::weighted(0.3, 20i64..200),
-        prop::collection::vec(ev(), 0..80),
-        prop::option::weighted(0.15, 0usize..80),
+        prop::collection::vec(ev(), 0..EVENTS),
+        prop::option::weighted(0.15, 0usize..EVENTS),
+        prop::option::weighted(QUEUED, 1u32..4),
     );
-    let mut reached = [0usize; 8];
+    let mut reached = [0usize; PATHS];
     for _ in 0..CASES {
-        let (steps, tokens, events, cancel_at) =
+        let (steps, tokens, events, cancel_at, queued) =
             strategy.new_tree(&mut runner).expect("a case").current();
-        let r = drive::drive(steps, tokens, events, cancel_at);
+        let r = drive::drive(steps, tokens, events, cancel_at, queued);
         for (i, (_, hit)) in r.paths().iter().enumerate() {
             reached[i] += usize::from(*hit);
         }
