@@ -299,7 +299,6 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     }
     let (config, ns) = config(&cli.global).await?;
     let client = Client::try_from(config.clone()).map_err(|e| Error::Config(e.to_string()))?;
-    let now = Timestamp::now();
     match cli.command {
         Command::List {
             all_namespaces,
@@ -307,93 +306,23 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             selector,
             output,
         } => {
-            let lp = selector
-                .as_deref()
-                .map_or_else(ListParams::default, |s| ListParams::default().labels(s));
-            let (runs_api, apv_api): (Api<AgentRun>, Api<Approval>) = if all_namespaces {
-                (Api::all(client.clone()), Api::all(client.clone()))
-            } else {
-                (
-                    Api::namespaced(client.clone(), &ns),
-                    Api::namespaced(client.clone(), &ns),
-                )
-            };
-            let mut runs = runs_api
-                .list(&lp)
-                .await
-                .map_err(api("listing AgentRuns"))?
-                .items;
-            if let Some(p) = &phase {
-                runs.retain(|r| {
-                    r.status
-                        .as_ref()
-                        .and_then(|s| s.phase)
-                        .is_some_and(|x| format!("{x:?}").eq_ignore_ascii_case(p))
-                });
-            }
-            if let Some(o) = output {
-                return print_as(o, &runs);
-            }
-            let approvals = apv_api
-                .list(&ListParams::default())
-                .await
-                .map_err(api("listing Approvals"))?
-                .items;
-            if runs.is_empty() {
-                let scope = if all_namespaces {
-                    "any namespace".to_owned()
-                } else {
-                    format!("namespace {ns}")
-                };
-                println!("No AgentRuns in {scope}.");
-                return Ok(());
-            }
-            print!(
-                "{}",
-                render::list(&runs, &approvals, all_namespaces, now, style())
-            );
+            list(
+                &client,
+                &ns,
+                all_namespaces,
+                phase.as_deref(),
+                selector.as_deref(),
+                output,
+            )
+            .await?
         }
         Command::Describe { run, full, output } => {
-            let (r, approvals) = run_and_approvals(&client, &ns, &run).await?;
-            let signals = crate::signal::signals_of(&client, &ns, &r).await;
-            if let Some(o) = output {
-                return print_as(
-                    o,
-                    &json!({"run": r, "approvals": approvals, "signals": signals}),
-                );
-            }
-            let events = events_of(&client, &ns, &run).await?;
-            print!(
-                "{}",
-                render::describe(&r, &approvals, &signals, &events, now, full, style())
-            );
+            describe(&client, &ns, &run, full, output).await?
         }
         Command::Pending {
             all_namespaces,
             output,
-        } => {
-            let me = whoami(&client).await?;
-            let apv_api: Api<Approval> = if all_namespaces {
-                Api::all(client.clone())
-            } else {
-                Api::namespaced(client.clone(), &ns)
-            };
-            let approvals = apv_api
-                .list(&ListParams::default())
-                .await
-                .map_err(api("listing Approvals"))?
-                .items;
-            if let Some(o) = output {
-                let pending: Vec<&Approval> =
-                    approvals.iter().filter(|a| render::is_pending(a)).collect();
-                return print_as(o, &pending);
-            }
-            if !approvals.iter().any(render::is_pending) {
-                println!("No Approvals wait for a decision.");
-                return Ok(());
-            }
-            print!("{}", render::pending(&approvals, &me, now, all_namespaces));
-        }
+        } => pending(&client, &ns, all_namespaces, output).await?,
         Command::Approve(a) => crate::decide::decide(&client, &ns, &a, Decision::Approved).await?,
         Command::Reject(a) => crate::decide::decide(&client, &ns, &a, Decision::Rejected).await?,
         Command::Reconcile {
@@ -402,16 +331,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             succeeded,
             failed,
         } => {
-            let d = match (retry, succeeded, failed) {
-                (true, _, _) => Decision::Retry,
-                (_, true, _) => Decision::MarkSucceeded,
-                (_, _, true) => Decision::MarkFailed,
-                _ => {
-                    return Err(Error::Usage(
-                        "say what the step did: --retry, --succeeded or --failed".into(),
-                    ));
-                }
-            };
+            let d = reconcile_answer(retry, succeeded, failed)?;
             crate::decide::decide(&client, &ns, &target, d).await?;
         }
         Command::Suspend { run } => {
@@ -444,6 +364,131 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Version | Command::Completion { .. } => unreachable!("handled above"),
     }
     Ok(())
+}
+
+/// `list`: the runs, filtered by phase, with what they wait for.
+async fn list(
+    client: &Client,
+    ns: &str,
+    all_namespaces: bool,
+    phase: Option<&str>,
+    selector: Option<&str>,
+    output: Option<Output>,
+) -> Result<(), Error> {
+    let now = Timestamp::now();
+    let lp = selector.map_or_else(ListParams::default, |s| ListParams::default().labels(s));
+    let (runs_api, apv_api): (Api<AgentRun>, Api<Approval>) = if all_namespaces {
+        (Api::all(client.clone()), Api::all(client.clone()))
+    } else {
+        (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        )
+    };
+    let mut runs = runs_api
+        .list(&lp)
+        .await
+        .map_err(api("listing AgentRuns"))?
+        .items;
+    if let Some(p) = phase {
+        runs.retain(|r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(|x| format!("{x:?}").eq_ignore_ascii_case(p))
+        });
+    }
+    if let Some(o) = output {
+        return print_as(o, &runs);
+    }
+    let approvals = apv_api
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing Approvals"))?
+        .items;
+    if runs.is_empty() {
+        let scope = if all_namespaces {
+            "any namespace".to_owned()
+        } else {
+            format!("namespace {ns}")
+        };
+        println!("No AgentRuns in {scope}.");
+        return Ok(());
+    }
+    print!(
+        "{}",
+        render::list(&runs, &approvals, all_namespaces, now, style())
+    );
+    Ok(())
+}
+
+/// `describe`: one run as a tree, or as JSON/YAML with its approvals and
+/// signals.
+async fn describe(
+    client: &Client,
+    ns: &str,
+    run: &str,
+    full: bool,
+    output: Option<Output>,
+) -> Result<(), Error> {
+    let now = Timestamp::now();
+    let (r, approvals) = run_and_approvals(client, ns, run).await?;
+    let signals = crate::signal::signals_of(client, ns, &r).await;
+    if let Some(o) = output {
+        return print_as(
+            o,
+            &json!({"run": r, "approvals": approvals, "signals": signals}),
+        );
+    }
+    let events = events_of(client, ns, run).await?;
+    print!(
+        "{}",
+        render::describe(&r, &approvals, &signals, &events, now, full, style())
+    );
+    Ok(())
+}
+
+/// `pending`: the approvals that wait, and whether the user may decide each.
+async fn pending(
+    client: &Client,
+    ns: &str,
+    all_namespaces: bool,
+    output: Option<Output>,
+) -> Result<(), Error> {
+    let now = Timestamp::now();
+    let me = whoami(client).await?;
+    let apv_api: Api<Approval> = if all_namespaces {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), ns)
+    };
+    let approvals = apv_api
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing Approvals"))?
+        .items;
+    if let Some(o) = output {
+        let pending: Vec<&Approval> = approvals.iter().filter(|a| render::is_pending(a)).collect();
+        return print_as(o, &pending);
+    }
+    if !approvals.iter().any(render::is_pending) {
+        println!("No Approvals wait for a decision.");
+        return Ok(());
+    }
+    print!("{}", render::pending(&approvals, &me, now, all_namespaces));
+    Ok(())
+}
+
+/// The decision `reconcile`'s flags say (clap lets at most one through).
+fn reconcile_answer(retry: bool, succeeded: bool, failed: bool) -> Result<Decision, Error> {
+    match (retry, succeeded, failed) {
+        (true, _, _) => Ok(Decision::Retry),
+        (_, true, _) => Ok(Decision::MarkSucceeded),
+        (_, _, true) => Ok(Decision::MarkFailed),
+        _ => Err(Error::Usage(
+            "say what the step did: --retry, --succeeded or --failed".into(),
+        )),
+    }
 }
 
 pub(crate) async fn run_and_approvals(
@@ -537,17 +582,47 @@ async fn logs(
     attempt: Option<i32>,
     follow: bool,
 ) -> Result<(), Error> {
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods = step_pods(&pods_api, run, step, attempt).await?;
+    let gone = gone_attempts(client, ns, run, step, attempt, &pods).await?;
+    if pods.is_empty() && gone.is_empty() {
+        return Err(Error::Refused(format!(
+            "run {run} has no step Pods{}; finished runs' Pods go with their TTL",
+            step.map(|s| format!(" for step {s}")).unwrap_or_default()
+        )));
+    }
+    for (s, n) in &gone {
+        // Before the Pods of the same step, so attempts read in order.
+        println!(
+            "==> step {s}, attempt {n}: its Pod is gone (an evicted or deleted Pod takes its logs with it) <=="
+        );
+    }
+    if pods.is_empty() {
+        return Ok(());
+    }
+    print_logs(&pods_api, &pods, follow).await
+}
+
+fn label(p: &Pod, k: &str) -> String {
+    p.labels().get(k).cloned().unwrap_or_default()
+}
+
+/// The run's step Pods (of `step`, of `attempt`), oldest first.
+async fn step_pods(
+    pods_api: &Api<Pod>,
+    run: &str,
+    step: Option<&str>,
+    attempt: Option<i32>,
+) -> Result<Vec<Pod>, Error> {
     let mut selector = format!("{}={run}", labels::RUN);
     if let Some(s) = step {
         selector.push_str(&format!(",{}={s}", labels::STEP));
     }
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut pods = pods_api
         .list(&ListParams::default().labels(&selector))
         .await
         .map_err(api("listing step Pods"))?
         .items;
-    let label = |p: &Pod, k: &str| p.labels().get(k).cloned().unwrap_or_default();
     pods.retain(|p| attempt.is_none_or(|a| label(p, labels::ATTEMPT) == a.to_string()));
     pods.sort_by_key(|p| {
         (
@@ -555,9 +630,20 @@ async fn logs(
             label(p, labels::ATTEMPT).parse::<i32>().unwrap_or(0),
         )
     });
-    // Every attempt the run recorded, in the order of its checkpoints: an
-    // attempt whose Pod is gone (evicted and deleted once its outcome was
-    // recorded) is named, so the sequence has no silent hole.
+    Ok(pods)
+}
+
+/// Every attempt the run recorded, in the order of its checkpoints, whose
+/// Pod is not among `pods` (evicted and deleted once its outcome was
+/// recorded): named, so the sequence has no silent hole.
+async fn gone_attempts(
+    client: &Client,
+    ns: &str,
+    run: &str,
+    step: Option<&str>,
+    attempt: Option<i32>,
+    pods: &[Pod],
+) -> Result<Vec<(String, i32)>, Error> {
     let r = Api::<AgentRun>::namespaced(client.clone(), ns)
         .get_opt(run)
         .await
@@ -587,21 +673,11 @@ async fn logs(
             }
         }
     }
-    if pods.is_empty() && gone.is_empty() {
-        return Err(Error::Refused(format!(
-            "run {run} has no step Pods{}; finished runs' Pods go with their TTL",
-            step.map(|s| format!(" for step {s}")).unwrap_or_default()
-        )));
-    }
-    for (s, n) in &gone {
-        // Before the Pods of the same step, so attempts read in order.
-        println!(
-            "==> step {s}, attempt {n}: its Pod is gone (an evicted or deleted Pod takes its logs with it) <=="
-        );
-    }
-    if pods.is_empty() {
-        return Ok(());
-    }
+    Ok(gone)
+}
+
+/// Each Pod's log under a header naming it; the last one followed if asked.
+async fn print_logs(pods_api: &Api<Pod>, pods: &[Pod], follow: bool) -> Result<(), Error> {
     let last = pods.len() - 1;
     for (i, p) in pods.iter().enumerate() {
         let name = p.name_any();
