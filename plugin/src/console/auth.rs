@@ -380,7 +380,7 @@ pub async fn login(
         return login_page(StatusCode::UNAUTHORIZED, Some("No token given."), &f.next);
     }
     let checked = match c.token_client(&token) {
-        Ok(client) => crate::commands::whoami(&client).await,
+        Ok(client) => crate::client::whoami(&client).await,
         Err(e) => Err(e),
     };
     match checked {

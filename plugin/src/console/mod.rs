@@ -13,8 +13,8 @@
 //!     ├─ reflector Approvals  ─┴─▶ change counter ─▶ their SSE streams
 //!     ├─ per run page: its Events and Signals (a list each)
 //!     ├─ history pages: history::Store list / get (read only)
-//!     ├─ decisions: decide::send_decision (the CLI's own write)
-//!     └─ retries: retry::create (the CLI's own fork, as them)
+//!     ├─ decisions: decision::send_decision (the CLI's own write)
+//!     └─ retries: fork::create (the CLI's own fork, as them)
 //! ```
 //!
 //! `pages`, `run_page`, `history_page` and `timeline` are pure renderings;
@@ -22,7 +22,6 @@
 //! people and `view` gives each person a client and watches of their own;
 //! this module wires the server.
 
-pub mod args;
 pub mod auth;
 pub mod filter;
 pub mod history_page;
@@ -52,8 +51,8 @@ use kube::{Api, Client};
 use maud::Markup;
 use serde::Deserialize;
 
-use crate::commands::{Error, events_of};
-use crate::decide::send_decision;
+use crate::client::{Error, events_of, signals_of};
+use crate::decision::send_decision;
 use auth::{Auth, Mode, Sessions};
 use filter::{HistoryFilter, RunFilter};
 use proxy::ProxyTrust;
@@ -448,7 +447,7 @@ async fn run_page(User(c): User, Path((ns, name)): Path<(String, String)>) -> Re
         frame.warnings.push(e.to_string());
         Vec::new()
     });
-    let signals = crate::signal::signals_of(&c.client, &ns, &run).await;
+    let signals = signals_of(&c.client, &ns, &run).await;
     page(run_page::run_page(
         &frame,
         &run,
@@ -576,7 +575,7 @@ async fn decide(
         let a = Api::<Approval>::namespaced(c.client.clone(), &ns)
             .get(&name)
             .await
-            .map_err(|e| crate::commands::api(format!("reading approval {name}"))(e).to_string())?;
+            .map_err(|e| crate::client::api(format!("reading approval {name}"))(e).to_string())?;
         let comment = Some(form.comment.trim()).filter(|s| !s.is_empty());
         send_decision(&c.client, &a, &c.me, d, comment)
             .await

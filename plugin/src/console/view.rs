@@ -35,7 +35,7 @@ use kube::{Api, Client};
 use super::auth::{Auth, Who};
 use super::namespace::{NAMESPACE_COOKIE, namespace_name};
 use super::{Console, Scope, Shared, pages};
-use crate::commands::{Error, whoami};
+use crate::client::{Error, whoami};
 use crate::identity::Identity;
 
 /// A view nobody has used for this long, with no page streaming from it,
@@ -184,7 +184,7 @@ impl View {
                         choosable = true;
                         Scope::Namespace(fallback(&me))
                     }
-                    Err(e) => return Err(crate::commands::api("listing AgentRuns")(e)),
+                    Err(e) => return Err(crate::client::api("listing AgentRuns")(e)),
                 }
             }
         };
