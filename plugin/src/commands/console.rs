@@ -2,8 +2,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use crate::console::Options;
 use crate::console::auth::Mode;
+use crate::console::state::Options;
 
 #[derive(clap::Args, Debug)]
 pub struct ConsoleArgs {

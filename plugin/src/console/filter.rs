@@ -8,7 +8,7 @@ use agentrun_operator::history::Query;
 use jiff::Timestamp;
 use serde::Deserialize;
 
-use super::Scope;
+use super::namespace::Scope;
 
 /// `?phase=…&namespace=…&label=…&q=…&sort=oldest`; empty fields match all.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]

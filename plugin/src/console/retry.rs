@@ -23,7 +23,7 @@ use kube::Client;
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::view::User;
+use super::user::User;
 use crate::client::Error;
 use crate::fork::{Retry, default_from, not_retryable};
 

@@ -15,7 +15,8 @@ use jiff::Timestamp;
 use maud::Markup;
 
 use super::filter::RunFilter;
-use super::view::{User, View};
+use super::user::User;
+use super::view::View;
 use super::{pages, run_page};
 use crate::client::{events_of, signals_of};
 

@@ -7,9 +7,9 @@
 use agentrun_operator::api::{AlreadyRan, RunPhase, RunRecordSpec};
 use agentrun_operator::history::{self, Query};
 use jiff::{SignedDuration, Timestamp};
-use kubectl_agentrun::console::Scope;
 use kubectl_agentrun::console::filter::HistoryFilter;
 use kubectl_agentrun::console::history_page::{self, Listed};
+use kubectl_agentrun::console::namespace::Scope;
 use kubectl_agentrun::console::{pages, run_page};
 use serde_json::json;
 
