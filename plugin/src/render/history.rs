@@ -9,7 +9,7 @@ use agentrun_operator::api::{AgentRun, RunRecordSpec, StepRole};
 use agentrun_operator::history::record_name;
 use jiff::Timestamp;
 
-use super::{Style, age, table, truncate};
+use super::text::{Style, age, table, truncate};
 
 /// One line per record, newest first; the namespace column with `-A`.
 pub fn history_table(records: &[RunRecordSpec], all_namespaces: bool, now: Timestamp) -> String {
