@@ -299,6 +299,17 @@ pub fn describe(
     style: Style,
 ) -> String {
     let status = run.status.clone().unwrap_or_default();
+    let mut s = head_lines(run, &status, style);
+    s.push_str(&waiting_lines(run, &status, approvals, signals, now));
+    s.push_str(&graph_lines(run, &status));
+    s.push_str(&step_lines(run, &status, signals, now, full, style));
+    s.push_str(&approval_section(run, approvals));
+    s.push_str(&event_lines(events, now));
+    s
+}
+
+/// The run, its plan, where it came from, its tokens and step Pods.
+fn head_lines(run: &AgentRun, status: &AgentRunStatus, style: Style) -> String {
     let mut s = String::new();
     let phase = status.phase.map(|p| format!("{p:?}")).unwrap_or("-".into());
     let _ = writeln!(
@@ -315,7 +326,7 @@ pub fn describe(
             p.revision, p.source, p.reason
         );
     }
-    s.push_str(&lineage_line(run, &status));
+    s.push_str(&lineage_line(run, status));
     s.push_str(&history_line(run));
     let budget = run.spec.budget.clone().unwrap_or_default();
     let of = |n: Option<i64>| n.map(|b| format!(" of {b}")).unwrap_or_default();
@@ -327,6 +338,19 @@ pub fn describe(
         status.step_executions,
         of(budget.step_executions.map(i64::from)),
     );
+    s
+}
+
+/// A `Waiting for:` line for each thing the run waits for: an Approval, a
+/// place to start, a signal, a wake-up time.
+fn waiting_lines(
+    run: &AgentRun,
+    status: &AgentRunStatus,
+    approvals: &[Approval],
+    signals: &[Signal],
+    now: Timestamp,
+) -> String {
+    let mut s = String::new();
     if let Some(w) = waiting_for(run, approvals) {
         let until = status
             .steps
@@ -387,7 +411,19 @@ pub fn describe(
             short(t.0.duration_since(now))
         );
     }
-    s.push_str(&graph_lines(run, &status));
+    s
+}
+
+/// `Steps:` and, if any ran, `Compensations:`.
+fn step_lines(
+    run: &AgentRun,
+    status: &AgentRunStatus,
+    signals: &[Signal],
+    now: Timestamp,
+    full: bool,
+    style: Style,
+) -> String {
+    let mut s = String::new();
     let _ = writeln!(s, "Steps:");
     for cp in &status.steps {
         let sig = signal_step(run, cp, signals);
@@ -408,6 +444,12 @@ pub fn describe(
             );
         }
     }
+    s
+}
+
+/// `Approvals:`, the run's own (by UID), if it has any.
+fn approval_section(run: &AgentRun, approvals: &[Approval]) -> String {
+    let mut s = String::new();
     let mine: Vec<&Approval> = approvals
         .iter()
         .filter(|a| Some(a.spec.run_uid.as_str()) == run.metadata.uid.as_deref())
@@ -418,6 +460,12 @@ pub fn describe(
             s.push_str(&approval_lines(a));
         }
     }
+    s
+}
+
+/// `Events:`, the last eight, if there are any.
+fn event_lines(events: &[Event], now: Timestamp) -> String {
+    let mut s = String::new();
     if !events.is_empty() {
         let _ = writeln!(s, "Events:");
         let mut rows = vec![];
