@@ -7,9 +7,12 @@ use kube::Client;
 use serde_json::json;
 
 use crate::client::{Error, Global, config};
+use crate::commands::console::ConsoleArgs;
 use crate::commands::decide::{DecideArgs, decide, reconcile_answer};
 use crate::commands::steer::set_spec;
-use crate::commands::{Output, confirm, describe, list, logs, pending, watch};
+use crate::commands::{
+    Output, confirm, describe, history, list, logs, pending, retry, signal, watch,
+};
 
 /// `kubectl agentrun`: inspect, answer and steer AgentRuns.
 #[derive(Parser, Debug)]
@@ -97,16 +100,16 @@ pub enum Command {
     Watch { run: String },
     /// A new run that starts RUN again from a step, keeping what came before
     /// it (docs/recover.md); --dry-run shows what it would keep, run and ask.
-    Retry(crate::commands::retry::RetryArgs),
+    Retry(retry::RetryArgs),
     /// A web console on 127.0.0.1, with your own credentials: runs, a
     /// timeline per run, an approvals inbox (docs/console.md).
-    Console(crate::commands::console::ConsoleArgs),
+    Console(ConsoleArgs),
     /// The records finished runs left (kept after their TTL): a table, or
     /// RUN's records in full (docs/cli.md).
-    History(crate::commands::history::HistoryArgs),
+    History(history::HistoryArgs),
     /// Send the event a wait step waits for (its Signal's id and data), as
     /// yourself; sending the same id and data again changes nothing.
-    Signal(crate::commands::signal::SignalArgs),
+    Signal(signal::SignalArgs),
     /// Print the plugin's version and the API it speaks.
     Version,
     /// Shell completion script.
@@ -183,9 +186,9 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             follow,
         } => logs::logs(&client, &ns, &run, step.as_deref(), attempt, follow).await?,
         Command::Watch { run } => watch::watch(&client, &ns, &run).await?,
-        Command::Retry(args) => crate::commands::retry::retry(&client, &ns, &args).await?,
-        Command::Signal(args) => crate::commands::signal::signal(&client, &ns, &args).await?,
-        Command::History(args) => crate::commands::history::history(&client, &ns, &args).await?,
+        Command::Retry(args) => retry::retry(&client, &ns, &args).await?,
+        Command::Signal(args) => signal::signal(&client, &ns, &args).await?,
+        Command::History(args) => history::history(&client, &ns, &args).await?,
         Command::Console(args) => {
             let opts = args.options(cli.global.namespace.clone());
             crate::console::serve(config, ns, opts).await?
