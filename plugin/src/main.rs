@@ -1,7 +1,7 @@
 //! `kubectl agentrun` (docs/cli.md). Exit codes: 0 success, 1 error, 2 usage.
 
 use clap::Parser;
-use kubectl_agentrun::commands::{Cli, run};
+use kubectl_agentrun::cli::{Cli, run};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {

@@ -509,17 +509,18 @@ fn describe_links_a_run_to_its_record_or_to_the_run_that_already_ran() {
 #[test]
 fn history_refuses_an_outcome_a_record_cannot_have() {
     use clap::Parser;
-    let cli = kubectl_agentrun::commands::Cli::try_parse_from([
+    let cli = kubectl_agentrun::cli::Cli::try_parse_from([
         "kubectl-agentrun",
         "history",
         "--outcome",
         "Running",
     ])
     .unwrap();
-    let kubectl_agentrun::commands::Command::History(args) = cli.command else {
+    let kubectl_agentrun::cli::Command::History(args) = cli.command else {
         panic!("parsed as history");
     };
-    let err = kubectl_agentrun::history::query(&args, "default", Timestamp::now()).unwrap_err();
+    let err =
+        kubectl_agentrun::commands::history::query(&args, "default", Timestamp::now()).unwrap_err();
     assert!(
         err.to_string().contains("Succeeded, Failed or Cancelled"),
         "{err}"

@@ -8,7 +8,7 @@ use agentrun_operator::history::Query;
 use jiff::Timestamp;
 use serde::Deserialize;
 
-use super::Scope;
+use super::namespace::Scope;
 
 /// `?phase=…&namespace=…&label=…&q=…&sort=oldest`; empty fields match all.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -135,7 +135,7 @@ pub struct HistoryFilter {
 
 impl HistoryFilter {
     /// The store query, built as `kubectl agentrun history` builds it from
-    /// the same words (`crate::history::query`), within the console's scope:
+    /// the same words (`crate::history_filter`), within the console's scope:
     /// a console of one namespace reads only that one.
     pub fn to_query(&self, scope: &Scope, now: Timestamp) -> Result<Query, String> {
         let given = |s: &str| Some(s.trim().to_owned()).filter(|s| !s.is_empty());
@@ -165,10 +165,12 @@ impl HistoryFilter {
             ..Query::default()
         };
         if let Some(o) = given(&self.outcome) {
-            q.outcome = Some(crate::history::outcome(&o).map_err(|e| format!("outcome {o}: {e}"))?);
+            q.outcome =
+                Some(crate::history_filter::outcome(&o).map_err(|e| format!("outcome {o}: {e}"))?);
         }
         if let Some(t) = given(&self.since) {
-            q.since = Some(crate::history::since(&t, now).map_err(|e| format!("since {t}: {e}"))?);
+            q.since =
+                Some(crate::history_filter::since(&t, now).map_err(|e| format!("since {t}: {e}"))?);
         }
         Ok(q)
     }

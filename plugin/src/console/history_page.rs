@@ -286,12 +286,36 @@ fn how(s: &RecordedStep) -> Markup {
 
 /// Everything below the breadcrumbs.
 pub fn record_detail(r: &RunRecordSpec, live: bool, now: Timestamp) -> Markup {
-    let ns = &r.run.namespace;
+    let phase = format!("{:?}", r.outcome.phase);
+    let tl = record_timeline(r);
+    html! {
+        (record_head(r, now))
+        (record_run(r, live))
+        section aria-labelledby="outcome-h" {
+            h2 id="outcome-h" { "Outcome" }
+            dl class="facts outcome" {
+                dt { "Outcome" } dd { (phase_badge(&phase)) }
+                @if let Some(why) = &r.outcome.reason { dt { "Reason" } dd class="reason" { (why) } }
+                @if let Some(m) = &r.outcome.message { dt { "Message" } dd class="message" { (m) } }
+            }
+        }
+        section aria-labelledby="tl-h" {
+            h2 id="tl-h" { "Timeline" }
+            p class="meta" { "Each step's last attempt: the earlier ones were drawn from the run's Events, which a record does not keep." }
+            div class="timeline-wrap" { (tl.svg()) }
+        }
+        (record_steps(r))
+        (record_approvals(r))
+        (record_signals(r))
+    }
+}
+
+/// The run's name and outcome, what it cost, and what a record keeps.
+fn record_head(r: &RunRecordSpec, now: Timestamp) -> Markup {
     let name = &r.run.name;
     let record = record_name(name, &r.run.uid);
     let phase = format!("{:?}", r.outcome.phase);
     let done = r.outcome.completed_at.0;
-    let tl = record_timeline(r);
     html! {
         header class="run-head" {
             h1 { (name) " " (phase_badge(&phase)) }
@@ -308,6 +332,14 @@ pub fn record_detail(r: &RunRecordSpec, live: bool, now: Timestamp) -> Markup {
                 "It keeps no Pods, logs, step results or Events: those went with the run."
             }
         }
+    }
+}
+
+/// Who the run was, whether it is still there, and when it ran.
+fn record_run(r: &RunRecordSpec, live: bool) -> Markup {
+    let ns = &r.run.namespace;
+    let name = &r.run.name;
+    html! {
         section aria-labelledby="run-h" {
             h2 id="run-h" { "Run" }
             dl class="facts" {
@@ -335,19 +367,12 @@ pub fn record_detail(r: &RunRecordSpec, live: bool, now: Timestamp) -> Markup {
                 dt { "Spec digests" } dd { @for (i, d) in r.run.spec_digests.iter().enumerate() { @if i > 0 { ", " } code { (d) } } }
             }
         }
-        section aria-labelledby="outcome-h" {
-            h2 id="outcome-h" { "Outcome" }
-            dl class="facts outcome" {
-                dt { "Outcome" } dd { (phase_badge(&phase)) }
-                @if let Some(why) = &r.outcome.reason { dt { "Reason" } dd class="reason" { (why) } }
-                @if let Some(m) = &r.outcome.message { dt { "Message" } dd class="message" { (m) } }
-            }
-        }
-        section aria-labelledby="tl-h" {
-            h2 id="tl-h" { "Timeline" }
-            p class="meta" { "Each step's last attempt: the earlier ones were drawn from the run's Events, which a record does not keep." }
-            div class="timeline-wrap" { (tl.svg()) }
-        }
+    }
+}
+
+/// The steps' table and the compensations.
+fn record_steps(r: &RunRecordSpec) -> Markup {
+    html! {
         section aria-labelledby="steps-h" {
             h2 id="steps-h" { "Steps" }
             @if r.steps.is_empty() { p class="empty" { "No step ran." } }
@@ -389,6 +414,12 @@ pub fn record_detail(r: &RunRecordSpec, live: bool, now: Timestamp) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// Each approval with its decision, decider, comment and votes.
+fn record_approvals(r: &RunRecordSpec) -> Markup {
+    html! {
         section aria-labelledby="apv-h" {
             h2 id="apv-h" { "Approvals" }
             @if r.approvals.is_empty() { p class="empty" { "No Approval was asked." } }
@@ -409,6 +440,12 @@ pub fn record_detail(r: &RunRecordSpec, live: bool, now: Timestamp) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// Each signal with its id and sender.
+fn record_signals(r: &RunRecordSpec) -> Markup {
+    html! {
         @if !r.signals.is_empty() {
             section aria-labelledby="sig-h" {
                 h2 id="sig-h" { "Signals" }

@@ -13,16 +13,17 @@
 //!     ├─ reflector Approvals  ─┴─▶ change counter ─▶ their SSE streams
 //!     ├─ per run page: its Events and Signals (a list each)
 //!     ├─ history pages: history::Store list / get (read only)
-//!     ├─ decisions: decide::send_decision (the CLI's own write)
-//!     └─ retries: retry::create (the CLI's own fork, as them)
+//!     ├─ decisions: decision::send_decision (the CLI's own write)
+//!     └─ retries: fork::create (the CLI's own fork, as them)
 //! ```
 //!
 //! `pages`, `run_page`, `history_page` and `timeline` are pure renderings;
-//! `sse` turns the watches into live fragments; `auth` ties requests to
-//! people and `view` gives each person a client and watches of their own;
-//! this module wires the server.
+//! `sse` turns the watches into live fragments; `auth` (who a request is
+//! for) and `sign_in` (the middleware, login and logout) tie requests to
+//! people; `view` gives each person a client and watches of their own, and
+//! `user` finds a request's view; `state` is what every request shares;
+//! this module wires the server. No file here imports this one.
 
-pub mod args;
 pub mod auth;
 pub mod filter;
 pub mod history_page;
@@ -32,13 +33,15 @@ pub mod pages;
 pub mod proxy;
 pub mod retry;
 pub mod run_page;
+pub mod sign_in;
 mod sse;
+pub mod state;
 pub mod timeline;
+pub mod user;
 pub mod view;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use agentrun_operator::api::{Approval, Decision};
 use axum::Router;
@@ -52,76 +55,15 @@ use kube::{Api, Client};
 use maud::Markup;
 use serde::Deserialize;
 
-use crate::commands::{Error, events_of};
-use crate::decide::send_decision;
+use crate::client::{Error, events_of, signals_of};
+use crate::decision::send_decision;
 use auth::{Auth, Mode, Sessions};
 use filter::{HistoryFilter, RunFilter};
+use namespace::Scope;
 use proxy::ProxyTrust;
-use view::{User, View};
-
-/// How `kubectl agentrun console` was asked to run.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// `-n`: one namespace; none: all the user may list, else the context's.
-    pub namespace: Option<String>,
-    /// 127.0.0.1 and a free port unless `--listen` / `--port`.
-    pub address: SocketAddr,
-    pub open: bool,
-    /// No decisions: no forms, no write route.
-    pub read_only: bool,
-    /// How people sign in; none: the kubeconfig's user, on loopback only.
-    pub auth: Vec<Mode>,
-    /// `--auth proxy`: the peers whose user headers are believed.
-    pub trusted_proxies: Vec<ipnet::IpNet>,
-    pub user_header: String,
-    pub group_header: String,
-    pub user_prefix: String,
-    pub group_prefix: String,
-    /// `--auth token`: how long a session lasts.
-    pub session_ttl: Duration,
-}
-
-/// Where the console looks: one namespace, or all the user may list.
-#[derive(Clone, Debug)]
-pub enum Scope {
-    Namespace(String),
-    All,
-}
-
-/// What every request shares: how people sign in, the console's own
-/// configuration (to build each person's client from), and their views.
-pub struct Console {
-    auth: Auth,
-    /// The console's own kubeconfig or ServiceAccount; in the cluster it
-    /// only ever impersonates or carries a user's token.
-    config: kube::Config,
-    /// The kubeconfig user's view (local mode).
-    local: Option<Arc<View>>,
-    views: view::Views,
-    /// `-n`, for every view.
-    namespace: Option<String>,
-    /// Where a view looks when its user may not list every namespace.
-    default_namespace: String,
-    port: u16,
-    /// Decisions are offered (not the read-only view).
-    decide: bool,
-    /// Local mode: requests must name 127.0.0.1 or localhost (no DNS
-    /// rebinding onto the kubeconfig's credentials).
-    loopback: bool,
-    /// `--open`'s page with the tokened URL, until the browser has used it.
-    launch: std::sync::Mutex<Option<open::LaunchPage>>,
-}
-
-impl Console {
-    /// Removes `--open`'s page (the token was traded, time is up, or the
-    /// console stops).
-    fn launched(&self) {
-        let page = self.launch.lock().ok().and_then(|mut l| l.take());
-        drop(page);
-    }
-}
-
-type Shared = Arc<Console>;
+use state::{Console, Options, Shared};
+use user::User;
+use view::View;
 
 fn header_name(flag: &str, v: &str) -> Result<header::HeaderName, Error> {
     header::HeaderName::from_bytes(v.as_bytes())
@@ -309,8 +251,8 @@ fn router(console: Shared) -> Router {
     } = &console.auth
     {
         r = r
-            .route("/login", get(auth::login_form).post(auth::login))
-            .route("/logout", post(auth::logout));
+            .route("/login", get(sign_in::login_form).post(sign_in::login))
+            .route("/logout", post(sign_in::logout));
     }
     r.route("/events/runs", get(sse::runs))
         .route("/events/approvals", get(sse::approvals))
@@ -318,7 +260,7 @@ fn router(console: Shared) -> Router {
         .route("/assets/{file}", get(asset))
         .layer(middleware::from_fn_with_state(
             console.clone(),
-            auth::authenticate,
+            sign_in::authenticate,
         ))
         .layer(middleware::from_fn_with_state(console.clone(), guard))
         .layer(middleware::from_fn(hardened))
@@ -448,7 +390,7 @@ async fn run_page(User(c): User, Path((ns, name)): Path<(String, String)>) -> Re
         frame.warnings.push(e.to_string());
         Vec::new()
     });
-    let signals = crate::signal::signals_of(&c.client, &ns, &run).await;
+    let signals = signals_of(&c.client, &ns, &run).await;
     page(run_page::run_page(
         &frame,
         &run,
@@ -576,7 +518,7 @@ async fn decide(
         let a = Api::<Approval>::namespaced(c.client.clone(), &ns)
             .get(&name)
             .await
-            .map_err(|e| crate::commands::api(format!("reading approval {name}"))(e).to_string())?;
+            .map_err(|e| crate::client::api(format!("reading approval {name}"))(e).to_string())?;
         let comment = Some(form.comment.trim()).filter(|s| !s.is_empty());
         send_decision(&c.client, &a, &c.me, d, comment)
             .await
@@ -612,6 +554,8 @@ async fn asset(Path(file): Path<String>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn opts(listen: &str, auth: &[Mode], trusted: &[&str]) -> Options {

@@ -5,6 +5,13 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+/// Where the console looks: one namespace, or all the user may list.
+#[derive(Clone, Debug)]
+pub enum Scope {
+    Namespace(String),
+    All,
+}
+
 /// A ServiceAccount's namespace, from its user name.
 pub fn own_namespace(user: &str) -> Option<String> {
     let (ns, _) = user

@@ -83,10 +83,22 @@ pub fn proxied(headers: &HeaderMap, trust: &ProxyTrust) -> Result<Option<Identit
     }))
 }
 #[cfg(test)]
-mod tests {
-    use super::super::auth::tests::headers;
+pub(crate) mod tests {
+    use axum::http::{HeaderName, HeaderValue};
+
     use super::*;
-    use axum::http::HeaderValue;
+
+    /// A request's headers, repeated names kept (the auth tests use it too).
+    pub(crate) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
 
     fn trust() -> ProxyTrust {
         ProxyTrust {

@@ -1,6 +1,6 @@
 //! Retry or fork a finished run from the console: the form on its run page,
 //! the preview (what `kubectl agentrun retry --dry-run` prints) and the
-//! create, each through the plugin's own `crate::retry`, as the user.
+//! create, each through the plugin's own `crate::fork`, as the user.
 //!
 //! ```text
 //!   run page ─ form (step, rerunActed, name)
@@ -23,9 +23,9 @@ use kube::Client;
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::view::User;
-use crate::commands::Error;
-use crate::retry::{Retry, default_from, not_retryable};
+use super::user::User;
+use crate::client::Error;
+use crate::fork::{Retry, default_from, not_retryable};
 
 /// The form's fields (`rerunActed` is present only when checked).
 #[derive(Deserialize, Debug, Default)]
@@ -146,7 +146,7 @@ pub fn created_fragment(ns: &str, outcome: &Result<(AgentRun, ForkPlan), String>
             let name = created.metadata.name.clone().unwrap_or_default();
             html! {
                 p class="ok" data-run=(name) {
-                    (crate::retry::created_line(created, plan)) " · "
+                    (crate::fork::created_line(created, plan)) " · "
                     a class="new-run" href=(run_href(ns, &name)) { "open " (name) }
                 }
                 div id="retry-preview" hx-swap-oob="true" aria-live="polite" {}
@@ -167,8 +167,8 @@ pub(super) async fn preview(
 ) -> Response {
     let retry = form.request();
     let outcome = async {
-        let source = crate::retry::source(&c.client, &ns, &run).await?;
-        crate::retry::preview(&source, &retry, Timestamp::now())
+        let source = crate::fork::source(&c.client, &ns, &run).await?;
+        crate::fork::preview(&source, &retry, Timestamp::now())
     }
     .await
     .map_err(|e| e.to_string());
@@ -195,6 +195,6 @@ async fn create_as_user(
     run: &str,
     retry: &Retry,
 ) -> Result<(AgentRun, ForkPlan), Error> {
-    let source = crate::retry::source(client, ns, run).await?;
-    crate::retry::create(client, &source, retry, Timestamp::now()).await
+    let source = crate::fork::source(client, ns, run).await?;
+    crate::fork::create(client, &source, retry, Timestamp::now()).await
 }

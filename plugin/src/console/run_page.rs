@@ -5,7 +5,7 @@
 //! a function of the objects and `now`.
 
 use agentrun_operator::api::{
-    AgentRun, Approval, EffectOutcome, Signal, StepCheckpoint, StepPhase,
+    AgentRun, AgentRunStatus, Approval, EffectOutcome, Signal, StepCheckpoint, StepPhase,
 };
 use agentrun_operator::engine::reasons::Reason;
 use jiff::Timestamp;
@@ -106,21 +106,37 @@ pub fn run_detail(
     now: Timestamp,
 ) -> Markup {
     let status = run.status.clone().unwrap_or_default();
+    let tl = timeline::build(run, approvals, events, now);
+    html! {
+        (run_head(run, &status, approvals, signals, now))
+        section aria-labelledby="tl-h" {
+            h2 id="tl-h" { "Timeline" }
+            div class="timeline-wrap" { (tl.svg()) }
+        }
+        (steps_section(run, &status, signals, now))
+        (retry::section(run, decide))
+        (approvals_section(approvals))
+        (plan_section(&status, events))
+        (events_section(events, now))
+    }
+}
+
+/// The run's name, phase and counts; its lineage, its record (or the run
+/// it already ran as); and what it waits for.
+fn run_head(
+    run: &AgentRun,
+    status: &AgentRunStatus,
+    approvals: &[Approval],
+    signals: &[Signal],
+    now: Timestamp,
+) -> Markup {
     let name = run.metadata.name.clone().unwrap_or_default();
     let ns = run.metadata.namespace.clone().unwrap_or_default();
     let phase = status
         .phase
         .map(|p| format!("{p:?}"))
         .unwrap_or_else(|| "-".into());
-    let tl = timeline::build(run, approvals, events, now);
     let budget = run.spec.budget.as_ref().and_then(|b| b.tokens);
-    let plan_events: Vec<&Event> = events
-        .iter()
-        .filter(|e| {
-            let r = e.reason.as_deref().unwrap_or("");
-            r == Reason::PlanAdopted.as_str() || r == Reason::Replanned.as_str()
-        })
-        .collect();
     html! {
         header class="run-head" {
             h1 { (name) " " (phase_badge(&phase)) }
@@ -185,10 +201,17 @@ pub fn run_detail(
                 }
             }
         }
-        section aria-labelledby="tl-h" {
-            h2 id="tl-h" { "Timeline" }
-            div class="timeline-wrap" { (tl.svg()) }
-        }
+    }
+}
+
+/// The steps' table and the compensations.
+fn steps_section(
+    run: &AgentRun,
+    status: &AgentRunStatus,
+    signals: &[Signal],
+    now: Timestamp,
+) -> Markup {
+    html! {
         section aria-labelledby="steps-h" {
             h2 id="steps-h" { "Steps" }
             div class="scroll" {
@@ -200,34 +223,7 @@ pub fn run_detail(
                     } }
                     tbody {
                         @for cp in &status.steps {
-                            tr data-step=(cp.name) {
-                                th scope="row" { (cp.name) " " small { "r" (cp.plan_revision) } }
-                                td data-label="Phase" { (phase_badge(&format!("{:?}", cp.phase))) }
-                                td data-label="Attempt" { (cp.attempt) @if cp.disruptions > 0 { " " small { "(" (cp.disruptions) " disrupted)" } } }
-                                td data-label="Effect" { (effect(cp.effect)) }
-                                td data-label="Key" { code class="key" { (cp.idempotency_key) } }
-                                td data-label="Tokens" { (cp.tokens.map(|t| t.total().to_string()).unwrap_or_else(|| "-".into())) }
-                                td data-label="Took" { (took(cp, now)) }
-                                td data-label="Result" {
-                                    @if let Some(r) = &cp.result {
-                                        details { summary { (render::truncate(&r.to_string(), 40)) } (json_view(r)) }
-                                    } @else if cp.result_truncated { "not kept in status" } @else { "-" }
-                                    @match (render::signal_step(run, cp, signals), &cp.decided_by) {
-                                        (Some(g), _) if cp.phase == StepPhase::Succeeded => {
-                                            div class="decided signal-received" {
-                                                "signal " @if let Some(id) = &g.id { code { (id) } " " }
-                                                @if let Some(by) = &g.sender { "from " strong { (by) } }
-                                            }
-                                        }
-                                        (_, Some(by)) => { div class="decided" { "released by " strong { (by) } } }
-                                        _ => {}
-                                    }
-                                    @if let Some(u) = &cp.fresh_until {
-                                        div class="fresh-note" { "fresh until " time datetime=(u.0.to_string()) { (u.0) } @if u.0 <= now { " (stale)" } }
-                                    }
-                                    @if let Some(m) = &cp.message { div class="message" { (m) } }
-                                }
-                            }
+                            (step_row(run, cp, signals, now))
                         }
                     }
                 }
@@ -242,7 +238,47 @@ pub fn run_detail(
                 }
             }
         }
-        (retry::section(run, decide))
+    }
+}
+
+/// One step's row: phase, attempt, effect, key, tokens, time, and its
+/// result with who released it or which signal it took.
+fn step_row(run: &AgentRun, cp: &StepCheckpoint, signals: &[Signal], now: Timestamp) -> Markup {
+    html! {
+        tr data-step=(cp.name) {
+            th scope="row" { (cp.name) " " small { "r" (cp.plan_revision) } }
+            td data-label="Phase" { (phase_badge(&format!("{:?}", cp.phase))) }
+            td data-label="Attempt" { (cp.attempt) @if cp.disruptions > 0 { " " small { "(" (cp.disruptions) " disrupted)" } } }
+            td data-label="Effect" { (effect(cp.effect)) }
+            td data-label="Key" { code class="key" { (cp.idempotency_key) } }
+            td data-label="Tokens" { (cp.tokens.map(|t| t.total().to_string()).unwrap_or_else(|| "-".into())) }
+            td data-label="Took" { (took(cp, now)) }
+            td data-label="Result" {
+                @if let Some(r) = &cp.result {
+                    details { summary { (render::truncate(&r.to_string(), 40)) } (json_view(r)) }
+                } @else if cp.result_truncated { "not kept in status" } @else { "-" }
+                @match (render::signal_step(run, cp, signals), &cp.decided_by) {
+                    (Some(g), _) if cp.phase == StepPhase::Succeeded => {
+                        div class="decided signal-received" {
+                            "signal " @if let Some(id) = &g.id { code { (id) } " " }
+                            @if let Some(by) = &g.sender { "from " strong { (by) } }
+                        }
+                    }
+                    (_, Some(by)) => { div class="decided" { "released by " strong { (by) } } }
+                    _ => {}
+                }
+                @if let Some(u) = &cp.fresh_until {
+                    div class="fresh-note" { "fresh until " time datetime=(u.0.to_string()) { (u.0) } @if u.0 <= now { " (stale)" } }
+                }
+                @if let Some(m) = &cp.message { div class="message" { (m) } }
+            }
+        }
+    }
+}
+
+/// The run's Approvals, with who decided each.
+fn approvals_section(approvals: &[Approval]) -> Markup {
+    html! {
         @if !approvals.is_empty() {
             section aria-labelledby="apv-h" {
                 h2 id="apv-h" { "Approvals" }
@@ -262,6 +298,19 @@ pub fn run_detail(
                 }
             }
         }
+    }
+}
+
+/// The current plan and the Events that adopted or changed it.
+fn plan_section(status: &AgentRunStatus, events: &[Event]) -> Markup {
+    let plan_events: Vec<&Event> = events
+        .iter()
+        .filter(|e| {
+            let r = e.reason.as_deref().unwrap_or("");
+            r == Reason::PlanAdopted.as_str() || r == Reason::Replanned.as_str()
+        })
+        .collect();
+    html! {
         section aria-labelledby="plan-h" {
             h2 id="plan-h" { "Plan" }
             @if let Some(p) = &status.plan {
@@ -275,6 +324,12 @@ pub fn run_detail(
                 }
             }
         }
+    }
+}
+
+/// The run's Events, newest first.
+fn events_section(events: &[Event], now: Timestamp) -> Markup {
+    html! {
         section aria-labelledby="ev-h" {
             h2 id="ev-h" { "Events" }
             @if events.is_empty() { p class="empty" { "No Events (they expire after an hour)." } }

@@ -15,9 +15,10 @@ use jiff::Timestamp;
 use maud::Markup;
 
 use super::filter::RunFilter;
-use super::view::{User, View};
+use super::user::User;
+use super::view::View;
 use super::{pages, run_page};
-use crate::commands::events_of;
+use crate::client::{events_of, signals_of};
 
 /// Bursts of changes (a status write and its Events) render once.
 const SETTLE: Duration = Duration::from_millis(100);
@@ -88,7 +89,7 @@ pub async fn run(
             match c.run(&ns, &name) {
                 Some((r, approvals)) => {
                     let events = events_of(&c.client, &ns, &name).await.unwrap_or_default();
-                    let signals = crate::signal::signals_of(&c.client, &ns, &r).await;
+                    let signals = signals_of(&c.client, &ns, &r).await;
                     run_page::run_detail(
                         &r,
                         &approvals,

@@ -14,7 +14,9 @@
 //!                        |r2 re-plan
 //! ```
 
-use agentrun_operator::api::{AgentRun, Approval, StepPhase};
+use agentrun_operator::api::{
+    AgentRun, AgentRunStatus, Approval, CompensationCheckpoint, StepCheckpoint, StepPhase,
+};
 use agentrun_operator::engine::reasons::Reason;
 use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
@@ -198,118 +200,161 @@ fn attempts(r: &Record<'_>, events: &[Event], now: Timestamp) -> Vec<Bar> {
 /// The timeline of `run`, as of `now`.
 pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Timestamp) -> Timeline {
     let status = run.status.clone().unwrap_or_default();
-    let t =
-        |x: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| x.as_ref().map(|t| t.0);
-    let mut lanes = Vec::new();
-    for cp in &status.steps {
-        let role = match cp.role {
-            agentrun_operator::api::StepRole::Step => "step",
-            agentrun_operator::api::StepRole::Planner => "planner",
-            agentrun_operator::api::StepRole::Compactor => "compactor before step",
-            agentrun_operator::api::StepRole::Verify => "verify probe of step",
-        };
-        let rec = Record {
-            label: format!("{} r{}", cp.name, cp.plan_revision),
-            subject: format!("{role} {}", cp.name),
-            attempt: cp.attempt,
-            pod: cp.pod.as_deref(),
-            phase: cp.phase,
-            started: t(&cp.started_at),
-            finished: t(&cp.finished_at),
-            fresh_until: t(&cp.fresh_until),
-        };
-        let mut bars = attempts(&rec, events, now);
-        for a in approvals
+    let mut lanes: Vec<Lane> = status
+        .steps
+        .iter()
+        .map(|cp| step_lane(cp, approvals, events, now))
+        .collect();
+    lanes.extend(
+        status
+            .compensations
             .iter()
-            .filter(|a| a.spec.step == cp.name && a.spec.plan_revision == cp.plan_revision)
-        {
-            let Some(start) = a.metadata.creation_timestamp.as_ref().map(|t| t.0) else {
-                continue;
-            };
-            let st = a.status.clone().unwrap_or_default();
-            let end = st.decided_at.map_or(now, |d| d.0);
-            let who = a.spec.decided_by.clone().or(st.decided_by.clone());
-            let label = match (a.spec.decision, who) {
-                (Some(d), Some(by)) => format!("{d:?} by {by}"),
-                (Some(d), None) => format!("{d:?}"),
-                _ => format!("waiting ({:?})", st.phase),
-            };
-            bars.push(Bar {
-                start,
-                end: end.max(start),
-                kind: BarKind::Approval,
-                label: format!("approval: {label}"),
-            });
-        }
-        if cp.signal.is_some()
-            && let Some(start) = rec.started
-        {
-            // From when the step began to wait until the signal came (or
-            // its deadline passed); the step's message says which.
-            let end = rec.finished.unwrap_or(now);
-            let what = match cp.phase {
-                StepPhase::Waiting => "waiting".to_owned(),
-                _ => cp
-                    .message
-                    .clone()
-                    .unwrap_or_else(|| format!("{:?}", cp.phase)),
-            };
-            bars.push(Bar {
-                start,
-                end: end.max(start),
-                kind: BarKind::Signal,
-                label: format!("signal: {what}"),
-            });
-        } else if bars.iter().all(|b| b.kind == BarKind::Approval)
-            && let (Some(by), Some(f)) = (&cp.decided_by, rec.finished)
-        {
-            // Released by a person without an Approval object left.
-            bars.push(Bar {
-                start: f,
-                end: f,
-                kind: BarKind::Approval,
-                label: format!("approval: released by {by}"),
-            });
-        }
-        if cp.phase == StepPhase::Skipped
-            && let Some(f) = rec.finished
-        {
-            bars.push(Bar {
-                start: f,
-                end: f,
-                kind: BarKind::Skipped,
-                label: cp.message.clone().unwrap_or_else(|| "skipped".into()),
-            });
-        }
-        // A wait comes before the attempt it released, also within one second.
-        bars.sort_by_key(|b| (b.start, b.kind != BarKind::Approval));
-        let fresh = match (rec.fresh_until, rec.finished) {
-            (Some(u), Some(f)) if cp.phase == StepPhase::Succeeded => Some((f, u)),
-            _ => None,
+            .map(|c| compensation_lane(c, events, now)),
+    );
+    let replans = replans(events);
+    let (from, to) = axis(run, &status, &lanes, &replans, now);
+    Timeline {
+        lanes,
+        replans,
+        from,
+        to,
+    }
+}
+
+/// A status time as a timestamp.
+fn time_of(x: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<Timestamp> {
+    x.as_ref().map(|t| t.0)
+}
+
+/// A step's lane: its attempts, the Approvals that held it, the signal it
+/// waited for, a skip, and how long its result stays fresh.
+fn step_lane(
+    cp: &StepCheckpoint,
+    approvals: &[Approval],
+    events: &[Event],
+    now: Timestamp,
+) -> Lane {
+    let role = match cp.role {
+        agentrun_operator::api::StepRole::Step => "step",
+        agentrun_operator::api::StepRole::Planner => "planner",
+        agentrun_operator::api::StepRole::Compactor => "compactor before step",
+        agentrun_operator::api::StepRole::Verify => "verify probe of step",
+    };
+    let rec = Record {
+        label: format!("{} r{}", cp.name, cp.plan_revision),
+        subject: format!("{role} {}", cp.name),
+        attempt: cp.attempt,
+        pod: cp.pod.as_deref(),
+        phase: cp.phase,
+        started: time_of(&cp.started_at),
+        finished: time_of(&cp.finished_at),
+        fresh_until: time_of(&cp.fresh_until),
+    };
+    let mut bars = attempts(&rec, events, now);
+    bars.extend(approval_bars(cp, approvals, now));
+    if cp.signal.is_some()
+        && let Some(start) = rec.started
+    {
+        // From when the step began to wait until the signal came (or
+        // its deadline passed); the step's message says which.
+        let end = rec.finished.unwrap_or(now);
+        let what = match cp.phase {
+            StepPhase::Waiting => "waiting".to_owned(),
+            _ => cp
+                .message
+                .clone()
+                .unwrap_or_else(|| format!("{:?}", cp.phase)),
         };
-        lanes.push(Lane {
-            label: rec.label.clone(),
-            bars,
-            fresh,
+        bars.push(Bar {
+            start,
+            end: end.max(start),
+            kind: BarKind::Signal,
+            label: format!("signal: {what}"),
+        });
+    } else if bars.iter().all(|b| b.kind == BarKind::Approval)
+        && let (Some(by), Some(f)) = (&cp.decided_by, rec.finished)
+    {
+        // Released by a person without an Approval object left.
+        bars.push(Bar {
+            start: f,
+            end: f,
+            kind: BarKind::Approval,
+            label: format!("approval: released by {by}"),
         });
     }
-    for c in &status.compensations {
-        let rec = Record {
-            label: format!("undo {} r{}", c.name, c.plan_revision),
-            subject: format!("compensation of step {}", c.name),
-            attempt: c.attempt,
-            pod: c.pod.as_deref(),
-            phase: c.phase,
-            started: t(&c.started_at),
-            finished: t(&c.finished_at),
-            fresh_until: None,
-        };
-        lanes.push(Lane {
-            label: rec.label.clone(),
-            bars: attempts(&rec, events, now),
-            fresh: None,
+    if cp.phase == StepPhase::Skipped
+        && let Some(f) = rec.finished
+    {
+        bars.push(Bar {
+            start: f,
+            end: f,
+            kind: BarKind::Skipped,
+            label: cp.message.clone().unwrap_or_else(|| "skipped".into()),
         });
     }
+    // A wait comes before the attempt it released, also within one second.
+    bars.sort_by_key(|b| (b.start, b.kind != BarKind::Approval));
+    let fresh = match (rec.fresh_until, rec.finished) {
+        (Some(u), Some(f)) if cp.phase == StepPhase::Succeeded => Some((f, u)),
+        _ => None,
+    };
+    Lane {
+        label: rec.label.clone(),
+        bars,
+        fresh,
+    }
+}
+
+/// The Approvals of the step at its plan revision, from their creation to
+/// their decision (or now).
+fn approval_bars(cp: &StepCheckpoint, approvals: &[Approval], now: Timestamp) -> Vec<Bar> {
+    let mut bars = Vec::new();
+    for a in approvals
+        .iter()
+        .filter(|a| a.spec.step == cp.name && a.spec.plan_revision == cp.plan_revision)
+    {
+        let Some(start) = a.metadata.creation_timestamp.as_ref().map(|t| t.0) else {
+            continue;
+        };
+        let st = a.status.clone().unwrap_or_default();
+        let end = st.decided_at.map_or(now, |d| d.0);
+        let who = a.spec.decided_by.clone().or(st.decided_by.clone());
+        let label = match (a.spec.decision, who) {
+            (Some(d), Some(by)) => format!("{d:?} by {by}"),
+            (Some(d), None) => format!("{d:?}"),
+            _ => format!("waiting ({:?})", st.phase),
+        };
+        bars.push(Bar {
+            start,
+            end: end.max(start),
+            kind: BarKind::Approval,
+            label: format!("approval: {label}"),
+        });
+    }
+    bars
+}
+
+/// A compensation's lane: its attempts.
+fn compensation_lane(c: &CompensationCheckpoint, events: &[Event], now: Timestamp) -> Lane {
+    let rec = Record {
+        label: format!("undo {} r{}", c.name, c.plan_revision),
+        subject: format!("compensation of step {}", c.name),
+        attempt: c.attempt,
+        pod: c.pod.as_deref(),
+        phase: c.phase,
+        started: time_of(&c.started_at),
+        finished: time_of(&c.finished_at),
+        fresh_until: None,
+    };
+    Lane {
+        label: rec.label.clone(),
+        bars: attempts(&rec, events, now),
+        fresh: None,
+    }
+}
+
+/// When the plan was adopted or changed, and the revision it became.
+fn replans(events: &[Event]) -> Vec<(Timestamp, String)> {
     let mut replans: Vec<(Timestamp, String)> = events
         .iter()
         .filter(|e| {
@@ -328,6 +373,18 @@ pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Time
         })
         .collect();
     replans.sort();
+    replans
+}
+
+/// Where the axis starts and ends: from the run's creation or first bar to
+/// its last bar, re-plan or completion (now, while it runs).
+fn axis(
+    run: &AgentRun,
+    status: &AgentRunStatus,
+    lanes: &[Lane],
+    replans: &[(Timestamp, String)],
+    now: Timestamp,
+) -> (Timestamp, Timestamp) {
     let created = run.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let starts = lanes.iter().flat_map(|l| l.bars.iter().map(|b| b.start));
     let from = created.into_iter().chain(starts).min().unwrap_or(now);
@@ -335,7 +392,7 @@ pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Time
     let ends = lanes.iter().flat_map(|l| l.bars.iter().map(|b| b.end));
     let last = ends
         .chain(replans.iter().map(|r| r.0))
-        .chain(t(&status.completed_at))
+        .chain(time_of(&status.completed_at))
         .max()
         .unwrap_or(now);
     let to = if terminal { last } else { last.max(now) };
@@ -349,12 +406,7 @@ pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Time
         Some(end) if end > to => end.min(to + span / 4),
         _ => to,
     };
-    Timeline {
-        lanes,
-        replans,
-        from,
-        to,
-    }
+    (from, to)
 }
 
 /// The SVG's geometry, in viewBox units.

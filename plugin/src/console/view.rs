@@ -24,23 +24,19 @@ use std::time::{Duration, Instant};
 
 use agentrun_operator::api::{AgentRun, Approval};
 use agentrun_operator::history::{ApiStore, Store};
-use axum::extract::FromRequestParts;
-use axum::http::StatusCode;
-use axum::http::request::Parts;
-use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 
-use super::auth::{Auth, Who};
-use super::namespace::{NAMESPACE_COOKIE, namespace_name};
-use super::{Console, Scope, Shared, pages};
-use crate::commands::{Error, whoami};
+use super::auth::Who;
+use super::namespace::Scope;
+use super::pages;
+use crate::client::{Error, whoami};
 use crate::identity::Identity;
 
 /// A view nobody has used for this long, with no page streaming from it,
 /// is dropped (its watches stop).
-const IDLE: Duration = Duration::from_secs(10 * 60);
+pub(super) const IDLE: Duration = Duration::from_secs(10 * 60);
 
 /// How long a new view waits for its first lists before the page renders.
 const READY: Duration = Duration::from_secs(10);
@@ -72,9 +68,9 @@ pub struct View {
     /// What each watch last failed with, until it succeeds again.
     trouble: Trouble,
     /// Set when the session behind the view ends: its streams close.
-    ended: tokio::sync::watch::Sender<bool>,
+    pub(super) ended: tokio::sync::watch::Sender<bool>,
     watches: Vec<tokio::task::AbortHandle>,
-    used: Mutex<Instant>,
+    pub(super) used: Mutex<Instant>,
 }
 
 impl Drop for View {
@@ -184,7 +180,7 @@ impl View {
                         choosable = true;
                         Scope::Namespace(fallback(&me))
                     }
-                    Err(e) => return Err(crate::commands::api("listing AgentRuns")(e)),
+                    Err(e) => return Err(crate::client::api("listing AgentRuns")(e)),
                 }
             }
         };
@@ -303,7 +299,7 @@ impl View {
         self.ended.subscribe()
     }
 
-    fn touch(&self) {
+    pub(super) fn touch(&self) {
         if let Ok(mut used) = self.used.lock() {
             *used = Instant::now();
         }
@@ -312,30 +308,30 @@ impl View {
 
 /// A signed-in user, and the namespace they chose (if they may not list
 /// every one).
-type Key = (Who, Option<String>);
+pub(super) type Key = (Who, Option<String>);
 
 /// A view, made on its first request.
-struct Cell {
+pub(super) struct Cell {
     /// The user it acts for (their name, whatever their groups or session),
     /// counted against [`VIEWS_PER_USER`].
-    user: String,
-    view: Arc<tokio::sync::OnceCell<Arc<View>>>,
+    pub(super) user: String,
+    pub(super) view: Arc<tokio::sync::OnceCell<Arc<View>>>,
 }
 
 impl Cell {
     /// Nobody holds it but the cache: no page streams from it and no request
     /// is making or using it.
-    fn unheld(&self) -> bool {
+    pub(super) fn unheld(&self) -> bool {
         Arc::strong_count(&self.view) == 1
             && self.view.get().is_none_or(|v| Arc::strong_count(v) == 1)
     }
 
-    fn last_used(&self) -> Option<Instant> {
+    pub(super) fn last_used(&self) -> Option<Instant> {
         self.view.get().and_then(|v| v.used.lock().ok().map(|u| *u))
     }
 }
 
-type Cells = HashMap<Key, Cell>;
+pub(super) type Cells = HashMap<Key, Cell>;
 
 /// Why a request has no view.
 pub enum NoView {
@@ -353,7 +349,7 @@ impl From<Error> for NoView {
 /// Makes room for one more view of `user`: drops their views nobody holds,
 /// the least recently used first, until they hold fewer than
 /// [`VIEWS_PER_USER`]; `false` when every one is in use.
-fn make_room(cells: &mut Cells, user: &str) -> bool {
+pub(super) fn make_room(cells: &mut Cells, user: &str) -> bool {
     loop {
         let theirs: Vec<(&Key, &Cell)> = cells.iter().filter(|(_, c)| c.user == user).collect();
         if theirs.len() < VIEWS_PER_USER {
@@ -374,219 +370,7 @@ fn make_room(cells: &mut Cells, user: &str) -> bool {
 /// The views of the signed-in users, by who they are.
 #[derive(Default)]
 pub struct Views {
-    by_who: Mutex<Cells>,
-}
-
-impl Console {
-    /// The view that acts for `who`: the kubeconfig user's, or the signed-in
-    /// user's (made on first use), in the namespace they `chose` if they may
-    /// not list every one. The one place a request's identity becomes a
-    /// client, and where a user's views are bounded ([`VIEWS_PER_USER`]).
-    pub async fn view_for(&self, who: &Who, chose: Option<&str>) -> Result<Arc<View>, NoView> {
-        if let (Who::Local, Some(v)) = (who, &self.local) {
-            return Ok(v.clone());
-        }
-        let user = self.user_of(who)?;
-        let chose = chose.filter(|_| self.namespace.is_none());
-        let cell = {
-            let mut by_who = self
-                .views
-                .by_who
-                .lock()
-                .map_err(|_| Error::Usage("the console's views are poisoned".into()))?;
-            self.sweep(&mut by_who);
-            // Who may list every namespace sees them all whatever they chose:
-            // one view, not one per namespace cookie.
-            let everywhere = by_who.iter().find_map(|((w, _), c)| {
-                c.view
-                    .get()
-                    .filter(|v| w == who && matches!(v.scope, Scope::All))
-                    .cloned()
-            });
-            if let Some(v) = everywhere {
-                v.touch();
-                return Ok(v);
-            }
-            let key = (who.clone(), chose.map(str::to_owned));
-            if !by_who.contains_key(&key) {
-                if !make_room(&mut by_who, &user) {
-                    return Err(NoView::Full);
-                }
-                by_who.insert(
-                    key.clone(),
-                    Cell {
-                        user,
-                        view: Arc::default(),
-                    },
-                );
-            }
-            by_who[&key].view.clone()
-        };
-        let view = cell
-            .get_or_try_init(|| async {
-                let (client, session) = match who {
-                    // Only a local console ties requests to the kubeconfig's user.
-                    Who::Local => return Err(Error::Refused("not a local console".into())),
-                    Who::Proxy(id) => (self.impersonating(id)?, false),
-                    Who::Session(sid) => {
-                        let token = match &self.auth {
-                            Auth::Users {
-                                sessions: Some(s), ..
-                            } => s.get(sid).map(|s| s.token),
-                            _ => None,
-                        }
-                        .ok_or_else(|| Error::Refused("the session has ended".into()))?;
-                        (self.token_client(&token)?, true)
-                    }
-                };
-                // What they chose; else a ServiceAccount's own namespace;
-                // else the console's.
-                let fallback = |me: &Identity| {
-                    chose
-                        .map(str::to_owned)
-                        .or_else(|| super::namespace::own_namespace(&me.user))
-                        .unwrap_or_else(|| self.default_namespace.clone())
-                };
-                let v = View::start(
-                    client,
-                    self.namespace.clone(),
-                    fallback,
-                    self.decide,
-                    session,
-                )
-                .await?;
-                eprintln!("console: serving {} (as themselves)", v.me.user);
-                Ok::<_, Error>(Arc::new(v))
-            })
-            .await?
-            .clone();
-        view.touch();
-        Ok(view)
-    }
-
-    /// The name of the user `who` acts for: the proxy's, or the one the API
-    /// server gave the session's token at sign-in.
-    fn user_of(&self, who: &Who) -> Result<String, Error> {
-        match (who, &self.auth) {
-            (Who::Proxy(id), _) => Ok(id.user.clone()),
-            (
-                Who::Session(sid),
-                Auth::Users {
-                    sessions: Some(s), ..
-                },
-            ) => s
-                .get(sid)
-                .map(|s| s.user)
-                .ok_or_else(|| Error::Refused("the session has ended".into())),
-            _ => Err(Error::Refused("not a local console".into())),
-        }
-    }
-
-    /// Drops `who`'s views (a session that ended) and closes their streams.
-    pub fn forget(&self, who: &Who) {
-        if let Ok(mut by_who) = self.views.by_who.lock() {
-            by_who.retain(|(w, _), cell| {
-                if w != who {
-                    return true;
-                }
-                if let Some(v) = cell.view.get() {
-                    v.ended.send_replace(true);
-                }
-                false
-            });
-        }
-    }
-
-    /// Drops the views no page streams from that have been idle, those of
-    /// sessions that ended, and those whose making failed.
-    fn sweep(&self, by_who: &mut Cells) {
-        let now = Instant::now();
-        by_who.retain(|(who, _), cell| {
-            let Some(v) = cell.view.get() else {
-                // Being made, or its making failed (nobody holds it then).
-                return !cell.unheld();
-            };
-            let live_session = match (who, &self.auth) {
-                (
-                    Who::Session(id),
-                    Auth::Users {
-                        sessions: Some(s), ..
-                    },
-                ) => s.get(id).is_some(),
-                _ => true,
-            };
-            if !live_session {
-                v.ended.send_replace(true);
-                return false;
-            }
-            let idle = v
-                .used
-                .lock()
-                .map(|u| now.duration_since(*u) > IDLE)
-                .unwrap_or(true);
-            !(idle && cell.unheld())
-        });
-    }
-
-    /// A client that acts as `id` (Impersonate-User and -Group headers on
-    /// the console's own credentials).
-    fn impersonating(&self, id: &Identity) -> Result<Client, Error> {
-        let mut config = self.config.clone();
-        config.auth_info.impersonate = Some(id.user.clone());
-        config.auth_info.impersonate_groups = (!id.groups.is_empty()).then(|| id.groups.clone());
-        Client::try_from(config).map_err(|e| Error::Config(e.to_string()))
-    }
-
-    /// A client that authenticates with `token` alone (none of the
-    /// console's own credentials).
-    pub fn token_client(&self, token: &str) -> Result<Client, Error> {
-        let mut config = self.config.clone();
-        config.auth_info = kube::config::AuthInfo {
-            token: Some(token.to_owned().into()),
-            ..Default::default()
-        };
-        Client::try_from(config).map_err(|e| Error::Config(e.to_string()))
-    }
-}
-
-/// The view of the person a request acts for: every handler takes this
-/// (`User(c)`), so every read and write is made as them.
-pub struct User(pub Arc<View>);
-
-impl FromRequestParts<Shared> for User {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, c: &Shared) -> Result<User, Response> {
-        let Some(who) = parts.extensions.get::<Who>().cloned() else {
-            return Err(StatusCode::UNAUTHORIZED.into_response());
-        };
-        let chose =
-            super::auth::cookie(&parts.headers, NAMESPACE_COOKIE).filter(|ns| namespace_name(ns));
-        match c.view_for(&who, chose).await {
-            Ok(v) => Ok(User(v)),
-            Err(NoView::Full) => {
-                eprintln!(
-                    "console: {} holds {VIEWS_PER_USER} views, each in use; refused another",
-                    who.label()
-                );
-                Err((
-                    StatusCode::TOO_MANY_REQUESTS,
-                    format!(
-                        "You have {VIEWS_PER_USER} views of the cluster open in this console (one per namespace you chose and per sign-in), each on a page that is open: close one of those pages, then reload this one."
-                    ),
-                )
-                    .into_response())
-            }
-            Err(NoView::Failed(e)) => {
-                eprintln!("console: acting for {}: {e}", who.label());
-                Err((
-                    StatusCode::FORBIDDEN,
-                    format!("The console cannot act for you: {e}"),
-                )
-                    .into_response())
-            }
-        }
-    }
+    pub(super) by_who: Mutex<Cells>,
 }
 
 #[cfg(test)]

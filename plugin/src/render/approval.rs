@@ -6,7 +6,7 @@ use std::fmt::Write;
 use agentrun_operator::api::{Approval, ApprovalKind, ApprovalPhase};
 use jiff::Timestamp;
 
-use super::{short, table, truncate};
+use super::text::{short, table, truncate};
 use crate::identity::Identity;
 
 pub(super) fn approval_lines(a: &Approval) -> String {

@@ -9,7 +9,7 @@ use agentrun_operator::api::{AgentRun, RunRecordSpec, StepRole};
 use agentrun_operator::history::record_name;
 use jiff::Timestamp;
 
-use super::{Style, age, table, truncate};
+use super::text::{Style, age, table, truncate};
 
 /// One line per record, newest first; the namespace column with `-A`.
 pub fn history_table(records: &[RunRecordSpec], all_namespaces: bool, now: Timestamp) -> String {
@@ -58,6 +58,15 @@ pub fn history_table(records: &[RunRecordSpec], all_namespaces: bool, now: Times
 
 /// One record in full.
 pub fn record_detail(r: &RunRecordSpec, now: Timestamp, style: Style) -> String {
+    let mut s = record_head(r, now, style);
+    s.push_str(&record_steps(r));
+    s.push_str(&record_approvals(r));
+    s.push_str(&record_signals(r));
+    s
+}
+
+/// The record, its run, when it ran and how it ended.
+fn record_head(r: &RunRecordSpec, now: Timestamp, style: Style) -> String {
     let mut s = String::new();
     let phase = format!("{:?}", r.outcome.phase);
     let _ = writeln!(
@@ -101,6 +110,12 @@ pub fn record_detail(r: &RunRecordSpec, now: Timestamp, style: Style) -> String 
         r.outcome.tokens_used, r.outcome.step_executions, r.outcome.plan_revision
     );
     let _ = writeln!(s, "Spec digests: {}", r.run.spec_digests.join(", "));
+    s
+}
+
+/// The steps' and the compensations' tables, where there are any.
+fn record_steps(r: &RunRecordSpec) -> String {
+    let mut s = String::new();
     if !r.steps.is_empty() {
         s.push_str("\nSteps:\n");
         let mut rows = vec![
@@ -157,6 +172,12 @@ pub fn record_detail(r: &RunRecordSpec, now: Timestamp, style: Style) -> String 
         }
         s.push_str(&table(&rows));
     }
+    s
+}
+
+/// Each approval with who decided it, when, their comment and the votes.
+fn record_approvals(r: &RunRecordSpec) -> String {
+    let mut s = String::new();
     if !r.approvals.is_empty() {
         s.push_str("\nApprovals:\n");
         for a in &r.approvals {
@@ -183,6 +204,12 @@ pub fn record_detail(r: &RunRecordSpec, now: Timestamp, style: Style) -> String 
             }
         }
     }
+    s
+}
+
+/// Each signal with its id and sender.
+fn record_signals(r: &RunRecordSpec) -> String {
+    let mut s = String::new();
     if !r.signals.is_empty() {
         s.push_str("\nSignals:\n");
         for g in &r.signals {

@@ -8,113 +8,21 @@ use agentrun_operator::api::{
     StepCheckpoint, StepPhase, StepRole,
 };
 use agentrun_operator::engine::human_duration;
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 
 mod approval;
 mod history;
 mod plan;
 mod signal;
+mod text;
 use approval::approval_lines;
 pub use approval::{is_pending, pending, question};
 pub use history::{history_line, history_table, record_detail};
 pub use plan::{graph_lines, lineage_line};
 pub use signal::{SignalStep, deadline, signal_step, waiting_signal, waits_for_signal};
-
-/// Colours for a terminal; none when not a TTY or with `NO_COLOR`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Style {
-    pub color: bool,
-}
-
-impl Style {
-    fn paint(&self, code: &str, s: &str) -> String {
-        if self.color {
-            format!("\x1b[{code}m{s}\x1b[0m")
-        } else {
-            s.to_owned()
-        }
-    }
-    fn phase(&self, phase: &str) -> String {
-        let code = match phase {
-            "Succeeded" => "32",
-            "Failed" | "Cancelled" => "31",
-            "WaitingForApproval" | "Compensating" => "33",
-            _ => return phase.to_owned(),
-        };
-        self.paint(code, phase)
-    }
-    fn dim(&self, s: &str) -> String {
-        self.paint("2", s)
-    }
-}
-
-/// `5s`, `2m`, `3h`, `4d`, as `kubectl get` prints ages.
-pub fn age(since: Timestamp, now: Timestamp) -> String {
-    short(now.duration_since(since))
-}
-
-/// A duration in kubectl's short form.
-pub fn short(d: SignedDuration) -> String {
-    let s = d.as_secs().max(0);
-    match s {
-        0..120 => format!("{s}s"),
-        120..7200 => format!("{}m", s / 60),
-        7200..172800 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
-    }
-}
-
-/// Left-aligned columns separated by three spaces, like `kubectl get`.
-pub fn table(rows: &[Vec<String>]) -> String {
-    let widths: Vec<usize> = (0..rows.iter().map(Vec::len).max().unwrap_or(0))
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| visible_len(s))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let mut line = String::new();
-        for (c, cell) in r.iter().enumerate() {
-            line.push_str(cell);
-            if c + 1 < r.len() {
-                let pad = widths[c] - visible_len(cell) + 3;
-                line.push_str(&" ".repeat(pad));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
-fn visible_len(s: &str) -> usize {
-    let mut n = 0;
-    let mut in_escape = false;
-    for ch in s.chars() {
-        match (in_escape, ch) {
-            (false, '\x1b') => in_escape = true,
-            (true, 'm') => in_escape = false,
-            (true, _) => {}
-            (false, _) => n += 1,
-        }
-    }
-    n
-}
-
-/// At most `max` characters of `s`, with `…` when cut.
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_owned();
-    }
-    let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
-    t.push('…');
-    t
-}
+use text::mark;
+pub use text::{Style, age, short, table, truncate};
 
 fn name(run: &AgentRun) -> &str {
     run.metadata.name.as_deref().unwrap_or("")
@@ -231,20 +139,6 @@ fn effect(e: Option<EffectOutcome>) -> &'static str {
         Some(EffectOutcome::NotApplied) => "NotApplied",
         Some(EffectOutcome::Unknown) => "Unknown",
         None => "-",
-    }
-}
-
-fn mark(phase: StepPhase) -> &'static str {
-    match phase {
-        StepPhase::Succeeded => "✓",
-        StepPhase::Failed => "✗",
-        StepPhase::Running => "▶",
-        StepPhase::WaitingForApproval => "?",
-        StepPhase::Superseded => "~",
-        StepPhase::Skipped => "-",
-        StepPhase::Verifying => "?",
-        StepPhase::Waiting => "◷",
-        StepPhase::Pending => "·",
     }
 }
 
@@ -405,6 +299,17 @@ pub fn describe(
     style: Style,
 ) -> String {
     let status = run.status.clone().unwrap_or_default();
+    let mut s = head_lines(run, &status, style);
+    s.push_str(&waiting_lines(run, &status, approvals, signals, now));
+    s.push_str(&graph_lines(run, &status));
+    s.push_str(&step_lines(run, &status, signals, now, full, style));
+    s.push_str(&approval_section(run, approvals));
+    s.push_str(&event_lines(events, now));
+    s
+}
+
+/// The run, its plan, where it came from, its tokens and step Pods.
+fn head_lines(run: &AgentRun, status: &AgentRunStatus, style: Style) -> String {
     let mut s = String::new();
     let phase = status.phase.map(|p| format!("{p:?}")).unwrap_or("-".into());
     let _ = writeln!(
@@ -421,7 +326,7 @@ pub fn describe(
             p.revision, p.source, p.reason
         );
     }
-    s.push_str(&lineage_line(run, &status));
+    s.push_str(&lineage_line(run, status));
     s.push_str(&history_line(run));
     let budget = run.spec.budget.clone().unwrap_or_default();
     let of = |n: Option<i64>| n.map(|b| format!(" of {b}")).unwrap_or_default();
@@ -433,6 +338,19 @@ pub fn describe(
         status.step_executions,
         of(budget.step_executions.map(i64::from)),
     );
+    s
+}
+
+/// A `Waiting for:` line for each thing the run waits for: an Approval, a
+/// place to start, a signal, a wake-up time.
+fn waiting_lines(
+    run: &AgentRun,
+    status: &AgentRunStatus,
+    approvals: &[Approval],
+    signals: &[Signal],
+    now: Timestamp,
+) -> String {
+    let mut s = String::new();
     if let Some(w) = waiting_for(run, approvals) {
         let until = status
             .steps
@@ -493,7 +411,19 @@ pub fn describe(
             short(t.0.duration_since(now))
         );
     }
-    s.push_str(&graph_lines(run, &status));
+    s
+}
+
+/// `Steps:` and, if any ran, `Compensations:`.
+fn step_lines(
+    run: &AgentRun,
+    status: &AgentRunStatus,
+    signals: &[Signal],
+    now: Timestamp,
+    full: bool,
+    style: Style,
+) -> String {
+    let mut s = String::new();
     let _ = writeln!(s, "Steps:");
     for cp in &status.steps {
         let sig = signal_step(run, cp, signals);
@@ -514,6 +444,12 @@ pub fn describe(
             );
         }
     }
+    s
+}
+
+/// `Approvals:`, the run's own (by UID), if it has any.
+fn approval_section(run: &AgentRun, approvals: &[Approval]) -> String {
+    let mut s = String::new();
     let mine: Vec<&Approval> = approvals
         .iter()
         .filter(|a| Some(a.spec.run_uid.as_str()) == run.metadata.uid.as_deref())
@@ -524,6 +460,12 @@ pub fn describe(
             s.push_str(&approval_lines(a));
         }
     }
+    s
+}
+
+/// `Events:`, the last eight, if there are any.
+fn event_lines(events: &[Event], now: Timestamp) -> String {
+    let mut s = String::new();
     if !events.is_empty() {
         let _ = writeln!(s, "Events:");
         let mut rows = vec![];

@@ -3,7 +3,7 @@
 
 use agentrun_operator::api::{AgentRun, AgentRunStatus, StepPhase, StepRole};
 
-use super::{mark, table, truncate};
+use super::text::{mark, table, truncate};
 
 /// Where a fork came from: `Forked from: run R (UID …) at step S, by U; kept: a, b`.
 /// Before the operator has read the source, what the spec asks for.

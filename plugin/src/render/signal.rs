@@ -129,7 +129,7 @@ pub fn waiting_signal(run: &AgentRun) -> Option<(&StepCheckpoint, SignalStep)> {
 /// `2026-… (in 9m)`, or `(now)` once the deadline passed.
 pub fn deadline(at: Timestamp, now: Timestamp) -> String {
     if at > now {
-        format!("{at} (in {})", super::short(at.duration_since(now)))
+        format!("{at} (in {})", super::text::short(at.duration_since(now)))
     } else {
         format!("{at} (now)")
     }

@@ -7,9 +7,9 @@
 use agentrun_operator::api::{AlreadyRan, RunPhase, RunRecordSpec};
 use agentrun_operator::history::{self, Query};
 use jiff::{SignedDuration, Timestamp};
-use kubectl_agentrun::console::Scope;
 use kubectl_agentrun::console::filter::HistoryFilter;
 use kubectl_agentrun::console::history_page::{self, Listed};
+use kubectl_agentrun::console::namespace::Scope;
 use kubectl_agentrun::console::{pages, run_page};
 use serde_json::json;
 
@@ -311,11 +311,11 @@ fn the_filters_map_to_the_query_the_cli_asks() {
     let cli = |args: &[&str], ns: &str| {
         let mut argv = vec!["kubectl-agentrun", "history"];
         argv.extend(args);
-        let parsed = kubectl_agentrun::commands::Cli::try_parse_from(argv).unwrap();
-        let kubectl_agentrun::commands::Command::History(h) = parsed.command else {
+        let parsed = kubectl_agentrun::cli::Cli::try_parse_from(argv).unwrap();
+        let kubectl_agentrun::cli::Command::History(h) = parsed.command else {
             panic!("parsed as history");
         };
-        kubectl_agentrun::history::query(&h, ns, now).unwrap()
+        kubectl_agentrun::commands::history::query(&h, ns, now).unwrap()
     };
     let shop = || Scope::Namespace("shop".into());
     let at = |t: &str| Some(t.parse::<Timestamp>().unwrap());

@@ -6,7 +6,7 @@ use agentrun_operator::api::{AgentRun, ForkSource, ForkedFrom};
 use agentrun_operator::engine::fork::ForkPlan;
 use kubectl_agentrun::console::retry::{self, RetryForm};
 use kubectl_agentrun::console::run_page;
-use kubectl_agentrun::retry::Retry;
+use kubectl_agentrun::fork::Retry;
 
 use super::{at, fixture};
 

@@ -1,5 +1,5 @@
-//! `kubectl agentrun retry RUN [--from STEP]`: a new run that forks RUN at a
-//! step (docs/recover.md). The plan of what the fork keeps and runs is the
+//! The fork a retry makes of a finished run at a step (docs/recover.md), for
+//! `kubectl agentrun retry` and the console's retry alike. The plan of what the fork keeps and runs is the
 //! operator's own (`engine::fork::fork_plan`), so `--dry-run` shows exactly
 //! what the operator will do with it.
 
@@ -9,38 +9,7 @@ use jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
-use crate::commands::{Error, api};
-
-/// What `retry` was asked.
-#[derive(clap::Args, Debug, Clone)]
-pub struct RetryArgs {
-    /// The run to fork (Failed, Cancelled or Succeeded).
-    pub run: String,
-    /// The step the new run starts from; default: the first step that did
-    /// not succeed.
-    #[arg(long)]
-    pub from: Option<String>,
-    /// Run the step again even though it acted in RUN: it then acts a second
-    /// time, after a person approves an Approval that says so.
-    #[arg(long)]
-    pub rerun_applied: bool,
-    /// Print what the new run would keep, run and ask, and create nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// The new run's name (default: RUN-retry-<random>).
-    #[arg(long)]
-    pub name: Option<String>,
-}
-
-impl RetryArgs {
-    pub fn request(&self) -> Retry {
-        Retry {
-            from: self.from.clone(),
-            rerun_acted: self.rerun_applied,
-            name: self.name.clone(),
-        }
-    }
-}
+use crate::client::{Error, api};
 
 /// What a retry asks for, from the CLI's flags or the console's form.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -243,19 +212,6 @@ pub fn created_line(created: &AgentRun, plan: &ForkPlan) -> String {
         },
         plan.runs.join(", ")
     )
-}
-
-/// Creates the fork (or prints its plan with `--dry-run`).
-pub async fn retry(client: &Client, ns: &str, args: &RetryArgs) -> Result<(), Error> {
-    let source = source(client, ns, &args.run).await?;
-    let now = Timestamp::now();
-    if args.dry_run {
-        print!("{}", preview(&source, &args.request(), now)?);
-        return Ok(());
-    }
-    let (created, plan) = create(client, &source, &args.request(), now).await?;
-    println!("{}", created_line(&created, &plan));
-    Ok(())
 }
 
 #[cfg(test)]

@@ -8,13 +8,14 @@
 //!   history refund-4711     each record of that run name, in full
 //! ```
 
-use agentrun_operator::api::RunPhase;
 use agentrun_operator::history::{ApiStore, PgStore, Query, Store};
 use clap::Args;
 use jiff::Timestamp;
 use kube::Client;
 
-use crate::commands::{Error, Output};
+use super::{Output, print_as, style};
+use crate::client::Error;
+use crate::history_filter::{outcome, since};
 use crate::render;
 
 #[derive(Args, Debug, Clone)]
@@ -46,36 +47,6 @@ pub struct HistoryArgs {
     /// The CA that signed the database server's certificate (PEM).
     #[arg(long, requires = "database_url")]
     pub database_ca_file: Option<std::path::PathBuf>,
-}
-
-/// `Succeeded`, `Failed` or `Cancelled`: the outcomes a record can have.
-pub fn outcome(word: &str) -> Result<RunPhase, String> {
-    serde_json::from_value::<RunPhase>(serde_json::Value::String(word.to_owned()))
-        .ok()
-        .filter(|p| p.is_finished())
-        .ok_or_else(|| "a record ends Succeeded, Failed or Cancelled".to_owned())
-}
-
-/// The start of a time filter: a duration back from `now` (`24h`, `30m`,
-/// `168h`), a time (`2026-12-01T08:00:00Z`) or a day (`2026-12-01`, from
-/// midnight UTC).
-pub fn since(text: &str, now: Timestamp) -> Result<Timestamp, String> {
-    let text = text.trim();
-    if let Ok(d) = agentrun_operator::api::Duration::from(text).parse() {
-        return Ok(now.checked_sub(d).unwrap_or(Timestamp::MIN));
-    }
-    if let Ok(t) = text.parse::<Timestamp>() {
-        return Ok(t);
-    }
-    if let Ok(day) = text.parse::<jiff::civil::Date>()
-        && let Ok(z) = day.to_zoned(jiff::tz::TimeZone::UTC)
-    {
-        return Ok(z.timestamp());
-    }
-    Err(
-        "a duration back from now (24h, 30m), a time (2026-12-01T08:00:00Z) or a day (2026-12-01)"
-            .into(),
-    )
 }
 
 /// The query the arguments ask for, checked before any request. The
@@ -130,7 +101,7 @@ pub async fn history(client: &Client, ns: &str, args: &HistoryArgs) -> Result<()
         ))
     })?;
     if let Some(o) = args.output {
-        return crate::commands::print_as(o, &records);
+        return print_as(o, &records);
     }
     if records.is_empty() {
         let what = match &args.run {
@@ -147,7 +118,7 @@ pub async fn history(client: &Client, ns: &str, args: &HistoryArgs) -> Result<()
         );
         return Ok(());
     }
-    let style = crate::commands::style();
+    let style = style();
     match &args.run {
         Some(_) => {
             let text: Vec<String> = records

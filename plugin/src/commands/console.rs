@@ -2,8 +2,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use super::Options;
-use super::auth::Mode;
+use crate::console::auth::Mode;
+use crate::console::state::Options;
 
 #[derive(clap::Args, Debug)]
 pub struct ConsoleArgs {

@@ -23,7 +23,7 @@ use kube::api::{ListParams, Patch};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::commands::{Error, api, patch_params, whoami};
+use crate::client::{Error, api, patch_params, whoami};
 use crate::render;
 
 #[derive(Args, Debug, Clone)]
@@ -209,21 +209,6 @@ async fn by_labels(
         .max_by_key(|s| s.spec.plan_revision)
         .map(|s| s.name_any());
     Ok(found)
-}
-
-/// The Signals of run `run`, for the views; none where they cannot be read
-/// (the views then say what the run's status says).
-pub async fn signals_of(client: &Client, ns: &str, run: &AgentRun) -> Vec<Signal> {
-    let selector = format!("{}={}", labels::RUN, run.name_any());
-    let uid = run.metadata.uid.clone().unwrap_or_default();
-    Api::<Signal>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| s.spec.run_uid == uid)
-        .collect()
 }
 
 /// Why there is no signal to send for `step`: what the step does instead.
