@@ -1,7 +1,7 @@
 //! The command line: clap's types and the dispatch, the one place that
 //! knows every command (each is in `commands`).
 
-use agentrun_operator::api::Decision;
+use agentrun_api::Decision;
 use clap::{Parser, Subcommand};
 use kube::Client;
 use serde_json::json;

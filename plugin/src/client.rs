@@ -3,8 +3,8 @@
 //! and the reads every view needs: who the user is, a run with its
 //! approvals, its Events and its Signals.
 
-use agentrun_operator::api::{AgentRun, Approval, Signal};
-use agentrun_operator::labels;
+use agentrun_api::labels;
+use agentrun_api::{AgentRun, Approval, Signal};
 use clap::Args;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::events::v1::Event;

@@ -1,7 +1,7 @@
 //! The API write of a decision: the one place both `approve`/`reject`/
 //! `reconcile` and the console decide.
 
-use agentrun_operator::api::{Approval, ApprovalKind, Decision};
+use agentrun_api::{Approval, ApprovalKind, Decision};
 use kube::api::Patch;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;

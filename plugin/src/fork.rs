@@ -3,8 +3,8 @@
 //! operator's own (`engine::fork::fork_plan`), so `--dry-run` shows exactly
 //! what the operator will do with it.
 
-use agentrun_operator::api::{AgentRun, CheckpointState, ForkSource, RunPhase, StepPhase};
-use agentrun_operator::engine::fork::{ForkPlan, fork_plan};
+use agentrun_api::{AgentRun, CheckpointState, ForkSource, RunPhase, StepPhase};
+use agentrun_engine::fork::{ForkPlan, fork_plan};
 use jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
@@ -216,9 +216,7 @@ pub fn created_line(created: &AgentRun, plan: &ForkPlan) -> String {
 
 #[cfg(test)]
 mod tests {
-    use agentrun_operator::api::{
-        AgentRunSpec, AgentRunStatus, StepCheckpoint, StepContainer, StepSpec,
-    };
+    use agentrun_api::{AgentRunSpec, AgentRunStatus, StepCheckpoint, StepContainer, StepSpec};
 
     use super::*;
 
@@ -271,7 +269,7 @@ mod tests {
     fn a_run_that_already_ran_is_not_retried() {
         let mut run = source(RunPhase::AlreadyRan, &[]);
         if let Some(st) = run.status.as_mut() {
-            st.already_ran = Some(Box::new(agentrun_operator::api::AlreadyRan {
+            st.already_ran = Some(Box::new(agentrun_api::AlreadyRan {
                 record: "order-1a2b3c4d".into(),
                 run_uid: "1a2b3c4d-0000".into(),
                 outcome: "Succeeded".into(),

@@ -1,7 +1,7 @@
 //! What the history filters' words mean, for `history`'s flags and the
 //! console's filter form alike.
 
-use agentrun_operator::api::RunPhase;
+use agentrun_api::RunPhase;
 use jiff::Timestamp;
 /// `Succeeded`, `Failed` or `Cancelled`: the outcomes a record can have.
 pub fn outcome(word: &str) -> Result<RunPhase, String> {
@@ -16,7 +16,7 @@ pub fn outcome(word: &str) -> Result<RunPhase, String> {
 /// midnight UTC).
 pub fn since(text: &str, now: Timestamp) -> Result<Timestamp, String> {
     let text = text.trim();
-    if let Ok(d) = agentrun_operator::api::Duration::from(text).parse() {
+    if let Ok(d) = agentrun_api::Duration::from(text).parse() {
         return Ok(now.checked_sub(d).unwrap_or(Timestamp::MIN));
     }
     if let Ok(t) = text.parse::<Timestamp>() {

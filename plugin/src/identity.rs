@@ -3,7 +3,7 @@
 //! decide it: the same rules the chart's admission policies enforce, checked
 //! first so a refusal can say why before anything is sent.
 
-use agentrun_operator::api::{Approval, ApprovalPhase};
+use agentrun_api::{Approval, ApprovalPhase};
 
 /// A user and their groups.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

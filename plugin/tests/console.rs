@@ -11,7 +11,7 @@ mod retry;
 
 use std::path::PathBuf;
 
-use agentrun_operator::api::{AgentRun, Approval, Signal};
+use agentrun_api::{AgentRun, Approval, Signal};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::events::v1::Event;
 use kubectl_agentrun::console::filter::RunFilter;
@@ -152,9 +152,9 @@ fn the_axis_spans_the_run_plus_a_quarter_for_a_long_freshness_window() {
 fn a_running_attempt_reaches_now_and_a_replan_is_marked() {
     let (mut run, mut events) = evicted_run();
     let st = run.status.as_mut().unwrap();
-    st.phase = Some(agentrun_operator::api::RunPhase::Running);
+    st.phase = Some(agentrun_api::RunPhase::Running);
     st.completed_at = None;
-    st.steps[0].phase = agentrun_operator::api::StepPhase::Running;
+    st.steps[0].phase = agentrun_api::StepPhase::Running;
     st.steps[0].finished_at = None;
     st.steps[0].fresh_until = None;
     events.truncate(3);
@@ -387,7 +387,7 @@ fn parallel_branches_get_lanes_of_their_own_and_a_skipped_step_a_mark() {
 /// says when it wakes.
 #[test]
 fn queued_runs_and_wait_steps_say_when_they_move() {
-    use agentrun_operator::api::{RunPhase, StepCheckpoint, StepPhase};
+    use agentrun_api::{RunPhase, StepCheckpoint, StepPhase};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     let (mut run, approvals) = fixture("refund-waiting");
     let now: Timestamp = "2026-12-02T01:17:39Z".parse().unwrap();

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use agentrun_operator::api::{AgentRun, Approval, Signal};
+use agentrun_api::{AgentRun, Approval, Signal};
 use jiff::{SignedDuration, Timestamp};
 use kubectl_agentrun::identity::Identity;
 use kubectl_agentrun::render::{self, Style};
@@ -317,7 +317,7 @@ fn wrap_breaks_between_words_and_says_when_it_cut() {
 /// A wait step shows when it wakes, and how long until then.
 #[test]
 fn describe_shows_when_a_wait_wakes() {
-    use agentrun_operator::api::{RunPhase, StepCheckpoint, StepPhase};
+    use agentrun_api::{RunPhase, StepCheckpoint, StepPhase};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     let (mut run, approvals) = fixture("refund-waiting");
     let now = now(&run);
@@ -345,7 +345,7 @@ fn describe_shows_when_a_wait_wakes() {
 /// A queued run says where it waits and why, as its condition does.
 #[test]
 fn describe_says_where_a_queued_run_waits() {
-    use agentrun_operator::api::RunPhase;
+    use agentrun_api::RunPhase;
     let (mut run, approvals) = fixture("refund-waiting");
     let now = now(&run);
     let status = run.status.as_mut().unwrap();
@@ -455,10 +455,10 @@ fn describe_a_received_signal_names_its_id_and_sender() {
 }
 
 /// A record built from a captured run (D18), as the operator builds it.
-fn record_of(name: &str) -> agentrun_operator::api::RunRecordSpec {
+fn record_of(name: &str) -> agentrun_api::RunRecordSpec {
     let (run, approvals) = fixture(name);
     let status = run.status.clone().unwrap();
-    agentrun_operator::history::build(&run, &status, &approvals, &signals(name))
+    agentrun_history::build(&run, &status, &approvals, &signals(name))
 }
 
 #[test]
@@ -472,7 +472,7 @@ fn history_lists_records_newest_first_and_shows_one_in_full() {
         .0
         .max(rejected.outcome.completed_at.0);
     let now = later + SignedDuration::from_hours(2);
-    let q = agentrun_operator::history::Query::default();
+    let q = agentrun_history::Query::default();
     let listed = q.arrange(vec![approved.clone(), rejected.clone()]);
     golden("history-list", &render::history_table(&listed, true, now));
     let detail = render::record_detail(&approved, now, Style::default());
@@ -494,7 +494,7 @@ fn describe_links_a_run_to_its_record_or_to_the_run_that_already_ran() {
     assert!(line.contains("kubectl agentrun history"), "{line}");
     let status = run.status.as_mut().unwrap();
     status.record = None;
-    status.already_ran = Some(Box::new(agentrun_operator::api::AlreadyRan {
+    status.already_ran = Some(Box::new(agentrun_api::AlreadyRan {
         record: "refund-0ld0uid0".into(),
         run_uid: "0ld0uid0-1".into(),
         outcome: "Succeeded".into(),

@@ -2,7 +2,7 @@
 //! check the user may decide it, confirm, and send the decision (or vote) —
 //! the same write the console makes.
 
-use agentrun_operator::api::{Approval, ApprovalKind, Decision};
+use agentrun_api::{Approval, ApprovalKind, Decision};
 use clap::Args;
 use kube::{Client, ResourceExt};
 

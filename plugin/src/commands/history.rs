@@ -8,7 +8,7 @@
 //!   history refund-4711     each record of that run name, in full
 //! ```
 
-use agentrun_operator::history::{ApiStore, PgStore, Query, Store};
+use agentrun_history::{ApiStore, PgStore, Query, Store};
 use clap::Args;
 use jiff::Timestamp;
 use kube::Client;

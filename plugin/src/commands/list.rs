@@ -1,7 +1,7 @@
 //! `kubectl agentrun list`: runs with phase, current step, progress, tokens
 //! and what they wait for.
 
-use agentrun_operator::api::{AgentRun, Approval};
+use agentrun_api::{AgentRun, Approval};
 use jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};

@@ -1,8 +1,8 @@
 //! `kubectl agentrun logs RUN [STEP]`: the logs of a run's step Pods, every
 //! attempt in order.
 
-use agentrun_operator::api::{AgentRun, StepRole};
-use agentrun_operator::labels;
+use agentrun_api::labels;
+use agentrun_api::{AgentRun, StepRole};
 use futures::{AsyncBufReadExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, LogParams};

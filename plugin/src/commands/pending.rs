@@ -1,7 +1,7 @@
 //! `kubectl agentrun pending`: Approvals that wait for a decision, and which
 //! the current user may decide.
 
-use agentrun_operator::api::Approval;
+use agentrun_api::Approval;
 use jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};

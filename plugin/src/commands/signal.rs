@@ -15,8 +15,8 @@
 
 use std::io::Read;
 
-use agentrun_operator::api::{AgentRun, Signal, StepRole};
-use agentrun_operator::labels;
+use agentrun_api::labels;
+use agentrun_api::{AgentRun, Signal, StepRole};
 use clap::Args;
 use jiff::Timestamp;
 use kube::api::{ListParams, Patch};

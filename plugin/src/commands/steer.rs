@@ -1,7 +1,7 @@
 //! `kubectl agentrun suspend`, `resume` and `cancel`: one merge patch of the
 //! run's spec.
 
-use agentrun_operator::api::AgentRun;
+use agentrun_api::AgentRun;
 use kube::api::Patch;
 use kube::{Api, Client};
 use serde_json::json;

@@ -3,7 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
-use agentrun_operator::api::RunPhase;
+use agentrun_api::RunPhase;
 use jiff::Timestamp;
 use kube::Client;
 

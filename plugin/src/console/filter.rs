@@ -3,8 +3,8 @@
 //! the history page's, which become the store's `history::Query` exactly as
 //! `kubectl agentrun history`'s flags do.
 
-use agentrun_operator::api::AgentRun;
-use agentrun_operator::history::Query;
+use agentrun_api::AgentRun;
+use agentrun_history::Query;
 use jiff::Timestamp;
 use serde::Deserialize;
 

@@ -9,11 +9,11 @@
 //!                                                      └─ as_run ──▶ timeline::build
 //! ```
 
-use agentrun_operator::api::{
+use agentrun_api::{
     AgentRun, AgentRunStatus, CompensationCheckpoint, RecordedStep, RunRecordSpec, StepCheckpoint,
     StepRole,
 };
-use agentrun_operator::history::{self, record_name};
+use agentrun_history::{self as history, record_name};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ObjectMeta;

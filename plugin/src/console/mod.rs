@@ -43,7 +43,7 @@ pub mod view;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use agentrun_operator::api::{Approval, Decision};
+use agentrun_api::{Approval, Decision};
 use axum::Router;
 use axum::extract::{Form, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -484,14 +484,14 @@ async fn runrecords_served(client: &Client) -> Option<bool> {
     use kube::Resource;
     let gv = format!(
         "{}/{}",
-        agentrun_operator::api::RunRecord::group(&()),
-        agentrun_operator::api::RunRecord::version(&())
+        agentrun_api::RunRecord::group(&()),
+        agentrun_api::RunRecord::version(&())
     );
     match client.list_api_group_resources(&gv).await {
         Ok(list) => Some(
             list.resources
                 .iter()
-                .any(|r| r.name == agentrun_operator::api::RunRecord::plural(&())),
+                .any(|r| r.name == agentrun_api::RunRecord::plural(&())),
         ),
         Err(kube::Error::Api(s)) if s.code == 404 => Some(false),
         Err(_) => None,

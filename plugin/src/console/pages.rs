@@ -2,7 +2,7 @@
 //! `now`): the layout, the runs table and the approvals inbox. The run page
 //! is in `run_page`. Live parts are fragments the SSE streams send again.
 
-use agentrun_operator::api::{AgentRun, Approval, ApprovalKind, Decision};
+use agentrun_api::{AgentRun, Approval, ApprovalKind, Decision};
 use jiff::Timestamp;
 use maud::{DOCTYPE, Markup, html};
 
@@ -416,7 +416,7 @@ fn notified(a: &Approval) -> Option<String> {
     let delivered: Vec<&str> = st
         .notifications
         .iter()
-        .filter(|d| d.state == agentrun_operator::api::DeliveryState::Delivered)
+        .filter(|d| d.state == agentrun_api::DeliveryState::Delivered)
         .map(|d| d.channel.as_str())
         .collect();
     Some(if c.status == "True" {

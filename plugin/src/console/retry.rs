@@ -14,8 +14,8 @@
 //! run ends) and is `hx-preserve`d, so a change streamed to the page keeps
 //! the step chosen and the preview shown.
 
-use agentrun_operator::api::{AgentRun, RunPhase};
-use agentrun_operator::engine::fork::ForkPlan;
+use agentrun_api::{AgentRun, RunPhase};
+use agentrun_engine::fork::ForkPlan;
 use axum::extract::{Form, Path, Query};
 use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;

@@ -4,10 +4,10 @@
 //! command that sends it), plan revision history and the run's Events. Pure:
 //! a function of the objects and `now`.
 
-use agentrun_operator::api::{
+use agentrun_api::{
     AgentRun, AgentRunStatus, Approval, EffectOutcome, Signal, StepCheckpoint, StepPhase,
 };
-use agentrun_operator::engine::reasons::Reason;
+use agentrun_engine::reasons::Reason;
 use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 use maud::{Markup, html};
@@ -54,7 +54,7 @@ fn effect(e: Option<EffectOutcome>) -> &'static str {
 fn took(cp: &StepCheckpoint, now: Timestamp) -> String {
     match (&cp.started_at, &cp.finished_at) {
         (Some(a), Some(b)) => render::short(b.0.duration_since(a.0)),
-        (Some(a), None) if cp.phase == agentrun_operator::api::StepPhase::Running => {
+        (Some(a), None) if cp.phase == agentrun_api::StepPhase::Running => {
             format!("{} so far", render::short(now.duration_since(a.0)))
         }
         _ => "-".into(),

@@ -14,10 +14,10 @@
 //!                        |r2 re-plan
 //! ```
 
-use agentrun_operator::api::{
+use agentrun_api::{
     AgentRun, AgentRunStatus, Approval, CompensationCheckpoint, StepCheckpoint, StepPhase,
 };
-use agentrun_operator::engine::reasons::Reason;
+use agentrun_engine::reasons::Reason;
 use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 use maud::{Markup, html};
@@ -235,10 +235,10 @@ fn step_lane(
     now: Timestamp,
 ) -> Lane {
     let role = match cp.role {
-        agentrun_operator::api::StepRole::Step => "step",
-        agentrun_operator::api::StepRole::Planner => "planner",
-        agentrun_operator::api::StepRole::Compactor => "compactor before step",
-        agentrun_operator::api::StepRole::Verify => "verify probe of step",
+        agentrun_api::StepRole::Step => "step",
+        agentrun_api::StepRole::Planner => "planner",
+        agentrun_api::StepRole::Compactor => "compactor before step",
+        agentrun_api::StepRole::Verify => "verify probe of step",
     };
     let rec = Record {
         label: format!("{} r{}", cp.name, cp.plan_revision),

@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentrun_operator::api::{AgentRun, Approval};
-use agentrun_operator::history::{ApiStore, Store};
+use agentrun_api::{AgentRun, Approval};
+use agentrun_history::{ApiStore, Store};
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use agentrun_operator::api::{Approval, ApprovalKind, ApprovalPhase};
+use agentrun_api::{Approval, ApprovalKind, ApprovalPhase};
 use jiff::Timestamp;
 
 use super::text::{short, table, truncate};
@@ -74,12 +74,12 @@ pub(super) fn approval_lines(a: &Approval) -> String {
 
 /// What the approval's notifications came to: `notified: 2 delivered`, or
 /// the `Notified` condition's message when something is held back.
-fn notified(st: &agentrun_operator::api::ApprovalStatus) -> Option<String> {
+fn notified(st: &agentrun_api::ApprovalStatus) -> Option<String> {
     let c = st.conditions.iter().find(|c| c.type_ == "Notified")?;
     let delivered = st
         .notifications
         .iter()
-        .filter(|d| d.state == agentrun_operator::api::DeliveryState::Delivered)
+        .filter(|d| d.state == agentrun_api::DeliveryState::Delivered)
         .count();
     Some(if c.status == "True" {
         format!("notified: {delivered} delivered")

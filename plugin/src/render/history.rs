@@ -5,8 +5,8 @@
 
 use std::fmt::Write;
 
-use agentrun_operator::api::{AgentRun, RunRecordSpec, StepRole};
-use agentrun_operator::history::record_name;
+use agentrun_api::{AgentRun, RunRecordSpec, StepRole};
+use agentrun_history::record_name;
 use jiff::Timestamp;
 
 use super::text::{Style, age, table, truncate};

@@ -3,11 +3,11 @@
 
 use std::fmt::Write;
 
-use agentrun_operator::api::{
+use agentrun_api::{
     AgentRun, AgentRunStatus, Approval, ApprovalKind, EffectOutcome, RunPhase, Signal,
     StepCheckpoint, StepPhase, StepRole,
 };
-use agentrun_operator::engine::human_duration;
+use agentrun_engine::human_duration;
 use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 

@@ -1,7 +1,7 @@
 //! The plan of a run as `describe` shows it: the graph its steps form, and
 //! for a fork, the run it came from.
 
-use agentrun_operator::api::{AgentRun, AgentRunStatus, StepPhase, StepRole};
+use agentrun_api::{AgentRun, AgentRunStatus, StepPhase, StepRole};
 
 use super::text::{mark, table, truncate};
 
@@ -38,7 +38,7 @@ pub fn lineage_line(run: &AgentRun, status: &AgentRunStatus) -> String {
 /// waiting on a person, skipped, or waiting on the steps it depends on.
 pub fn graph_lines(run: &AgentRun, status: &AgentRunStatus) -> String {
     let plan = status.plan.clone().unwrap_or_default();
-    let specs: Vec<&agentrun_operator::api::StepSpec> = if plan.steps.is_empty() {
+    let specs: Vec<&agentrun_api::StepSpec> = if plan.steps.is_empty() {
         plan.step_names
             .iter()
             .filter_map(|n| run.spec.steps.iter().find(|s| &s.name == n))
@@ -101,7 +101,7 @@ pub fn graph_lines(run: &AgentRun, status: &AgentRunStatus) -> String {
 
 #[cfg(test)]
 mod graph_tests {
-    use agentrun_operator::api::{
+    use agentrun_api::{
         AgentRun, AgentRunSpec, AgentRunStatus, PlanStatus, StepCheckpoint, StepContainer,
         StepPhase, StepSpec,
     };
@@ -180,7 +180,7 @@ mod graph_tests {
 
 #[cfg(test)]
 mod lineage_tests {
-    use agentrun_operator::api::{AgentRun, AgentRunSpec, AgentRunStatus, ForkSource, ForkedFrom};
+    use agentrun_api::{AgentRun, AgentRunSpec, AgentRunStatus, ForkSource, ForkedFrom};
 
     #[test]
     fn a_fork_names_its_source_the_step_and_what_it_kept() {

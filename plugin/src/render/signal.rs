@@ -11,7 +11,7 @@
 //! id comes from the Signal, so where the Signal cannot be read (gone with
 //! the run's TTL, or no RBAC to read it) the step's own message says it.
 
-use agentrun_operator::api::{AgentRun, Signal, StepCheckpoint, StepPhase, StepSpec};
+use agentrun_api::{AgentRun, Signal, StepCheckpoint, StepPhase, StepSpec};
 use jiff::Timestamp;
 
 /// One step's signal, as the plugin shows it.

@@ -1,7 +1,7 @@
 //! The pieces every rendering is made of: colours, ages and durations,
 //! aligned tables, cut text and a step's mark.
 
-use agentrun_operator::api::StepPhase;
+use agentrun_api::StepPhase;
 use jiff::{SignedDuration, Timestamp};
 
 /// Colours for a terminal; none when not a TTY or with `NO_COLOR`.

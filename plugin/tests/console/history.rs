@@ -4,8 +4,8 @@
 //! anywhere on them, the filters the same `history::Query` as
 //! `kubectl agentrun history`'s flags, and the run page's link to its record.
 
-use agentrun_operator::api::{AlreadyRan, RunPhase, RunRecordSpec};
-use agentrun_operator::history::{self, Query};
+use agentrun_api::{AlreadyRan, RunPhase, RunRecordSpec};
+use agentrun_history::{self as history, Query};
 use jiff::{SignedDuration, Timestamp};
 use kubectl_agentrun::console::filter::HistoryFilter;
 use kubectl_agentrun::console::history_page::{self, Listed};

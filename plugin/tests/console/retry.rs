@@ -2,8 +2,8 @@
 //! (`console/retry.rs`), rendered from the captured fixtures; expected
 //! markup is literal.
 
-use agentrun_operator::api::{AgentRun, ForkSource, ForkedFrom};
-use agentrun_operator::engine::fork::ForkPlan;
+use agentrun_api::{AgentRun, ForkSource, ForkedFrom};
+use agentrun_engine::fork::ForkPlan;
 use kubectl_agentrun::console::retry::{self, RetryForm};
 use kubectl_agentrun::console::run_page;
 use kubectl_agentrun::fork::Retry;
@@ -51,7 +51,7 @@ fn a_run_that_has_not_ended_says_when_retry_is_offered() {
 fn a_run_that_already_ran_says_why_it_is_not_retried() {
     let (mut run, _) = fixture("charge-rejected");
     if let Some(st) = run.status.as_mut() {
-        st.phase = Some(agentrun_operator::api::RunPhase::AlreadyRan);
+        st.phase = Some(agentrun_api::RunPhase::AlreadyRan);
         st.already_ran = None;
     }
     let html = detail(&run, true);
