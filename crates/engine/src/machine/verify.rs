@@ -20,7 +20,7 @@ use crate::names::PodRole;
 use crate::plan::{self, CheckpointIndex, Plan};
 use crate::reasons::Reason;
 use crate::result;
-use agentrun_api::{CheckpointState, EffectOutcome, Provenance, StepPhase, StepRole};
+use agentrun_api::{CheckpointState, EffectOutcome, Provenance, StepPhase, StepRole, TokenUsage};
 
 use super::Machine;
 use super::slot::{Acted, Slot};
@@ -130,6 +130,18 @@ impl<'a> Machine<'a> {
         }
         match report.effect {
             Some(EffectOutcome::Applied) => {
+                // The probe's result stands for the attempt's: the step's
+                // resultSchema judges it as it would the attempt's own (D7).
+                // The attempt acted, so it fails as one that acted.
+                if let Some(why) = self.probe_result_refused(plan, c, &report.result) {
+                    return self.attempt_failed(
+                        plan,
+                        Slot::Step(c),
+                        why,
+                        TokenUsage::default(),
+                        Acted::Yes,
+                    );
+                }
                 let (inline, truncated) = self.cap_result(report.result);
                 let finished = finished_at
                     .map(|t| super::whole_seconds(t).min(self.now))
@@ -213,6 +225,31 @@ impl<'a> Machine<'a> {
                 self.ask_person(plan, c, what);
             }
         }
+    }
+
+    /// Why the result a verify probe found applied for plan step checkpoint
+    /// `c` may not be committed: it does not match the step's `resultSchema`
+    /// (a Warning Event says so at once).
+    fn probe_result_refused(
+        &mut self,
+        plan: &Plan<'_>,
+        c: usize,
+        result: &serde_json::Value,
+    ) -> Option<String> {
+        let cp = &self.status.steps[c];
+        let schema = self.step_spec(plan, &cp.name)?.result_schema?;
+        let e = crate::schema::mismatches(&schema, result).err()?;
+        let why = format!(
+            "its verify probe found attempt {} applied, with a result that does not match its resultSchema: {e}",
+            cp.attempt
+        );
+        let name = cp.name.clone();
+        self.event(
+            EventType::Warning,
+            Reason::ResultInvalid,
+            format!("step {name}: {why}"),
+        );
+        Some(why)
     }
 
     /// The probe in checkpoint `v` failed for good: a person is asked,

@@ -169,9 +169,6 @@ struct Sim {
     was_queued: bool,
     /// A committed write refused a result under its step's `resultSchema`.
     schema_refused: bool,
-    /// Judge a result a verify probe found applied against the step's
-    /// schema too (only its gap case does: the engine does not yet).
-    judge_verified: bool,
 }
 
 /// A signal the API server took.
@@ -257,7 +254,6 @@ impl Sim {
             consumed: BTreeSet::new(),
             was_queued: false,
             schema_refused: false,
-            judge_verified: false,
             w,
         }
     }
