@@ -162,7 +162,7 @@ BENCH_E2E_DIR ?= $(CURDIR)/target/e2e-bench
 BENCH_ARGS ?=
 
 bench:
-	$(CARGO) bench --locked --bench engine
+	$(CARGO) bench --locked -p agentrun-engine --bench engine
 	$(CARGO) test --locked -p agentrun-engine --lib -- tests::d11_bounded_status::status_of_a_500_step_run_with_maximal_names_stays_under_256_kib --exact --nocapture 2>&1 | tee target/bench-status-size.log
 	@# A filter that names no test runs nothing and passes: it must have run the one.
 	grep -q '^test result: ok. 1 passed' target/bench-status-size.log

@@ -5,8 +5,8 @@
 
 use std::hint::black_box;
 
-use agentrun_operator::api::{AgentRun, AgentRunSpec, Effect, StepContainer, StepPhase, StepSpec};
-use agentrun_operator::engine::{Action, Observed, decide};
+use agentrun_api::{AgentRun, AgentRunSpec, Effect, StepContainer, StepPhase, StepSpec};
+use agentrun_engine::{Action, Observed, decide};
 use criterion::{Criterion, criterion_group, criterion_main};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
@@ -77,7 +77,7 @@ fn mid_way() -> (AgentRun, Vec<Pod>, Timestamp) {
             refused: &[],
             source: None,
             queued: None,
-            history: agentrun_operator::engine::History::On,
+            history: agentrun_engine::History::On,
             now,
             cel: Default::default(),
         });
@@ -128,7 +128,7 @@ fn bench(c: &mut Criterion) {
         refused: &[],
         source: None,
         queued: None,
-        history: agentrun_operator::engine::History::On,
+        history: agentrun_engine::History::On,
         now,
         cel: Default::default(),
     };
@@ -145,7 +145,7 @@ fn bench(c: &mut Criterion) {
 
 /// Ten nested loops over ten numbers, stopped by the budget.
 fn cel_at_its_budget(c: &mut Criterion) {
-    use agentrun_operator::engine::cel;
+    use agentrun_engine::cel;
     let ten = "[0,1,2,3,4,5,6,7,8,9]";
     let mut expr = String::from("a >= 0");
     for v in ["j", "i", "h", "g", "f", "e", "d", "c", "b", "a"] {
