@@ -394,59 +394,78 @@ impl<'a> Machine<'a> {
                 decision,
                 by,
                 comment,
-            } => {
-                self.status.steps[c].decided_by = by.clone();
-                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
-                let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
-                match (reconcile, decision) {
-                    (false, Answered::Approved) | (true, Answered::Retry) => {
-                        let (rev, attempt) = (cp.plan_revision, cp.attempt + 1);
-                        let (reason, text) = if reconcile {
-                            (
-                                Reason::ReconcileDecided,
-                                format!("Approval {name}: Retry{by}"),
-                            )
-                        } else {
-                            (
-                                Reason::ApprovalGranted,
-                                format!("Approval {name} approved{by}"),
-                            )
-                        };
-                        self.status.steps[c].message = Some(text.clone());
-                        self.event(EventType::Normal, reason, text);
-                        self.launch(plan, PodRole::Step, &step, rev, attempt);
-                    }
-                    (false, Answered::Rejected) => self.refuse_step(
-                        c,
-                        Reason::ApprovalRejected,
-                        format!("Approval {name} rejected{by}{comment}"),
-                    ),
-                    (true, Answered::MarkSucceeded) => {
-                        let fresh_for = plan::duration(plan.steps[i].fresh_for.as_ref());
-                        let now = self.now;
-                        let cp = &mut self.status.steps[c];
-                        cp.phase = StepPhase::Succeeded;
-                        cp.checkpoint = CheckpointState::Committed;
-                        cp.effect = Some(EffectOutcome::Applied);
-                        cp.finished_at = Some(Time(now));
-                        cp.fresh_until =
-                            fresh_for.map(|d| Time(now.checked_add(d).unwrap_or(Timestamp::MAX)));
-                        cp.message = Some(format!("marked succeeded{by}{comment}"));
-                        self.recorded = true;
-                        self.event(
-                            EventType::Normal,
-                            Reason::ReconcileDecided,
-                            format!("Approval {name}: MarkSucceeded{by}"),
-                        );
-                    }
-                    (true, Answered::MarkFailed) => self.refuse_step(
-                        c,
-                        Reason::StepFailed,
-                        format!("Approval {name}: marked failed{by}{comment}"),
-                    ),
-                    _ => {} // admission forbids mismatched decisions; ignore them
-                }
+            } => self.act_on_decision(plan, i, c, &name, decision, by, comment),
+        }
+    }
+
+    /// A person decided the Approval `name` checkpoint `c` waits on: the
+    /// step runs (Approved, Retry), fails (Rejected, MarkFailed) or is
+    /// recorded as applied by their word (MarkSucceeded).
+    #[allow(clippy::too_many_arguments)]
+    fn act_on_decision(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        c: usize,
+        name: &str,
+        decision: Answered,
+        by: Option<String>,
+        comment: Option<String>,
+    ) {
+        let reconcile = names::is_reconcile(name);
+        let step = plan.steps[i].name.clone();
+        let cp = self.status.steps[c].clone();
+        self.status.steps[c].decided_by = by.clone();
+        let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
+        let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
+        match (reconcile, decision) {
+            (false, Answered::Approved) | (true, Answered::Retry) => {
+                let (rev, attempt) = (cp.plan_revision, cp.attempt + 1);
+                let (reason, text) = if reconcile {
+                    (
+                        Reason::ReconcileDecided,
+                        format!("Approval {name}: Retry{by}"),
+                    )
+                } else {
+                    (
+                        Reason::ApprovalGranted,
+                        format!("Approval {name} approved{by}"),
+                    )
+                };
+                self.status.steps[c].message = Some(text.clone());
+                self.event(EventType::Normal, reason, text);
+                self.launch(plan, PodRole::Step, &step, rev, attempt);
             }
+            (false, Answered::Rejected) => self.refuse_step(
+                c,
+                Reason::ApprovalRejected,
+                format!("Approval {name} rejected{by}{comment}"),
+            ),
+            (true, Answered::MarkSucceeded) => {
+                let fresh_for = plan::duration(plan.steps[i].fresh_for.as_ref());
+                let now = self.now;
+                let cp = &mut self.status.steps[c];
+                cp.phase = StepPhase::Succeeded;
+                cp.checkpoint = CheckpointState::Committed;
+                cp.effect = Some(EffectOutcome::Applied);
+                cp.finished_at = Some(Time(now));
+                cp.fresh_until =
+                    fresh_for.map(|d| Time(now.checked_add(d).unwrap_or(Timestamp::MAX)));
+                cp.provenance = Some(agentrun_api::Provenance::Marked);
+                cp.message = Some(format!("marked succeeded{by}{comment}"));
+                self.recorded = true;
+                self.event(
+                    EventType::Normal,
+                    Reason::ReconcileDecided,
+                    format!("Approval {name}: MarkSucceeded{by}"),
+                );
+            }
+            (true, Answered::MarkFailed) => self.refuse_step(
+                c,
+                Reason::StepFailed,
+                format!("Approval {name}: marked failed{by}{comment}"),
+            ),
+            _ => {} // admission forbids mismatched decisions; ignore them
         }
     }
 

@@ -142,104 +142,8 @@ impl<'a> Machine<'a> {
             // The expiry is written to the Signal first (`sync_signals`);
             // the watch brings the run back once it is.
             Answer::Expiring { .. } => {}
-            Answer::Sent { id, data, by } => {
-                let data = data.unwrap_or_default();
-                // D22: data from outside is bounded before anything
-                // evaluates it; the API server has no way to measure it.
-                let bytes = serde_json::to_vec(&data).map_or(0, |v| v.len());
-                if bytes > agentrun_api::MAX_SIGNAL_DATA_BYTES {
-                    let why = format!(
-                        "signal {id} on Signal {name} carries {bytes} bytes of data, over the {} KiB a signal may carry",
-                        agentrun_api::MAX_SIGNAL_DATA_BYTES / 1024
-                    );
-                    self.event(
-                        EventType::Warning,
-                        Reason::ResultInvalid,
-                        format!("step {step}: {why}"),
-                    );
-                    self.status.steps[c].decided_by = by;
-                    return self.refuse_step(c, Reason::ResultInvalid, why);
-                }
-                // D7 at the boundary: data from outside that does not match
-                // the step's resultSchema is never committed as its result.
-                // The signal cannot be sent again, so the step fails.
-                let schema = plan
-                    .steps
-                    .iter()
-                    .find(|s| s.name == step)
-                    .and_then(|s| s.result_schema.clone());
-                if let Some(e) = schema.and_then(|sc| crate::schema::mismatches(&sc, &data).err()) {
-                    let from = by
-                        .as_deref()
-                        .map(|b| format!(" from {b}"))
-                        .unwrap_or_default();
-                    let why = format!(
-                        "signal {id}{from} on Signal {name} carries data that does not match the step's resultSchema: {e}"
-                    );
-                    self.event(
-                        EventType::Warning,
-                        Reason::ResultInvalid,
-                        format!("step {step}: {why}"),
-                    );
-                    self.status.steps[c].decided_by = by;
-                    return self.refuse_step(c, Reason::ResultInvalid, why);
-                }
-                let (result, truncated) = self.cap_result(data);
-                let from = by
-                    .as_deref()
-                    .map(|b| format!(" from {b}"))
-                    .unwrap_or_default();
-                let text = format!("Signal {name}: {id}{from}");
-                if truncated {
-                    self.event(
-                        EventType::Warning,
-                        Reason::ResultNotKept,
-                        format!(
-                            "step {step}: the data of signal {id} is too large to keep in status; it stays on Signal {name}"
-                        ),
-                    );
-                }
-                let cp = &mut self.status.steps[c];
-                cp.phase = StepPhase::Succeeded;
-                cp.checkpoint = CheckpointState::Committed;
-                cp.effect = Some(EffectOutcome::NotApplied);
-                cp.finished_at = Some(Time(self.now));
-                cp.result = result;
-                cp.result_truncated = truncated;
-                cp.decided_by = by;
-                cp.message = Some(text.clone());
-                self.tally.succeeded += 1;
-                self.event(
-                    EventType::Normal,
-                    Reason::SignalReceived,
-                    format!("step {step}: {text}"),
-                );
-            }
-            Answer::Expired { on_timeout } => {
-                let deadline = cp
-                    .wake_at
-                    .as_ref()
-                    .map(|t| format!(" before {}", t.0))
-                    .unwrap_or_default();
-                let text =
-                    format!("no signal on Signal {name}{deadline} (onTimeout {on_timeout:?})");
-                match on_timeout {
-                    SignalTimeout::Fail => self.refuse_step(c, Reason::SignalExpired, text),
-                    SignalTimeout::Skip => {
-                        let cp = &mut self.status.steps[c];
-                        cp.phase = StepPhase::Skipped;
-                        cp.checkpoint = CheckpointState::Committed;
-                        cp.effect = Some(EffectOutcome::NotApplied);
-                        cp.finished_at = Some(Time(self.now));
-                        cp.message = Some(format!("skipped: {text}"));
-                        self.event(
-                            EventType::Normal,
-                            Reason::SignalExpired,
-                            format!("step {step} skipped: {text}"),
-                        );
-                    }
-                }
-            }
+            Answer::Sent { id, data, by } => self.take_signal(plan, c, &name, id, data, by),
+            Answer::Expired { on_timeout } => self.signal_expired(c, &name, on_timeout),
             Answer::Superseded => self.refuse_step(
                 c,
                 Reason::SignalExpired,
@@ -250,6 +154,120 @@ impl<'a> Machine<'a> {
                 Reason::SignalExpired,
                 format!("Signal {name} {why}; it is not applied and takes no signal now"),
             ),
+        }
+    }
+
+    /// Checkpoint `c` takes signal `id` sent on Signal `name`: its data is
+    /// bounded (D22) and checked against the step's resultSchema (D7) before
+    /// it is committed as the step's result.
+    fn take_signal(
+        &mut self,
+        plan: &Plan<'_>,
+        c: usize,
+        name: &str,
+        id: String,
+        data: Option<serde_json::Value>,
+        by: Option<String>,
+    ) {
+        let step = self.status.steps[c].name.clone();
+        let data = data.unwrap_or_default();
+        // D22: data from outside is bounded before anything
+        // evaluates it; the API server has no way to measure it.
+        let bytes = serde_json::to_vec(&data).map_or(0, |v| v.len());
+        if bytes > agentrun_api::MAX_SIGNAL_DATA_BYTES {
+            let why = format!(
+                "signal {id} on Signal {name} carries {bytes} bytes of data, over the {} KiB a signal may carry",
+                agentrun_api::MAX_SIGNAL_DATA_BYTES / 1024
+            );
+            self.event(
+                EventType::Warning,
+                Reason::ResultInvalid,
+                format!("step {step}: {why}"),
+            );
+            self.status.steps[c].decided_by = by;
+            return self.refuse_step(c, Reason::ResultInvalid, why);
+        }
+        // D7 at the boundary: data from outside that does not match
+        // the step's resultSchema is never committed as its result.
+        // The signal cannot be sent again, so the step fails.
+        let schema = plan
+            .steps
+            .iter()
+            .find(|s| s.name == step)
+            .and_then(|s| s.result_schema.clone());
+        if let Some(e) = schema.and_then(|sc| crate::schema::mismatches(&sc, &data).err()) {
+            let from = by
+                .as_deref()
+                .map(|b| format!(" from {b}"))
+                .unwrap_or_default();
+            let why = format!(
+                "signal {id}{from} on Signal {name} carries data that does not match the step's resultSchema: {e}"
+            );
+            self.event(
+                EventType::Warning,
+                Reason::ResultInvalid,
+                format!("step {step}: {why}"),
+            );
+            self.status.steps[c].decided_by = by;
+            return self.refuse_step(c, Reason::ResultInvalid, why);
+        }
+        let (result, truncated) = self.cap_result(data);
+        let from = by
+            .as_deref()
+            .map(|b| format!(" from {b}"))
+            .unwrap_or_default();
+        let text = format!("Signal {name}: {id}{from}");
+        if truncated {
+            self.event(
+                EventType::Warning,
+                Reason::ResultNotKept,
+                format!(
+                    "step {step}: the data of signal {id} is too large to keep in status; it stays on Signal {name}"
+                ),
+            );
+        }
+        let cp = &mut self.status.steps[c];
+        cp.phase = StepPhase::Succeeded;
+        cp.checkpoint = CheckpointState::Committed;
+        cp.effect = Some(EffectOutcome::NotApplied);
+        cp.finished_at = Some(Time(self.now));
+        cp.result = result;
+        cp.result_truncated = truncated;
+        cp.decided_by = by;
+        cp.message = Some(text.clone());
+        self.tally.succeeded += 1;
+        self.event(
+            EventType::Normal,
+            Reason::SignalReceived,
+            format!("step {step}: {text}"),
+        );
+    }
+
+    /// Checkpoint `c`'s Signal `name` expired (written): `onTimeout` applies.
+    fn signal_expired(&mut self, c: usize, name: &str, on_timeout: SignalTimeout) {
+        let cp = &self.status.steps[c];
+        let step = cp.name.clone();
+        let deadline = cp
+            .wake_at
+            .as_ref()
+            .map(|t| format!(" before {}", t.0))
+            .unwrap_or_default();
+        let text = format!("no signal on Signal {name}{deadline} (onTimeout {on_timeout:?})");
+        match on_timeout {
+            SignalTimeout::Fail => self.refuse_step(c, Reason::SignalExpired, text),
+            SignalTimeout::Skip => {
+                let cp = &mut self.status.steps[c];
+                cp.phase = StepPhase::Skipped;
+                cp.checkpoint = CheckpointState::Committed;
+                cp.effect = Some(EffectOutcome::NotApplied);
+                cp.finished_at = Some(Time(self.now));
+                cp.message = Some(format!("skipped: {text}"));
+                self.event(
+                    EventType::Normal,
+                    Reason::SignalExpired,
+                    format!("step {step} skipped: {text}"),
+                );
+            }
         }
     }
 

@@ -182,13 +182,17 @@ fn a_disrupted_non_idempotent_step_asks_a_person_instead_of_rerunning() {
             },
         },
         Case {
-            name: "MarkSucceeded records it applied and goes on",
+            name: "MarkSucceeded records it applied, by a person's word, and goes on",
             decision: Answer::MarkSucceeded,
             check: |w| {
                 let a = cp(w, "a", 1);
                 assert_eq!(
-                    (a.phase, a.effect),
-                    (StepPhase::Succeeded, Some(EffectOutcome::Applied))
+                    (a.phase, a.effect, a.provenance),
+                    (
+                        StepPhase::Succeeded,
+                        Some(EffectOutcome::Applied),
+                        Some(agentrun_api::Provenance::Marked)
+                    )
                 );
                 assert!(w.pods.contains_key("run-b-59c772-r1-a1"));
             },
