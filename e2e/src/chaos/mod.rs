@@ -286,7 +286,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
     let mut rng = Rng::new(cfg.seed);
     let mut workload_rng = rng.fork(1);
     let mut chaos_rng = rng.fork(2);
-    let mut probe_killer = ProbeKiller::new(rng.fork(3));
+    let mut probe_killer = ProbeKiller::new(rng.fork(3), cfg.probe_kills_min);
     let plans: Vec<workload::RunPlan> = (0..cfg.runs)
         .map(|i| workload::generate(&mut workload_rng, i))
         .collect();

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //!   every 250 ms   list Pods agentrun.dev/role=verify; for each newly Running one,
-//!                  with chance ½ (its own generator): kill an operator
+//!                  kill an operator: surely until the run's minimum of such kills is
+//!                  reached, then with chance ½ (its own generator)
 //! ```
 
 use std::collections::BTreeSet;
@@ -29,20 +30,24 @@ pub(super) struct ProbeKiller {
     next: Instant,
     /// Kills that landed while a probe ran.
     pub kills: u64,
+    /// The kills the run must see (`probe_kills_min`): a draw that skips
+    /// every probe would leave the fault unproven.
+    wanted: u64,
 }
 
 impl ProbeKiller {
-    pub fn new(rng: Rng) -> ProbeKiller {
+    pub fn new(rng: Rng, wanted: u64) -> ProbeKiller {
         ProbeKiller {
             rng,
             seen: BTreeSet::new(),
             next: Instant::now(),
             kills: 0,
+            wanted,
         }
     }
 
     /// Kills an operator if a probe Pod it has not yet considered runs and
-    /// its draw says so; nothing while `busy` (a pause or an apiserver
+    /// the minimum is not reached yet or its draw says so; nothing while `busy` (a pause or an apiserver
     /// restart is under way).
     pub async fn tick(&mut self, pods: &Api<Pod>, operators: &mut Operators, busy: bool) {
         if busy || Instant::now() < self.next {
@@ -59,7 +64,8 @@ impl ProbeKiller {
                 continue;
             }
             let name = pod.name_any();
-            if !self.seen.insert(name.clone()) || !self.rng.chance(0.5) {
+            let owed = self.kills < self.wanted;
+            if !self.seen.insert(name.clone()) || !(owed || self.rng.chance(0.5)) {
                 continue;
             }
             if operators.kill_one(&mut self.rng).await {
