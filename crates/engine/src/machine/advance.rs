@@ -24,14 +24,15 @@ use agentrun_api::{
 
 use super::{MAX_CHECKPOINTS, Machine};
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     pub(super) fn advance(&mut self, plan: &Plan<'_>) {
-        if self.run.spec.suspend {
+        if self.view.run.spec.suspend {
             return;
         }
         if let Some(planner) = self.planning() {
             let rev = plan.revision;
             match self
+                .draft
                 .status
                 .steps
                 .iter()
@@ -39,7 +40,7 @@ impl<'a> Machine<'a> {
             {
                 None => self.launch(plan, PodRole::Planner, &planner.name, rev, 1),
                 Some(i) => {
-                    let cp = self.status.steps[i].clone();
+                    let cp = self.draft.status.steps[i].clone();
                     if cp.phase == StepPhase::Pending && self.due(cp.next_attempt_at.as_ref()) {
                         self.launch(plan, PodRole::Planner, &planner.name, rev, cp.attempt + 1);
                     }
@@ -47,13 +48,13 @@ impl<'a> Machine<'a> {
             }
             return;
         }
-        let index = CheckpointIndex::new(&self.status.steps);
+        let index = CheckpointIndex::new(&self.draft.status.steps);
         let mut effective: Vec<Option<usize>> = (0..plan.steps.len())
-            .map(|i| index.effective(&self.status.steps, plan, i))
+            .map(|i| index.effective(&self.draft.status.steps, plan, i))
             .collect();
         drop(index);
         let done = |m: &Self, e: &[Option<usize>], i: usize| {
-            e[i].is_some_and(|c| m.status.steps[c].phase.is_done())
+            e[i].is_some_and(|c| m.draft.status.steps[c].phase.is_done())
         };
         if (0..plan.steps.len()).all(|i| done(self, &effective, i)) {
             return self.succeed_run(plan);
@@ -64,7 +65,7 @@ impl<'a> Machine<'a> {
         // runs again.
         let mut settled = vec![false; plan.steps.len()];
         for &i in &plan.order {
-            if self.recorded || self.failing() {
+            if self.draft.recorded || self.failing() {
                 return;
             }
             let name = plan.steps[i].name.clone();
@@ -75,19 +76,20 @@ impl<'a> Machine<'a> {
             // other inputs (D8). Had it acted, running it again asks a person
             // (`repeated_effect`).
             if let Some(c) = effective[i]
-                && self.status.steps[c].plan_revision < plan.revision
+                && self.draft.status.steps[c].plan_revision < plan.revision
                 && matches!(
-                    self.status.steps[c].phase,
+                    self.draft.status.steps[c].phase,
                     StepPhase::Pending | StepPhase::WaitingForApproval | StepPhase::Waiting
                 )
                 && (!ready
                     || plan.ancestors(i).into_iter().any(|j| {
                         effective[j].is_some_and(|e| {
-                            self.status.steps[e].plan_revision > self.status.steps[c].plan_revision
+                            self.draft.status.steps[e].plan_revision
+                                > self.draft.status.steps[c].plan_revision
                         })
                     }))
             {
-                let cp = &mut self.status.steps[c];
+                let cp = &mut self.draft.status.steps[c];
                 cp.phase = StepPhase::Superseded;
                 cp.message = Some(format!(
                     "superseded by plan revision {}: a step it comes after runs again",
@@ -97,7 +99,7 @@ impl<'a> Machine<'a> {
             }
             match effective[i] {
                 Some(c) => {
-                    let cp = &self.status.steps[c];
+                    let cp = &self.draft.status.steps[c];
                     let (phase, next, rev, attempt) = (
                         cp.phase,
                         cp.next_attempt_at.clone(),
@@ -114,14 +116,14 @@ impl<'a> Machine<'a> {
                     }
                 }
                 None if ready => {
-                    let before = self.status.steps.len();
+                    let before = self.draft.status.steps.len();
                     self.start_step(plan, i, &effective);
-                    if self.status.plan.as_ref().map(|p| p.revision) != Some(plan.revision) {
+                    if self.draft.status.plan.as_ref().map(|p| p.revision) != Some(plan.revision) {
                         return; // re-planned: the next decision starts from the new plan
                     }
-                    if self.status.steps.len() > before {
-                        effective[i] = CheckpointIndex::new(&self.status.steps).at(
-                            &self.status.steps,
+                    if self.draft.status.steps.len() > before {
+                        effective[i] = CheckpointIndex::new(&self.draft.status.steps).at(
+                            &self.draft.status.steps,
                             StepRole::Step,
                             &name,
                             plan.revision,
@@ -141,10 +143,10 @@ impl<'a> Machine<'a> {
         let Some(pod) = cp.pod.as_deref().filter(|_| cp.phase == StepPhase::Running) else {
             return false;
         };
-        self.pods
+        self.view.pods
             .get(pod)
             .is_some_and(|p| crate::observe::is_live(p))
-            || self.actions.iter().any(|a| {
+            || self.draft.actions.iter().any(|a| {
                 matches!(a, crate::Action::CreatePod(p) if p.metadata.name.as_deref() == Some(pod))
             })
     }
@@ -152,7 +154,7 @@ impl<'a> Machine<'a> {
     /// Whether a Pod of step `name` from a revision before `revision` is
     /// still live (being stopped after a re-plan superseded its attempt).
     fn earlier_attempt_live(&self, name: &str, revision: i64) -> bool {
-        self.pods.values().any(|p| {
+        self.view.pods.values().any(|p| {
             crate::observe::is_live(p)
                 && crate::observe::coords(p).is_some_and(|c| {
                     c.role == PodRole::Step && c.step == name && c.plan_revision < revision
@@ -162,7 +164,8 @@ impl<'a> Machine<'a> {
 
     /// Step Pods (steps and compactors) the run has in flight.
     pub(super) fn in_flight(&self) -> usize {
-        self.status
+        self.draft
+            .status
             .steps
             .iter()
             .filter(|c| c.phase == StepPhase::Running && c.role != StepRole::Planner)
@@ -170,7 +173,8 @@ impl<'a> Machine<'a> {
     }
 
     pub(super) fn parallelism(&self) -> usize {
-        self.run
+        self.view
+            .run
             .spec
             .parallelism
             .unwrap_or(DEFAULT_PARALLELISM)
@@ -178,16 +182,17 @@ impl<'a> Machine<'a> {
     }
 
     pub(super) fn planning(&self) -> Option<StepSpec> {
-        let plan = self.status.plan.as_ref()?;
+        let plan = self.draft.status.plan.as_ref()?;
         (plan.source == PlanSource::Spec && plan.revision == 1)
-            .then(|| self.run.spec.planner.as_deref().cloned())
+            .then(|| self.view.run.spec.planner.as_deref().cloned())
             .flatten()
     }
 
     pub(super) fn succeed_run(&mut self, plan: &Plan) {
-        self.status.phase = Some(RunPhase::Succeeded);
+        self.draft.status.phase = Some(RunPhase::Succeeded);
         self.complete();
         let skipped = self
+            .draft
             .status
             .steps
             .iter()
@@ -206,8 +211,9 @@ impl<'a> Machine<'a> {
                 plan.revision
             ),
         );
-        if let Some(ttl) = self.run.spec.ttl_seconds_after_finished {
-            self.deadlines
+        if let Some(ttl) = self.view.run.spec.ttl_seconds_after_finished {
+            self.draft
+                .deadlines
                 .push(self.at(SignedDuration::from_secs(ttl.max(0).into())));
         }
     }
@@ -220,7 +226,7 @@ impl<'a> Machine<'a> {
             let results: Vec<(String, &'static str, Option<Value>)> = plan.deps[i]
                 .iter()
                 .filter_map(|&d| {
-                    let c = &self.status.steps[effective[d]?];
+                    let c = &self.draft.status.steps[effective[d]?];
                     let phase = if c.phase == StepPhase::Skipped {
                         "Skipped"
                     } else {
@@ -237,7 +243,7 @@ impl<'a> Machine<'a> {
                     result: r.as_ref(),
                 })
                 .collect();
-            match when::evaluate(expr, &inputs, self.cel) {
+            match when::evaluate(expr, &inputs, self.view.cel) {
                 Ok(true) => {}
                 Ok(false) => return self.skip_step(plan, i, format!("when {expr:?} is false")),
                 Err(e) => return self.when_failed(plan, i, format!("when {expr:?}: {e}")),
@@ -271,7 +277,8 @@ impl<'a> Machine<'a> {
     /// allow (D1, D8).
     pub(super) fn repeated_effect(&self, plan: &Plan<'_>, i: usize) -> Option<RepeatedEffect> {
         let name = &plan.steps[i].name;
-        self.status
+        self.draft
+            .status
             .steps
             .iter()
             .filter(|c| {
@@ -304,7 +311,7 @@ impl<'a> Machine<'a> {
             phase,
             checkpoint: CheckpointState::Committed,
             effect: Some(EffectOutcome::NotApplied),
-            finished_at: Some(Time(self.now)),
+            finished_at: Some(Time(self.view.now)),
             message: Some(message),
             ..StepCheckpoint::default()
         }
@@ -318,20 +325,20 @@ impl<'a> Machine<'a> {
             Reason::StepSkipped,
             format!("step {} skipped: {why}", cp.name),
         );
-        self.status.steps.push(cp);
+        self.draft.status.steps.push(cp);
     }
 
     /// `when` could not be evaluated: never a silent skip (D13).
     fn when_failed(&mut self, plan: &Plan<'_>, i: usize, why: String) {
         let cp = self.closed_checkpoint(plan, i, StepPhase::Failed, why.clone());
         let name = cp.name.clone();
-        self.status.steps.push(cp);
+        self.draft.status.steps.push(cp);
         self.fail_run(Reason::WhenFailed, format!("step {name}: {why}"));
     }
 
     /// Re-plans made so far for stale input (a planner's plan is not one).
     fn replans(&self) -> i64 {
-        self.status.plan.as_ref().map_or(0, |p| {
+        self.draft.status.plan.as_ref().map_or(0, |p| {
             let base = if p.source == PlanSource::Planner {
                 2
             } else {
@@ -348,18 +355,19 @@ impl<'a> Machine<'a> {
     /// checkpoint, and one that would have to act again asks a person first
     /// (`repeated_effect`). Re-plans are bounded by `budget.replans`.
     pub(super) fn replan_if_stale(&mut self, plan: &Plan<'_>, i: usize) -> bool {
-        let index = CheckpointIndex::new(&self.status.steps);
+        let index = CheckpointIndex::new(&self.draft.status.steps);
         let effective: Vec<Option<usize>> = (0..plan.steps.len())
-            .map(|j| index.effective(&self.status.steps, plan, j))
+            .map(|j| index.effective(&self.draft.status.steps, plan, j))
             .collect();
         drop(index);
         let stale: Vec<(usize, Timestamp)> = plan
             .ancestors(i)
             .into_iter()
             .filter_map(|j| {
-                let c = &self.status.steps[effective[j]?];
+                let c = &self.draft.status.steps[effective[j]?];
                 let until = c.fresh_until.as_ref()?;
-                (c.phase == StepPhase::Succeeded && until.0 <= self.now).then_some((j, until.0))
+                (c.phase == StepPhase::Succeeded && until.0 <= self.view.now)
+                    .then_some((j, until.0))
             })
             .collect();
         // No timer for freshness: it only matters when a step is about to start.
@@ -369,6 +377,7 @@ impl<'a> Machine<'a> {
         let stale_name = plan.steps[first].name.clone();
         let replans = self.replans();
         let limit = self
+            .view
             .run
             .spec
             .budget
@@ -390,11 +399,11 @@ impl<'a> Machine<'a> {
         // fresh then: it runs on to its end at its revision. One recorded as
         // launched but never seen has not started, and must not on these.
         let running = |m: &Self, j: usize| {
-            effective[j].is_some_and(|c| m.started_running(&m.status.steps[c]))
+            effective[j].is_some_and(|c| m.started_running(&m.draft.status.steps[c]))
         };
         let acted = |m: &Self, j: usize| {
             effective[j].is_some_and(|c| {
-                let c = &m.status.steps[c];
+                let c = &m.draft.status.steps[c];
                 c.phase == StepPhase::Succeeded && c.effect.is_some_and(EffectOutcome::acted)
             })
         };
@@ -411,13 +420,13 @@ impl<'a> Machine<'a> {
         for (j, e) in effective.iter().enumerate() {
             if plan.runs_at_revision(j)
                 && !running(self, j)
-                && !e.is_some_and(|c| self.status.steps[c].phase.is_done())
+                && !e.is_some_and(|c| self.draft.status.steps[c].phase.is_done())
             {
                 rerun.insert(j);
             }
         }
         let revision = plan.revision + 1;
-        let kept_after = self.status.steps.len() + rerun.len();
+        let kept_after = self.draft.status.steps.len() + rerun.len();
         if kept_after > MAX_CHECKPOINTS {
             self.fail_run(
                 Reason::StatusBudgetExceeded,
@@ -445,9 +454,9 @@ impl<'a> Machine<'a> {
                 kept.join(", ")
             ));
         }
-        let superseded: Vec<usize> = (0..self.status.steps.len())
+        let superseded: Vec<usize> = (0..self.draft.status.steps.len())
             .filter(|&k| {
-                let cp = &self.status.steps[k];
+                let cp = &self.draft.status.steps[k];
                 let rerunning = cp.role != StepRole::Step || names.contains(&cp.name);
                 rerunning
                     && !cp.phase.is_terminal()
@@ -459,15 +468,15 @@ impl<'a> Machine<'a> {
             // An attempt recorded as launched whose Pod this decision does
             // not see may have been created, and started, all the same: it
             // may have acted, and the step runs again only if a person says so.
-            let unseen_acting = self.status.steps[k].phase == StepPhase::Running
-                && self.status.steps[k].role == StepRole::Step
+            let unseen_acting = self.draft.status.steps[k].phase == StepPhase::Running
+                && self.draft.status.steps[k].role == StepRole::Step
                 && plan
-                    .step(&self.status.steps[k].name)
+                    .step(&self.draft.status.steps[k].name)
                     .is_none_or(|s| s.effect != agentrun_api::Effect::None);
-            let cp = &mut self.status.steps[k];
+            let cp = &mut self.draft.status.steps[k];
             if unseen_acting {
                 cp.effect = Some(EffectOutcome::Unknown);
-                self.actions.push(crate::Action::DeletePod {
+                self.draft.actions.push(crate::Action::DeletePod {
                     name: cp.pod.clone().unwrap_or_default(),
                     reason: format!("superseded by plan revision {revision}"),
                 });
@@ -475,14 +484,14 @@ impl<'a> Machine<'a> {
             cp.phase = StepPhase::Superseded;
             cp.message = Some(format!("superseded by plan revision {revision}"));
         }
-        if let Some(p) = self.status.plan.as_mut() {
+        if let Some(p) = self.draft.status.plan.as_mut() {
             p.revision = revision;
             p.reason = reason_text.clone();
             p.rerun = names;
             p.rerun_from = None;
         }
-        self.recorded = true;
-        self.tally.replans += 1;
+        self.draft.recorded = true;
+        self.draft.tally.replans += 1;
         self.event(EventType::Normal, Reason::Replanned, reason_text);
         true
     }
@@ -491,6 +500,7 @@ impl<'a> Machine<'a> {
     /// compactor is configured, it runs first. Returns whether it blocks.
     pub(super) fn compaction_blocks(&mut self, plan: &Plan<'_>, i: usize) -> bool {
         if self
+            .view
             .run
             .spec
             .context
@@ -501,15 +511,15 @@ impl<'a> Machine<'a> {
             return false;
         }
         let name = plan.steps[i].name.clone();
-        let index = CheckpointIndex::new(&self.status.steps);
+        let index = CheckpointIndex::new(&self.draft.status.steps);
         match index.at(
-            &self.status.steps,
+            &self.draft.status.steps,
             StepRole::Compactor,
             &name,
             plan.revision,
         ) {
             Some(c) => {
-                let cp = self.status.steps[c].clone();
+                let cp = self.draft.status.steps[c].clone();
                 match cp.phase {
                     StepPhase::Running => true,
                     StepPhase::Pending => {
@@ -529,11 +539,11 @@ impl<'a> Machine<'a> {
             }
             None => {
                 let key = self.key(PodRole::Step, &name, plan.revision);
-                let results = self.prior_results(plan, i, self.now);
-                let summary = self.status.summary.clone();
+                let results = self.prior_results(plan, i, self.view.now);
+                let summary = self.draft.status.summary.clone();
                 let identity = Identity {
-                    run: self.name,
-                    run_uid: self.uid,
+                    run: self.view.name,
+                    run_uid: self.view.uid,
                     step: &name,
                     role: PodRole::Step.label(),
                     attempt: 1,
@@ -557,6 +567,7 @@ impl<'a> Machine<'a> {
 
     pub(super) fn max_context_bytes(&self) -> usize {
         let max = self
+            .view
             .run
             .spec
             .context
@@ -575,11 +586,12 @@ impl<'a> Machine<'a> {
         at: Timestamp,
     ) -> Vec<(String, Value)> {
         let compacted_before = self
+            .draft
             .status
             .steps
             .iter()
             .rposition(|c| c.role == StepRole::Compactor && c.phase == StepPhase::Succeeded);
-        let index = CheckpointIndex::new(&self.status.steps);
+        let index = CheckpointIndex::new(&self.draft.status.steps);
         let ancestors = if i < plan.steps.len() {
             plan.ancestors(i)
         } else {
@@ -588,11 +600,11 @@ impl<'a> Machine<'a> {
         ancestors
             .into_iter()
             .filter_map(|j| {
-                let c = index.effective(&self.status.steps, plan, j)?;
+                let c = index.effective(&self.draft.status.steps, plan, j)?;
                 if compacted_before.is_some_and(|k| c < k) {
                     return None;
                 }
-                let cp = &self.status.steps[c];
+                let cp = &self.draft.status.steps[c];
                 let fresh = cp.fresh_until.as_ref().is_none_or(|t| t.0 > at);
                 (cp.phase == StepPhase::Succeeded && fresh)
                     .then(|| cp.result.clone().map(|r| (cp.name.clone(), r)))

@@ -19,19 +19,25 @@ use agentrun_api::{
 
 use super::{APPROVAL_CONTEXT_STEPS, Machine};
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     /// The status each of the run's Approvals should show (D10): decided or
     /// expired while its step waits on it or once its decision was acted on;
     /// superseded when the run no longer waits on it — a changed step, a
     /// re-plan, a cancelled or finished run — so a late decision is refused by
     /// the API server instead of being answered into a void.
     pub(super) fn sync_approvals(&mut self) {
-        let terminal = self.status.phase.is_some_and(RunPhase::is_terminal);
-        for a in self.approvals.iter().filter(|a| a.spec.run_uid == self.uid) {
+        let terminal = self.draft.status.phase.is_some_and(RunPhase::is_terminal);
+        for a in self
+            .view
+            .approvals
+            .iter()
+            .filter(|a| a.spec.run_uid == self.view.uid)
+        {
             let Some(name) = a.metadata.name.clone() else {
                 continue;
             };
             let referenced = self
+                .draft
                 .status
                 .steps
                 .iter()
@@ -39,7 +45,7 @@ impl<'a> Machine<'a> {
                 .map(|c| c.phase);
             let why = if terminal {
                 "the run has finished".to_owned()
-            } else if let Some(other) = self.status.steps.iter().find(|c| {
+            } else if let Some(other) = self.draft.status.steps.iter().find(|c| {
                 c.name == a.spec.step
                     && c.plan_revision == a.spec.plan_revision
                     && c.approval.as_deref().is_some_and(|n| n != name)
@@ -51,11 +57,11 @@ impl<'a> Machine<'a> {
             } else if referenced.is_some() {
                 "the run no longer waits on it".to_owned()
             } else {
-                let rev = self.status.plan.as_ref().map_or(1, |p| p.revision);
+                let rev = self.draft.status.plan.as_ref().map_or(1, |p| p.revision);
                 format!("the run no longer waits on it (plan revision {rev} is in force)")
             };
-            if let Some(status) = approval::desired_status(a, self.now, referenced, &why) {
-                self.actions.push(Action::SetApprovalStatus {
+            if let Some(status) = approval::desired_status(a, self.view.now, referenced, &why) {
+                self.draft.actions.push(Action::SetApprovalStatus {
                     name,
                     resource_version: a.metadata.resource_version.clone(),
                     status,
@@ -65,9 +71,10 @@ impl<'a> Machine<'a> {
     }
 
     pub(super) fn find_approval(&self, name: &str) -> Option<&'a agentrun_api::Approval> {
-        self.approvals
+        self.view
+            .approvals
             .iter()
-            .find(|a| a.metadata.name.as_deref() == Some(name) && a.spec.run_uid == self.uid)
+            .find(|a| a.metadata.name.as_deref() == Some(name) && a.spec.run_uid == self.view.uid)
     }
 
     pub(super) fn approval_context(
@@ -78,10 +85,11 @@ impl<'a> Machine<'a> {
         key: &str,
         pod: Option<String>,
     ) -> ApprovalContext {
-        let index = CheckpointIndex::new(&self.status.steps);
+        let index = CheckpointIndex::new(&self.draft.status.steps);
         let mut completed: Vec<String> = (0..plan.steps.len())
             .filter_map(|i| {
-                let c = &self.status.steps[index.effective(&self.status.steps, plan, i)?];
+                let c =
+                    &self.draft.status.steps[index.effective(&self.draft.status.steps, plan, i)?];
                 (c.phase == StepPhase::Succeeded).then(|| {
                     let r = c
                         .result
@@ -116,15 +124,21 @@ impl<'a> Machine<'a> {
         why: Option<String>,
     ) {
         let step = plan.steps[i];
-        let digest = approval::step_digest(step, self.run.spec.pod_template.as_deref());
+        let digest = approval::step_digest(step, self.view.run.spec.pod_template.as_deref());
         let request = c
-            .and_then(|c| self.status.steps[c].approval.as_deref())
+            .and_then(|c| self.draft.status.steps[c].approval.as_deref())
             .map_or(1, |n| names::approve_request(n) + 1);
-        let approval = names::approve_name(self.name, self.uid, &step.name, plan.revision, request);
+        let approval = names::approve_name(
+            self.view.name,
+            self.view.uid,
+            &step.name,
+            plan.revision,
+            request,
+        );
         let c = match c {
             Some(c) => c,
             None => {
-                self.status.steps.push(StepCheckpoint {
+                self.draft.status.steps.push(StepCheckpoint {
                     name: step.name.clone(),
                     role: StepRole::Step,
                     plan_revision: plan.revision,
@@ -132,15 +146,15 @@ impl<'a> Machine<'a> {
                     idempotency_key: self.key(PodRole::Step, &step.name, plan.revision),
                     ..StepCheckpoint::default()
                 });
-                self.status.steps.len() - 1
+                self.draft.status.steps.len() - 1
             }
         };
         let message = match &why {
             None => format!("waiting for Approval {approval}"),
             Some(why) => format!("{why}; waiting for Approval {approval}"),
         };
-        let now = self.now;
-        let cp = &mut self.status.steps[c];
+        let now = self.view.now;
+        let cp = &mut self.draft.status.steps[c];
         cp.phase = StepPhase::WaitingForApproval;
         cp.approval = Some(approval.clone());
         cp.step_digest = Some(digest);
@@ -152,7 +166,7 @@ impl<'a> Machine<'a> {
             .as_ref()
             .and_then(|g| plan::duration(g.timeout.as_ref()))
         {
-            self.deadlines.push(self.at(t));
+            self.draft.deadlines.push(self.at(t));
         }
         self.request_approval(plan, i, c);
         self.event(
@@ -164,7 +178,7 @@ impl<'a> Machine<'a> {
 
     pub(super) fn request_approval(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
         let step = plan.steps[i];
-        let cp = self.status.steps[c].clone();
+        let cp = self.draft.status.steps[c].clone();
         let Some(name) = cp.approval.clone() else {
             return;
         };
@@ -240,12 +254,19 @@ impl<'a> Machine<'a> {
         // Who may answer is the gate's: a Reconcile question about a step
         // goes to the same people as its approval (one answer suffices).
         let gate = step.approval.clone().unwrap_or_default();
-        let ns = self.run.metadata.namespace.as_deref().unwrap_or_default();
+        let ns = self
+            .view
+            .run
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or_default();
         let approvers = gate.approvers.map(|a| Approvers {
             service_accounts: ServiceAccountRef::in_namespace(a.service_accounts, ns),
             ..a
         });
         let requested_by = self
+            .view
             .run
             .metadata
             .annotations
@@ -264,10 +285,10 @@ impl<'a> Machine<'a> {
             notify: gate.notify,
             escalate: gate.escalate,
             name,
-            namespace: self.run.metadata.namespace.clone(),
+            namespace: self.view.run.metadata.namespace.clone(),
             owner: self.owner(),
-            run_name: self.name,
-            run_uid: self.uid,
+            run_name: self.view.name,
+            run_uid: self.view.uid,
             step: &step.name,
             plan_revision: cp.plan_revision,
             kind,
@@ -278,17 +299,18 @@ impl<'a> Machine<'a> {
             step_digest,
         });
         match self
+            .view
             .refused
             .iter()
             .find(|r| r.name == a.metadata.name.as_deref().unwrap_or(""))
         {
-            None => self.actions.push(Action::CreateApproval(Box::new(a))),
+            None => self.draft.actions.push(Action::CreateApproval(Box::new(a))),
             Some(r) => self.stall(&format!("step {}", step.name), "Approval", r),
         }
     }
 
     pub(super) fn wait_for_approval(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
-        let cp = self.status.steps[c].clone();
+        let cp = self.draft.status.steps[c].clone();
         let Some(name) = cp.approval.clone() else {
             return;
         };
@@ -301,18 +323,19 @@ impl<'a> Machine<'a> {
                 && !names::is_reconcile(&name)
                 && let Some(s) = &cp.started_at
             {
-                self.deadlines
+                self.draft
+                    .deadlines
                     .push(s.0.checked_add(t).unwrap_or(Timestamp::MAX));
             }
             return self.request_approval(plan, i, c);
         };
         let step = plan.steps[i].name.clone();
         let reconcile = names::is_reconcile(&name);
-        let answer = approval::answer(a, self.now);
+        let answer = approval::answer(a, self.view.now);
         {
             // D14: the approval releases only the step it was asked about.
             let digest =
-                approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_deref());
+                approval::step_digest(plan.steps[i], self.view.run.spec.pod_template.as_deref());
             let asked = a.spec.step_digest.as_ref().or(cp.step_digest.as_ref());
             // Only an answer that lets the step run needs the step unchanged;
             // a Reconcile answered MarkSucceeded or MarkFailed is about the
@@ -328,7 +351,7 @@ impl<'a> Machine<'a> {
             ) || (reconcile
                 && matches!(answer, Answer::Expired { .. } | Answer::Expiring { .. }));
             if asked.is_some_and(|d| *d != digest) && !refused {
-                self.recorded = true;
+                self.draft.recorded = true;
                 return self.ask_again(
                     plan,
                     i,
@@ -340,7 +363,7 @@ impl<'a> Machine<'a> {
         match answer {
             Answer::Pending { expires_at } => {
                 if let Some(at) = expires_at {
-                    self.deadlines.push(at);
+                    self.draft.deadlines.push(at);
                 }
             }
             // The expiry is written to the Approval first (`sync_approvals`);
@@ -349,16 +372,16 @@ impl<'a> Machine<'a> {
             // The question what an interrupted attempt did still stands: ask
             // it again, as a Reconcile question (D6), never as a gate.
             Answer::Superseded if reconcile => {
-                self.recorded = true;
+                self.draft.recorded = true;
                 let again = names::reconcile_name(
-                    self.name,
-                    self.uid,
+                    self.view.name,
+                    self.view.uid,
                     &step,
                     cp.plan_revision,
                     cp.attempt,
                     names::reconcile_request(&name) + 1,
                 );
-                let cp = &mut self.status.steps[c];
+                let cp = &mut self.draft.status.steps[c];
                 cp.approval = Some(again.clone());
                 cp.message = Some(format!(
                     "Approval {name} was superseded while the run still needed its answer; waiting for Approval {again}"
@@ -366,7 +389,7 @@ impl<'a> Machine<'a> {
                 self.request_approval(plan, i, c);
             }
             Answer::Superseded => {
-                self.recorded = true;
+                self.draft.recorded = true;
                 self.ask_approval(
                     plan,
                     i,
@@ -414,8 +437,8 @@ impl<'a> Machine<'a> {
     ) {
         let reconcile = names::is_reconcile(name);
         let step = plan.steps[i].name.clone();
-        let cp = self.status.steps[c].clone();
-        self.status.steps[c].decided_by = by.clone();
+        let cp = self.draft.status.steps[c].clone();
+        self.draft.status.steps[c].decided_by = by.clone();
         let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
         let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
         match (reconcile, decision) {
@@ -432,7 +455,7 @@ impl<'a> Machine<'a> {
                         format!("Approval {name} approved{by}"),
                     )
                 };
-                self.status.steps[c].message = Some(text.clone());
+                self.draft.status.steps[c].message = Some(text.clone());
                 self.event(EventType::Normal, reason, text);
                 self.launch(plan, PodRole::Step, &step, rev, attempt);
             }
@@ -443,8 +466,8 @@ impl<'a> Machine<'a> {
             ),
             (true, Answered::MarkSucceeded) => {
                 let fresh_for = plan::duration(plan.steps[i].fresh_for.as_ref());
-                let now = self.now;
-                let cp = &mut self.status.steps[c];
+                let now = self.view.now;
+                let cp = &mut self.draft.status.steps[c];
                 cp.phase = StepPhase::Succeeded;
                 cp.checkpoint = CheckpointState::Committed;
                 cp.effect = Some(EffectOutcome::Applied);
@@ -453,7 +476,7 @@ impl<'a> Machine<'a> {
                     fresh_for.map(|d| Time(now.checked_add(d).unwrap_or(Timestamp::MAX)));
                 cp.provenance = Some(agentrun_api::Provenance::Marked);
                 cp.message = Some(format!("marked succeeded{by}{comment}"));
-                self.recorded = true;
+                self.draft.recorded = true;
                 self.event(
                     EventType::Normal,
                     Reason::ReconcileDecided,
@@ -484,10 +507,10 @@ impl<'a> Machine<'a> {
     /// The Reconcile question itself: a person says what the attempt did.
     pub(super) fn ask_person(&mut self, plan: &Plan<'_>, c: usize, what_happened: String) {
         let digest = plan
-            .step(&self.status.steps[c].name)
-            .map(|s| approval::step_digest(s, self.run.spec.pod_template.as_deref()));
-        let (run, uid) = (self.name, self.uid);
-        let cp = &mut self.status.steps[c];
+            .step(&self.draft.status.steps[c].name)
+            .map(|s| approval::step_digest(s, self.view.run.spec.pod_template.as_deref()));
+        let (run, uid) = (self.view.name, self.view.uid);
+        let cp = &mut self.draft.status.steps[c];
         let approval = names::reconcile_name(run, uid, &cp.name, cp.plan_revision, cp.attempt, 1);
         let message = format!(
             "{what_happened}; the step is NonIdempotent and may have acted: waiting for Approval {approval}"
@@ -499,14 +522,14 @@ impl<'a> Machine<'a> {
         cp.next_attempt_at = None;
         cp.message = Some(message.clone());
         let text = format!("step {}: {message}", cp.name);
-        self.recorded = true;
+        self.draft.recorded = true;
         self.event(EventType::Warning, Reason::StepOutcomeUnknown, text);
     }
 
     /// The step changed after checkpoint `c`'s question was asked: ask it
     /// again about the step as it is now — the same question, a new request.
     pub(super) fn ask_again(&mut self, plan: &Plan<'_>, i: usize, c: usize, why: String) {
-        let cp = &self.status.steps[c];
+        let cp = &self.draft.status.steps[c];
         let waiting_reconcile = cp.phase == StepPhase::WaitingForApproval
             && cp.approval.as_deref().is_some_and(names::is_reconcile);
         if !waiting_reconcile {
@@ -514,15 +537,16 @@ impl<'a> Machine<'a> {
         }
         let old = cp.approval.clone().unwrap_or_default();
         let again = names::reconcile_name(
-            self.name,
-            self.uid,
+            self.view.name,
+            self.view.uid,
             &cp.name,
             cp.plan_revision,
             cp.attempt,
             names::reconcile_request(&old) + 1,
         );
-        let digest = approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_deref());
-        let cp = &mut self.status.steps[c];
+        let digest =
+            approval::step_digest(plan.steps[i], self.view.run.spec.pod_template.as_deref());
+        let cp = &mut self.draft.status.steps[c];
         cp.approval = Some(again.clone());
         cp.step_digest = Some(digest);
         cp.message = Some(format!("{why}; waiting for Approval {again}"));
@@ -539,8 +563,8 @@ impl<'a> Machine<'a> {
 
     /// A person (or an expiry) said no: the step fails and the run winds down.
     pub(super) fn refuse_step(&mut self, c: usize, why: Reason, message: String) {
-        let now = self.now;
-        let cp = &mut self.status.steps[c];
+        let now = self.view.now;
+        let cp = &mut self.draft.status.steps[c];
         cp.phase = StepPhase::Failed;
         cp.checkpoint = CheckpointState::Committed;
         cp.finished_at = Some(Time(now));

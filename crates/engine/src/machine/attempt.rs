@@ -125,18 +125,18 @@ attempt_record!(CompensationCheckpoint, |_: &CompensationCheckpoint| {
     PodRole::Compensate
 });
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     pub(super) fn facts(&mut self, slot: Slot) -> Facts<'_> {
         match slot {
-            Slot::Step(i) => self.status.steps[i].facts(),
-            Slot::Compensation(k) => self.status.compensations[k].facts(),
+            Slot::Step(i) => self.draft.status.steps[i].facts(),
+            Slot::Compensation(k) => self.draft.status.compensations[k].facts(),
         }
     }
 
     pub(super) fn record(&self, slot: Slot) -> Record {
         match slot {
-            Slot::Step(i) => self.status.steps[i].record(),
-            Slot::Compensation(k) => self.status.compensations[k].record(),
+            Slot::Step(i) => self.draft.status.steps[i].record(),
+            Slot::Compensation(k) => self.draft.status.compensations[k].record(),
         }
     }
 
@@ -144,13 +144,14 @@ impl<'a> Machine<'a> {
     pub(super) fn slot(&self, role: PodRole, name: &str, rev: i64) -> Option<Slot> {
         match role.step_role() {
             None => self
+                .draft
                 .status
                 .compensations
                 .iter()
                 .position(|c| c.name == name && c.plan_revision == rev)
                 .map(Slot::Compensation),
-            Some(role) => CheckpointIndex::new(&self.status.steps)
-                .at(&self.status.steps, role, name, rev)
+            Some(role) => CheckpointIndex::new(&self.draft.status.steps)
+                .at(&self.draft.status.steps, role, name, rev)
                 .map(Slot::Step),
         }
     }
@@ -159,23 +160,26 @@ impl<'a> Machine<'a> {
     fn open(&mut self, role: PodRole, name: &str, rev: i64, key: String) -> Slot {
         match role.step_role() {
             None => {
-                self.status.compensations.push(CompensationCheckpoint {
-                    name: name.to_owned(),
-                    plan_revision: rev,
-                    idempotency_key: key,
-                    ..CompensationCheckpoint::default()
-                });
-                Slot::Compensation(self.status.compensations.len() - 1)
+                self.draft
+                    .status
+                    .compensations
+                    .push(CompensationCheckpoint {
+                        name: name.to_owned(),
+                        plan_revision: rev,
+                        idempotency_key: key,
+                        ..CompensationCheckpoint::default()
+                    });
+                Slot::Compensation(self.draft.status.compensations.len() - 1)
             }
             Some(role) => {
-                self.status.steps.push(StepCheckpoint {
+                self.draft.status.steps.push(StepCheckpoint {
                     name: name.to_owned(),
                     role,
                     plan_revision: rev,
                     idempotency_key: key,
                     ..StepCheckpoint::default()
                 });
-                Slot::Step(self.status.steps.len() - 1)
+                Slot::Step(self.draft.status.steps.len() - 1)
             }
         }
     }
@@ -206,8 +210,8 @@ impl<'a> Machine<'a> {
             Some(slot) => slot,
             None => self.open(role, name, rev, key),
         };
-        let pod = names::pod_name(self.name, self.uid, role, name, rev, attempt);
-        let now = Time(self.now);
+        let pod = names::pod_name(self.view.name, self.view.uid, role, name, rev, attempt);
+        let now = Time(self.view.now);
         let f = self.facts(slot);
         *f.attempt = attempt;
         *f.pod = Some(pod.clone());
@@ -216,13 +220,13 @@ impl<'a> Machine<'a> {
         *f.started_at = Some(now);
         *f.next_attempt_at = None;
         match slot {
-            Slot::Step(i) => self.status.steps[i].pod_recreated = false,
-            Slot::Compensation(k) => self.status.compensations[k].pod_recreated = false,
+            Slot::Step(i) => self.draft.status.steps[i].pod_recreated = false,
+            Slot::Compensation(k) => self.draft.status.compensations[k].pod_recreated = false,
         }
         if role != PodRole::Compensate {
-            self.status.step_executions = self.status.step_executions.saturating_add(1);
+            self.draft.status.step_executions = self.draft.status.step_executions.saturating_add(1);
         }
-        self.tally.started += 1;
+        self.draft.tally.started += 1;
         // A new attempt has a new name: nothing was refused for it yet.
         self.emit_pod(plan, slot);
         let (reason, what) = match role {
@@ -243,13 +247,13 @@ impl<'a> Machine<'a> {
     /// status: the context as of the attempt's start.
     pub(super) fn attempt_pod(&self, plan: &Plan<'_>, slot: Slot) -> Option<Pod> {
         let r = self.record(slot);
-        let at = r.started_at.as_ref().map_or(self.now, |t| t.0);
+        let at = r.started_at.as_ref().map_or(self.view.now, |t| t.0);
         let i = plan
             .steps
             .iter()
             .position(|s| s.name == r.name)
             .unwrap_or(plan.steps.len());
-        let summary = self.status.summary.as_deref();
+        let summary = self.draft.status.summary.as_deref();
         let (container, results, summary, max): (StepContainer, Vec<(String, Value)>, _, usize) =
             match r.role {
                 PodRole::Step => (
@@ -259,13 +263,13 @@ impl<'a> Machine<'a> {
                     self.max_context_bytes(),
                 ),
                 PodRole::Planner => (
-                    self.run.spec.planner.as_ref()?.container.clone()?,
+                    self.view.run.spec.planner.as_ref()?.container.clone()?,
                     Vec::new(),
                     summary,
                     self.max_context_bytes(),
                 ),
                 PodRole::Compactor => (
-                    self.run.spec.context.as_ref()?.compactor.clone()?,
+                    self.view.run.spec.context.as_ref()?.compactor.clone()?,
                     self.prior_results(plan, i, at),
                     summary,
                     MAX_CONTEXT_BYTES as usize,
@@ -280,7 +284,8 @@ impl<'a> Machine<'a> {
                 // A compensation sees the result of the step it undoes.
                 PodRole::Compensate => (
                     *self.step_spec(plan, &r.name)?.compensate?,
-                    self.status
+                    self.draft
+                        .status
                         .steps
                         .iter()
                         .find(|c| {
@@ -301,8 +306,8 @@ impl<'a> Machine<'a> {
             .map(|(s, r)| PriorResult { step: s, result: r })
             .collect();
         let identity = Identity {
-            run: self.name,
-            run_uid: self.uid,
+            run: self.view.name,
+            run_uid: self.view.uid,
             step: &r.name,
             role: r.role.label(),
             attempt: r.attempt,
@@ -312,42 +317,44 @@ impl<'a> Machine<'a> {
         let ctx = context::materialise(&identity, summary, &refs, max);
         Some(pods::build(PodRequest {
             name: names::pod_name(
-                self.name,
-                self.uid,
+                self.view.name,
+                self.view.uid,
                 r.role,
                 &r.name,
                 r.plan_revision,
                 r.attempt,
             ),
-            namespace: self.run.metadata.namespace.clone(),
+            namespace: self.view.run.metadata.namespace.clone(),
             owner: self.owner(),
-            run: self.name,
+            run: self.view.name,
             step: &r.name,
             role: r.role,
             plan_revision: r.plan_revision,
             attempt: r.attempt,
             idempotency_key: &r.idempotency_key,
             container: &container,
-            defaults: self.run.spec.pod_template.as_deref(),
+            defaults: self.view.run.spec.pod_template.as_deref(),
             context_json: ctx.json,
             step_digest: (r.role == PodRole::Step)
                 .then(|| self.step_spec(plan, &r.name))
                 .flatten()
-                .map(|s| crate::approval::step_digest(&s, self.run.spec.pod_template.as_deref())),
+                .map(|s| {
+                    crate::approval::step_digest(&s, self.view.run.spec.pod_template.as_deref())
+                }),
         }))
     }
 
     /// Reads the Pod of a running attempt and records its outcome, once.
     pub(super) fn observe_attempt(&mut self, plan: &Plan<'_>, slot: Slot) {
         let r = self.record(slot);
-        let pod = self.pods.get(r.pod.as_deref().unwrap_or("")).copied();
+        let pod = self.view.pods.get(r.pod.as_deref().unwrap_or("")).copied();
         match observe::observe(pod, r.pod_uid.as_deref()) {
             // Intent is in status; the create may not have happened (a crash
             // between the write and the create) or the cache may lag.
             // Create-if-absent makes repeating it safe, but a create made now
             // starts the attempt now: the gate decides, once the run limits
             // are checked (`create_unseen`).
-            Observation::NotSeen => self.unseen.push(slot),
+            Observation::NotSeen => self.draft.unseen.push(slot),
             Observation::Live { uid } => {
                 self.keep_pod_uid(plan, slot, &r, uid);
                 if let Slot::Step(i) = slot {
@@ -410,12 +417,12 @@ impl<'a> Machine<'a> {
         let Some(gone_by) = pod.and_then(|p| p.metadata.deletion_timestamp.as_ref()) else {
             return;
         };
-        if gone_by.0 > self.now {
-            self.deadlines.push(gone_by.0);
+        if gone_by.0 > self.view.now {
+            self.draft.deadlines.push(gone_by.0);
             return;
         }
         let name = r.pod.clone().unwrap_or_default();
-        self.stalled = Some((
+        self.draft.stalled = Some((
             Reason::PodNotStopping,
             format!(
                 "{}: Pod {name} was to stop by {} and still runs (a lost or stuck node?); attempt {} waits until it has",
@@ -430,8 +437,8 @@ impl<'a> Machine<'a> {
     /// never created changes the answer (see `may_have_acted_matters`).
     fn keep_pod_uid(&mut self, plan: &Plan<'_>, slot: Slot, r: &Record, uid: Option<String>) {
         let recreated = match slot {
-            Slot::Step(i) => self.status.steps[i].pod_recreated,
-            Slot::Compensation(k) => self.status.compensations[k].pod_recreated,
+            Slot::Step(i) => self.draft.status.steps[i].pod_recreated,
+            Slot::Compensation(k) => self.draft.status.compensations[k].pod_recreated,
         };
         if r.pod_uid.is_none()
             && uid.is_some()
@@ -450,8 +457,8 @@ impl<'a> Machine<'a> {
         sum.input = sum.input.saturating_add(t.input);
         sum.output = sum.output.saturating_add(t.output);
         *f.tokens = Some(sum);
-        self.status.tokens_used = self.status.tokens_used.saturating_add(t.total());
-        self.tally.tokens += t.total().max(0) as u64;
+        self.draft.status.tokens_used = self.draft.status.tokens_used.saturating_add(t.total());
+        self.draft.tally.tokens += t.total().max(0) as u64;
     }
 
     /// The retry rule of a record: a compensation retries as its step does;
@@ -459,7 +466,7 @@ impl<'a> Machine<'a> {
     fn retry_rule(&self, plan: &Plan<'_>, r: &Record) -> (i32, Option<agentrun_api::Backoff>) {
         let spec = match r.role {
             PodRole::Step | PodRole::Compensate => self.step_spec(plan, &r.name),
-            PodRole::Planner => self.run.spec.planner.as_deref().cloned(),
+            PodRole::Planner => self.view.run.spec.planner.as_deref().cloned(),
             PodRole::Compactor => None,
             PodRole::Verify => {
                 let backoff = self
@@ -493,7 +500,7 @@ impl<'a> Machine<'a> {
         tokens: TokenUsage,
         acted: Acted,
     ) {
-        self.tally.failed += 1;
+        self.draft.tally.failed += 1;
         self.add_tokens(slot, tokens);
         if let Slot::Step(i) = slot {
             match acted {
@@ -508,7 +515,7 @@ impl<'a> Machine<'a> {
         let failures = *f.failures + 1;
         *f.failures = failures;
         *f.pod_uid = None;
-        self.recorded = true;
+        self.draft.recorded = true;
         if let Slot::Step(i) = slot {
             self.attempt_ended(plan, i);
         }
@@ -557,7 +564,7 @@ impl<'a> Machine<'a> {
     /// step's run fails (see `step_exhausted`).
     fn failed_for_good(&mut self, plan: &Plan<'_>, slot: Slot, why: &str, message: String) {
         let r = self.record(slot);
-        let now = Time(self.now);
+        let now = Time(self.view.now);
         let f = self.facts(slot);
         *f.phase = StepPhase::Failed;
         *f.finished_at = Some(now);
@@ -588,18 +595,18 @@ impl<'a> Machine<'a> {
         started: bool,
         tokens: TokenUsage,
     ) {
-        self.tally.disrupted += 1;
+        self.draft.tally.disrupted += 1;
         self.add_tokens(slot, tokens);
         let f = self.facts(slot);
         *f.disruptions += 1;
         *f.pod_uid = None;
         *f.next_attempt_at = None;
-        self.recorded = true;
+        self.draft.recorded = true;
         match slot {
             Slot::Step(i) => self.step_disrupted(plan, i, why, started),
             Slot::Compensation(k) => {
                 let at = self.disruption_backoff(plan, slot);
-                let c = &mut self.status.compensations[k];
+                let c = &mut self.draft.status.compensations[k];
                 c.phase = StepPhase::Pending;
                 c.next_attempt_at = at.clone();
                 c.message = Some(format!(

@@ -13,17 +13,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::{COMPACT_STATUS_ABOVE, Machine, STALL_AFTER_DISRUPTIONS};
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     /// Derives what the status says of itself from the checkpoints, after
     /// every other stage of the decision: each part below reads what it
     /// names in its signature and writes only its own field or condition.
     pub(super) fn derive(&mut self, plan: &Plan<'_>) {
-        let seen = Seen::of(&self.status, plan);
-        self.status.progress = Some(format!("{}/{}", seen.done, plan.steps.len()));
-        if let Some(text) = current_step(&self.status, plan, &seen.effective) {
-            self.status.current_step = Some(text);
+        let seen = Seen::of(&self.draft.status, plan);
+        self.draft.status.progress = Some(format!("{}/{}", seen.done, plan.steps.len()));
+        if let Some(text) = current_step(&self.draft.status, plan, &seen.effective) {
+            self.draft.status.current_step = Some(text);
         }
-        let phase = match self.status.phase {
+        let phase = match self.draft.status.phase {
             Some(p) if p.is_terminal() => p,
             _ if self.failing() => RunPhase::Compensating,
             _ if self.planning().is_some() => RunPhase::Planning,
@@ -31,22 +31,29 @@ impl<'a> Machine<'a> {
             _ if seen.timer.is_some() && !seen.running => RunPhase::Waiting,
             _ => RunPhase::Running,
         };
-        self.status.phase = Some(phase);
-        if self.stalled.is_none() && !phase.is_terminal() {
-            self.stalled = repeatedly_disrupted(&self.status);
+        self.draft.status.phase = Some(phase);
+        if self.draft.stalled.is_none() && !phase.is_terminal() {
+            self.draft.stalled = repeatedly_disrupted(&self.draft.status);
         }
-        let stalled = self.stalled.take().filter(|_| !phase.is_terminal());
+        let stalled = self.draft.stalled.take().filter(|_| !phase.is_terminal());
         let creating = self
+            .draft
             .actions
             .iter()
             .any(|a| matches!(a, Action::CreatePod(_) | Action::CreateApproval(_)));
         let at = Stamp {
-            generation: self.run.metadata.generation,
-            now: self.now,
+            generation: self.view.run.metadata.generation,
+            now: self.view.now,
         };
-        let conds = &mut self.status.conditions;
+        let conds = &mut self.draft.status.conditions;
         succeeded(conds, phase, &seen, plan.steps.len(), at);
-        progressing(conds, phase, stalled.as_ref(), self.run.spec.suspend, at);
+        progressing(
+            conds,
+            phase,
+            stalled.as_ref(),
+            self.view.run.spec.suspend,
+            at,
+        );
         stalled_condition(conds, stalled, phase, creating, at);
         awaiting_approval(conds, seen.waiting.as_ref(), phase, at);
         ready_and_reconciling(conds, phase, at);
@@ -56,19 +63,19 @@ impl<'a> Machine<'a> {
     /// `Stale`, for a revision that reruns steps: fresh again once every
     /// step it runs again is done.
     fn stale(&mut self, plan: &Plan<'_>, at: Stamp) {
-        let Some(plan_status) = &self.status.plan else {
+        let Some(plan_status) = &self.draft.status.plan else {
             return;
         };
         if plan_status.rerun.is_empty() && plan_status.rerun_from.is_none() {
             return;
         }
-        let index = CheckpointIndex::new(&self.status.steps);
+        let index = CheckpointIndex::new(&self.draft.status.steps);
         let rerun_done = (0..plan.steps.len())
             .filter(|&i| plan.runs_at_revision(i))
             .all(|i| {
                 index
-                    .effective(&self.status.steps, plan, i)
-                    .is_some_and(|c| self.status.steps[c].phase.is_done())
+                    .effective(&self.draft.status.steps, plan, i)
+                    .is_some_and(|c| self.draft.status.steps[c].phase.is_done())
             });
         let (s, r) = if rerun_done {
             (FALSE, Reason::InputsFresh)
@@ -77,7 +84,7 @@ impl<'a> Machine<'a> {
         };
         let reason = plan_status.reason.clone();
         cond::set(
-            &mut self.status.conditions,
+            &mut self.draft.status.conditions,
             ConditionType::Stale,
             s,
             r,
@@ -91,7 +98,7 @@ impl<'a> Machine<'a> {
     /// the number of steps. Only finished checkpoints are touched, and only
     /// what no rule reads again: the facts of every outcome stay.
     pub(super) fn compact_status(&mut self) {
-        if self.status == self.committed {
+        if self.draft.status == self.view.committed {
             return; // nothing is written: nothing grows
         }
         // Measured with every checkpoint inline, as before the archive
@@ -100,7 +107,7 @@ impl<'a> Machine<'a> {
         let size = |s: &AgentRunStatus| {
             agentrun_api::archive::inline(|| serde_json::to_vec(s).map_or(0, |v| v.len()))
         };
-        let mut excess = size(&self.status).saturating_sub(COMPACT_STATUS_ABOVE);
+        let mut excess = size(&self.draft.status).saturating_sub(COMPACT_STATUS_ABOVE);
         if excess == 0 {
             return;
         }
@@ -108,12 +115,14 @@ impl<'a> Machine<'a> {
         // the results before it are in the summary and left out of every
         // context. It stays, or every later step would compact again.
         let boundary = self
+            .draft
             .status
             .steps
             .iter()
             .rposition(|c| c.role == StepRole::Compactor && c.phase == StepPhase::Succeeded);
         // Compactors whose step has started: their summary is in the status.
         let started: std::collections::HashSet<(String, i64)> = self
+            .draft
             .status
             .steps
             .iter()
@@ -121,7 +130,7 @@ impl<'a> Machine<'a> {
             .map(|c| (c.name.clone(), c.plan_revision))
             .collect();
         let mut position = 0;
-        self.status.steps.retain(|c| {
+        self.draft.status.steps.retain(|c| {
             let at = position;
             position += 1;
             let drop = excess > 0
@@ -135,7 +144,7 @@ impl<'a> Machine<'a> {
             }
             !drop
         });
-        for c in self.status.steps.iter_mut() {
+        for c in self.draft.status.steps.iter_mut() {
             if excess == 0 {
                 break;
             }

@@ -14,7 +14,7 @@ use agentrun_api::{StepPhase, StepRole};
 
 use super::Machine;
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     /// Whether the input status accounts for this Pod's attempt: its slot has
     /// moved past it or is no longer running it.
     pub(super) fn accounted(&self, pod: &Pod) -> Option<bool> {
@@ -22,6 +22,7 @@ impl<'a> Machine<'a> {
         let (attempt, phase) = match c.role {
             PodRole::Compensate => {
                 let cp = self
+                    .view
                     .committed
                     .compensations
                     .iter()
@@ -30,7 +31,7 @@ impl<'a> Machine<'a> {
             }
             role => {
                 let step_role = role.step_role().unwrap_or(StepRole::Step);
-                let cp = self.committed.steps.iter().find(|x| {
+                let cp = self.view.committed.steps.iter().find(|x| {
                     x.role == step_role && x.name == c.step && x.plan_revision == c.plan_revision
                 })?;
                 (cp.attempt, cp.phase)
@@ -40,7 +41,7 @@ impl<'a> Machine<'a> {
     }
 
     pub(super) fn release_accounted_pods(&mut self) {
-        let mut pods: Vec<&Pod> = self.pods.values().copied().collect();
+        let mut pods: Vec<&Pod> = self.view.pods.values().copied().collect();
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         for pod in pods {
             if self.accounted(pod) != Some(true) || self.awaits_report(pod) {
@@ -50,8 +51,12 @@ impl<'a> Machine<'a> {
         }
         // A stopping attempt's Pod that is gone (its finalizer was stripped)
         // has nothing left to report.
-        for cp in self.status.steps.iter_mut().filter(|c| c.stopping) {
-            if cp.pod.as_deref().is_none_or(|p| !self.pods.contains_key(p)) {
+        for cp in self.draft.status.steps.iter_mut().filter(|c| c.stopping) {
+            if cp
+                .pod
+                .as_deref()
+                .is_none_or(|p| !self.view.pods.contains_key(p))
+            {
                 cp.stopping = false;
                 cp.message = Some(format!(
                     "{}; its Pod was removed before it reported",
@@ -79,7 +84,7 @@ impl<'a> Machine<'a> {
             PodRole::Verify => StepRole::Verify,
             PodRole::Compensate => return false,
         };
-        let Some(i) = self.status.steps.iter().position(|x| {
+        let Some(i) = self.draft.status.steps.iter().position(|x| {
             x.stopping
                 && x.role == role
                 && x.name == c.step
@@ -90,12 +95,12 @@ impl<'a> Machine<'a> {
         };
         if observe::is_live(pod) {
             match pod.metadata.deletion_timestamp.as_ref() {
-                Some(gone_by) if gone_by.0 <= self.now => {
+                Some(gone_by) if gone_by.0 <= self.view.now => {
                     // Still running past its grace period, it may act yet:
                     // its effect is not known (D6, D7), so a re-plan or a
                     // retry under another key asks a person first (D8).
                     let unknown = self.acts(i) && observe::started(pod);
-                    let cp = &mut self.status.steps[i];
+                    let cp = &mut self.draft.status.steps[i];
                     if unknown && cp.effect != Some(agentrun_api::EffectOutcome::Applied) {
                         cp.effect = Some(agentrun_api::EffectOutcome::Unknown);
                     }
@@ -106,9 +111,9 @@ impl<'a> Machine<'a> {
                     ));
                     return false;
                 }
-                Some(gone_by) => self.deadlines.push(gone_by.0),
+                Some(gone_by) => self.draft.deadlines.push(gone_by.0),
                 None => {
-                    self.actions.push(Action::DeletePod {
+                    self.draft.actions.push(Action::DeletePod {
                         name: pod.metadata.name.clone().unwrap_or_default(),
                         reason: "the attempt has ended".into(),
                     });
@@ -142,7 +147,7 @@ impl<'a> Machine<'a> {
         // Judged not started when it was stopped, it may have started since:
         // what its Pod finally shows decides whether it may have acted (D7).
         let acts = self.acts(i);
-        let cp = &mut self.status.steps[i];
+        let cp = &mut self.draft.status.steps[i];
         if acts && observe::started(pod) && cp.effect != Some(agentrun_api::EffectOutcome::Applied)
         {
             cp.effect = Some(agentrun_api::EffectOutcome::Unknown);
@@ -170,14 +175,15 @@ impl<'a> Machine<'a> {
 
     /// Whether checkpoint `i` is a step whose `resultSchema` refuses `result`.
     fn schema_refuses(&self, i: usize, result: &serde_json::Value) -> bool {
-        let cp = &self.status.steps[i];
+        let cp = &self.draft.status.steps[i];
         cp.role == agentrun_api::StepRole::Step
             && self
+                .view
                 .run
                 .spec
                 .steps
                 .iter()
-                .chain(self.status.plan.iter().flat_map(|p| p.steps.iter()))
+                .chain(self.draft.status.plan.iter().flat_map(|p| p.steps.iter()))
                 .find(|s| s.name == cp.name)
                 .and_then(|s| s.result_schema.as_deref())
                 .is_some_and(|schema| crate::schema::mismatches(schema, result).is_err())
@@ -185,14 +191,15 @@ impl<'a> Machine<'a> {
 
     /// Whether checkpoint `i` is a step that acts (its effect is not `None`).
     fn acts(&self, i: usize) -> bool {
-        let cp = &self.status.steps[i];
+        let cp = &self.draft.status.steps[i];
         cp.role == agentrun_api::StepRole::Step
             && self
+                .view
                 .run
                 .spec
                 .steps
                 .iter()
-                .chain(self.status.plan.iter().flat_map(|p| p.steps.iter()))
+                .chain(self.draft.status.plan.iter().flat_map(|p| p.steps.iter()))
                 .find(|s| s.name == cp.name)
                 .is_none_or(|s| s.effect != agentrun_api::Effect::None)
     }
@@ -200,18 +207,20 @@ impl<'a> Machine<'a> {
     pub(super) fn stop_and_release(&mut self, pod: &Pod, why: &str) {
         let name = pod.metadata.name.clone().unwrap_or_default();
         if observe::is_live(pod) && pod.metadata.deletion_timestamp.is_none() {
-            self.actions.push(Action::DeletePod {
+            self.draft.actions.push(Action::DeletePod {
                 name: name.clone(),
                 reason: why.to_owned(),
             });
         }
         if observe::has_result_finalizer(pod) {
-            self.actions.push(Action::ReleaseFinalizer { pod: name });
+            self.draft
+                .actions
+                .push(Action::ReleaseFinalizer { pod: name });
         }
     }
 
     pub(super) fn release_all_pods(&mut self) {
-        let mut pods: Vec<&Pod> = self.pods.values().copied().collect();
+        let mut pods: Vec<&Pod> = self.view.pods.values().copied().collect();
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         for pod in pods {
             self.stop_and_release(pod, "the run has finished");
@@ -227,21 +236,21 @@ impl<'a> Machine<'a> {
         self.sync_approvals();
         self.sync_signals();
         if let (Some(ttl), Some(done)) = (
-            self.run.spec.ttl_seconds_after_finished,
-            self.status.completed_at.clone(),
+            self.view.run.spec.ttl_seconds_after_finished,
+            self.draft.status.completed_at.clone(),
         ) {
             let at = done
                 .0
                 .checked_add(SignedDuration::from_secs(ttl.max(0).into()))
                 .unwrap_or(Timestamp::MAX);
-            let due = at <= self.now;
+            let due = at <= self.view.now;
             if !self.recorded_for_ttl(due) {
                 return;
             }
             if due {
-                self.actions.push(Action::DeleteRun);
+                self.draft.actions.push(Action::DeleteRun);
             } else {
-                self.deadlines.push(at);
+                self.draft.deadlines.push(at);
             }
         }
     }

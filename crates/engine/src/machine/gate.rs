@@ -44,7 +44,7 @@ pub(super) enum Hold {
     Parallelism,
 }
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     /// Whether the Pod of `start` may be created now, or why not. A hold
     /// may itself decide what comes instead: a re-plan, the compactor, a new
     /// approval request, the run's failure.
@@ -58,14 +58,14 @@ impl<'a> Machine<'a> {
                 (r.role, r.name, r.plan_revision, false)
             }
         };
-        if new && self.recorded {
+        if new && self.draft.recorded {
             return Err(Hold::Recorded);
         }
         if role != PodRole::Compensate && self.failing() {
             // `fail_run` stopped whatever may exist of the run's attempts.
             return Err(Hold::Failing);
         }
-        if self.run.spec.suspend {
+        if self.view.run.spec.suspend {
             return Err(Hold::Suspended);
         }
         let at = (role == PodRole::Step).then(|| plan.index(&name)).flatten();
@@ -80,14 +80,16 @@ impl<'a> Machine<'a> {
                 Start::New { .. } => self.slot(role, &name, rev),
             };
             if let Some(Slot::Step(c)) = slot {
-                let digest =
-                    approval::step_digest(plan.steps[i], self.run.spec.pod_template.as_deref());
-                if self.status.steps[c]
+                let digest = approval::step_digest(
+                    plan.steps[i],
+                    self.view.run.spec.pod_template.as_deref(),
+                );
+                if self.draft.status.steps[c]
                     .step_digest
                     .as_ref()
                     .is_some_and(|d| *d != digest)
                 {
-                    self.recorded = true;
+                    self.draft.recorded = true;
                     self.ask_again(
                         plan,
                         i,
@@ -112,24 +114,26 @@ impl<'a> Machine<'a> {
         };
         if role != PodRole::Compensate
             && let Some(budget) = self
+                .view
                 .run
                 .spec
                 .budget
                 .as_ref()
                 .and_then(|b| b.step_executions)
-            && self.status.step_executions >= budget
+            && self.draft.status.step_executions >= budget
         {
             self.budget_exceeded(
                 Reason::StepExecutionBudgetExceeded,
                 format!(
                     "{} step Pods created, the budget of {budget} is spent",
-                    self.status.step_executions
+                    self.draft.status.step_executions
                 ),
             );
             return Err(Hold::BudgetSpent);
         }
         if self.live_pod_with_key(key) {
             let past_grace = self
+                .view
                 .pods
                 .values()
                 .filter(|p| {
@@ -143,11 +147,11 @@ impl<'a> Machine<'a> {
                 })
                 .find_map(|p| {
                     let gone_by = p.metadata.deletion_timestamp.as_ref()?.0;
-                    (gone_by <= self.now)
+                    (gone_by <= self.view.now)
                         .then(|| (p.metadata.name.clone().unwrap_or_default(), gone_by))
                 });
             if let Some((pod, gone_by)) = past_grace {
-                self.stalled = Some((
+                self.draft.stalled = Some((
                     Reason::PodNotStopping,
                     format!(
                         "{} {name}: Pod {pod} was to stop by {gone_by} and still runs (a lost or stuck node?); the next attempt waits until it has",
@@ -164,7 +168,7 @@ impl<'a> Machine<'a> {
     /// run limits are checked: a cancel, deadline or budget that closes an
     /// attempt must not start it.
     pub(super) fn create_unseen(&mut self, plan: &Plan<'_>) {
-        for slot in std::mem::take(&mut self.unseen) {
+        for slot in std::mem::take(&mut self.draft.unseen) {
             if self.gate(plan, Start::Again(slot)).is_err() {
                 continue;
             }
@@ -176,10 +180,12 @@ impl<'a> Machine<'a> {
                     // still shows an earlier Pod of the same name is never
                     // read as this one (`observe::referenced_pods`).
                     match slot {
-                        Slot::Step(i) => self.status.steps[i].pod_recreated = true,
-                        Slot::Compensation(k) => self.status.compensations[k].pod_recreated = true,
+                        Slot::Step(i) => self.draft.status.steps[i].pod_recreated = true,
+                        Slot::Compensation(k) => {
+                            self.draft.status.compensations[k].pod_recreated = true
+                        }
                     }
-                    self.uid_wanted = true;
+                    self.draft.uid_wanted = true;
                 }
             }
             if let Some(r) = refusal
@@ -204,9 +210,9 @@ impl<'a> Machine<'a> {
     pub(super) fn emit_pod(&mut self, plan: &Plan<'_>, slot: Slot) -> Option<&'a Refusal> {
         let pod = self.attempt_pod(plan, slot)?;
         let name = pod.metadata.name.as_deref().unwrap_or("");
-        match self.refused.iter().find(|r| r.name == name) {
+        match self.view.refused.iter().find(|r| r.name == name) {
             None => {
-                self.actions.push(Action::CreatePod(Box::new(pod)));
+                self.draft.actions.push(Action::CreatePod(Box::new(pod)));
                 None
             }
             Some(r) => {
@@ -237,6 +243,6 @@ impl<'a> Machine<'a> {
             ),
         };
         self.event(EventType::Warning, Reason::FailedCreate, text.clone());
-        self.stalled = Some((why, text));
+        self.draft.stalled = Some((why, text));
     }
 }

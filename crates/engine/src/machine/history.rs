@@ -18,11 +18,11 @@ use super::Machine;
 /// be stored, is looked at again.
 pub(super) const HISTORY_RETRY: SignedDuration = SignedDuration::from_secs(15);
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     /// For a run not started: `true` lets it start. One that already ran
     /// ends `AlreadyRan`; one whose history cannot be read waits, visibly.
     pub(super) fn recognise(&mut self) -> bool {
-        match self.history {
+        match self.view.history {
             History::Off | History::On => true,
             History::AlreadyRan(prior) => {
                 let prior = prior.clone();
@@ -33,10 +33,10 @@ impl<'a> Machine<'a> {
                 let message = format!(
                     "the run history cannot be read ({why}); the run starts once the operator knows it has not run before"
                 );
-                self.status.phase = Some(RunPhase::Pending);
+                self.draft.status.phase = Some(RunPhase::Pending);
                 // D16: a Warning Event when the wait begins, not every look.
                 let told =
-                    crate::conditions::get(&self.committed.conditions, ConditionType::Stalled)
+                    crate::conditions::get(&self.view.committed.conditions, ConditionType::Stalled)
                         .is_some_and(|c| c.reason == Reason::HistoryUnavailable);
                 if !told {
                     self.event(
@@ -69,7 +69,7 @@ impl<'a> Machine<'a> {
                     Reason::HistoryUnavailable,
                     String::new(),
                 );
-                self.deadlines.push(self.at(HISTORY_RETRY));
+                self.draft.deadlines.push(self.at(HISTORY_RETRY));
                 false
             }
         }
@@ -78,17 +78,17 @@ impl<'a> Machine<'a> {
     fn already_ran(&mut self, prior: AlreadyRan) {
         let message = format!(
             "run {} (UID {}) of this name and spec already ran: {} at {}; its record is RunRecord {}. Nothing of this run ran; to run the manifest again on purpose, set annotation agentrun.dev/rerun to a new value",
-            self.name, prior.run_uid, prior.outcome, prior.completed_at.0, prior.record
+            self.view.name, prior.run_uid, prior.outcome, prior.completed_at.0, prior.record
         );
         let succeeded = if prior.outcome == "Succeeded" {
             TRUE
         } else {
             FALSE
         };
-        self.status.phase = Some(RunPhase::AlreadyRan);
-        self.status.completed_at = Some(Time(self.now));
-        self.status.current_step = None;
-        self.status.queue_position = None;
+        self.draft.status.phase = Some(RunPhase::AlreadyRan);
+        self.draft.status.completed_at = Some(Time(self.view.now));
+        self.draft.status.current_step = None;
+        self.draft.status.queue_position = None;
         self.set_condition(
             ConditionType::Succeeded,
             succeeded,
@@ -115,7 +115,7 @@ impl<'a> Machine<'a> {
             Reason::AlreadyRan,
             String::new(),
         );
-        if crate::conditions::is_true(&self.status.conditions, ConditionType::Stalled) {
+        if crate::conditions::is_true(&self.draft.status.conditions, ConditionType::Stalled) {
             self.set_condition(
                 ConditionType::Stalled,
                 FALSE,
@@ -123,7 +123,7 @@ impl<'a> Machine<'a> {
                 String::new(),
             );
         }
-        self.status.already_ran = Some(Box::new(prior));
+        self.draft.status.already_ran = Some(Box::new(prior));
         self.event(EventType::Normal, Reason::AlreadyRan, message);
     }
 
@@ -131,13 +131,13 @@ impl<'a> Machine<'a> {
     /// run's record keeps every version it ran, so a re-creation from any of
     /// them is recognised. The first and the latest are kept past the cap.
     pub(super) fn note_spec(&mut self) {
-        let seen = self.committed.observed_generation == self.run.metadata.generation
-            && !self.status.spec_digests.is_empty();
+        let seen = self.view.committed.observed_generation == self.view.run.metadata.generation
+            && !self.draft.status.spec_digests.is_empty();
         if seen {
             return;
         }
-        let digest = spec_digest(&self.run.spec);
-        let digests = &mut self.status.spec_digests;
+        let digest = spec_digest(&self.view.run.spec);
+        let digests = &mut self.draft.status.spec_digests;
         if digests.contains(&digest) {
             return;
         }
@@ -154,13 +154,13 @@ impl<'a> Machine<'a> {
     /// (D16: `Stalled`, reason `RecordFailed`, beside the controller's
     /// `RecordFailed` Warning Events with the store's message).
     pub(super) fn recorded_for_ttl(&mut self, due: bool) -> bool {
-        let phase = self.status.phase.unwrap_or(RunPhase::Pending);
+        let phase = self.draft.status.phase.unwrap_or(RunPhase::Pending);
         if phase == RunPhase::AlreadyRan {
             // Nothing ran, nothing to keep: it stays until its manifest goes,
             // so a re-sync finds it and does not create it again.
             return false;
         }
-        if !self.history.is_on() || self.status.record.is_some() {
+        if !self.view.history.is_on() || self.draft.status.record.is_some() {
             return true;
         }
         if due {
@@ -171,7 +171,7 @@ impl<'a> Machine<'a> {
                 "ttlSecondsAfterFinished has passed, but the run's record is not stored yet: the run is deleted once it is (see its RecordFailed Events)".into(),
             );
         }
-        self.deadlines.push(self.at(HISTORY_RETRY));
+        self.draft.deadlines.push(self.at(HISTORY_RETRY));
         false
     }
 }

@@ -15,39 +15,39 @@ use agentrun_api::{CheckpointState, Effect, EffectOutcome, StepPhase, StepRole};
 
 use super::Machine;
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     pub(super) fn enforce_limits(&mut self) {
         if self.failing() {
             return;
         }
-        let spec = &self.run.spec;
+        let spec = &self.view.run.spec;
         if spec.cancel {
             return self.fail_run(Reason::Cancelled, "spec.cancel is set".into());
         }
         if let (Some(secs), Some(started)) = (
             spec.active_deadline_seconds,
-            self.status.started_at.as_ref(),
+            self.draft.status.started_at.as_ref(),
         ) {
             let at = started
                 .0
                 .checked_add(SignedDuration::from_secs(secs.max(0)))
                 .unwrap_or(Timestamp::MAX);
-            if at <= self.now {
+            if at <= self.view.now {
                 return self.fail_run(
                     Reason::DeadlineExceeded,
                     format!("the run exceeded activeDeadlineSeconds ({secs})"),
                 );
             }
-            self.deadlines.push(at);
+            self.draft.deadlines.push(at);
         }
         if let Some(budget) = spec.budget.as_ref().and_then(|b| b.tokens)
-            && self.status.tokens_used > budget
+            && self.draft.status.tokens_used > budget
         {
             self.budget_exceeded(
                 Reason::TokenBudgetExceeded,
                 format!(
                     "{} tokens used, over the budget of {budget}",
-                    self.status.tokens_used
+                    self.draft.status.tokens_used
                 ),
             );
         }
@@ -65,7 +65,7 @@ impl<'a> Machine<'a> {
     /// other branches finish, so their effects are recorded, not guessed.
     pub(super) fn fail_run(&mut self, why: Reason, message: String) {
         self.set_condition(ConditionType::FailureTarget, TRUE, why, message.clone());
-        self.recorded = true;
+        self.draft.recorded = true;
         let stop_running = matches!(
             why,
             Reason::Cancelled
@@ -75,17 +75,18 @@ impl<'a> Machine<'a> {
                 | Reason::StatusBudgetExceeded
                 | Reason::InvalidSpec
         );
-        let now = self.now;
+        let now = self.view.now;
         let effects: HashMap<String, Effect> = self
+            .view
             .run
             .spec
             .steps
             .iter()
-            .chain(self.status.plan.iter().flat_map(|p| p.steps.iter()))
+            .chain(self.draft.status.plan.iter().flat_map(|p| p.steps.iter()))
             .map(|s| (s.name.clone(), s.effect))
             .collect();
-        for i in 0..self.status.steps.len() {
-            let cp = &self.status.steps[i];
+        for i in 0..self.draft.status.steps.len() {
+            let cp = &self.draft.status.steps[i];
             if cp.phase.is_terminal() {
                 continue;
             }
@@ -93,7 +94,7 @@ impl<'a> Machine<'a> {
             let mut closing = format!("stopped: {message}");
             if cp.phase == StepPhase::Running {
                 let pod_name = cp.pod.clone().unwrap_or_default();
-                let pod = self.pods.get(pod_name.as_str()).copied();
+                let pod = self.view.pods.get(pod_name.as_str()).copied();
                 // A Pod seen live runs on to its end and is recorded then.
                 if !stop_running && pod.is_some_and(observe::is_live) {
                     continue;
@@ -111,11 +112,11 @@ impl<'a> Machine<'a> {
                 }
                 // An attempt this very decision launched (another branch of
                 // a graph) is taken back before its Pod is ever created.
-                let launched_now = self.actions.iter().position(|a| {
+                let launched_now = self.draft.actions.iter().position(|a| {
                     matches!(a, Action::CreatePod(p) if p.metadata.name.as_deref() == Some(pod_name.as_str()))
                 });
                 if let Some(k) = launched_now {
-                    self.actions.remove(k);
+                    self.draft.actions.remove(k);
                     effect = cp.effect.or(Some(EffectOutcome::NotApplied)).filter(|_| {
                         cp.role == StepRole::Step
                             && effects.get(&cp.name).is_some_and(|e| *e != Effect::None)
@@ -126,14 +127,14 @@ impl<'a> Machine<'a> {
                 } else if pod
                     .is_none_or(|p| p.metadata.deletion_timestamp.is_none() && observe::is_live(p))
                 {
-                    self.actions.push(Action::DeletePod {
+                    self.draft.actions.push(Action::DeletePod {
                         name: pod_name,
                         reason: format!("stopping: {message}"),
                     });
                 }
                 // A Pod that is still running may yet report a result (which
                 // its compensation needs) and tokens: they are still recorded.
-                self.status.steps[i].stopping = pod.is_some_and(observe::is_live);
+                self.draft.status.steps[i].stopping = pod.is_some_and(observe::is_live);
             } else {
                 if cp.role == StepRole::Step && effect.is_none() {
                     effect = Some(EffectOutcome::NotApplied);
@@ -144,7 +145,7 @@ impl<'a> Machine<'a> {
                     closing = format!("not started: {message}");
                 }
             }
-            let cp = &mut self.status.steps[i];
+            let cp = &mut self.draft.status.steps[i];
             cp.effect = if cp.role == StepRole::Step {
                 effect
             } else {

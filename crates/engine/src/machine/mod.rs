@@ -78,12 +78,25 @@ const APPROVAL_CONTEXT_STEPS: usize = 20;
 
 pub(super) fn decide(obs: &Observed) -> Decision {
     let input = obs.run.status.clone().unwrap_or_default();
-    let mut m = Machine::new(obs, input);
+    let view = View::of(obs, input.clone());
+    let mut m = Machine {
+        view: &view,
+        draft: Draft::from(input),
+    };
     m.run();
     m.finish()
 }
 
-struct Machine<'a> {
+/// One decision: what it sees, behind a shared reference so no stage can
+/// write it, and what it writes.
+struct Machine<'v, 'a> {
+    view: &'v View<'a>,
+    draft: Draft,
+}
+
+/// What a decision sees: the run as committed and what the caches show for
+/// it. No stage writes here; what a decision decides goes into [`Draft`].
+struct View<'a> {
     run: &'a AgentRun,
     source: Option<&'a AgentRun>,
     /// Where the run waits for a place under the caps on active runs.
@@ -101,6 +114,15 @@ struct Machine<'a> {
     exact_now: Timestamp,
     /// The input status: what the API server has acknowledged.
     committed: AgentRunStatus,
+    /// Our Pods (controlled by this run's UID) by name.
+    pods: HashMap<&'a str, &'a Pod>,
+    /// Creations the API server refused in this reconcile.
+    refused: &'a [Refusal],
+}
+
+/// What a decision writes: the status being decided, the actions to apply
+/// after it is committed, and what the caller learns of the decision.
+struct Draft {
     /// The status being decided.
     status: AgentRunStatus,
     actions: Vec<Action>,
@@ -111,10 +133,6 @@ struct Machine<'a> {
     /// them: what follows it is decided in the same write (D4 holds because
     /// actions are applied only after that write).
     recorded: bool,
-    /// Our Pods (controlled by this run's UID) by name.
-    pods: HashMap<&'a str, &'a Pod>,
-    /// Creations the API server refused in this reconcile.
-    refused: &'a [Refusal],
     /// A refusal this decision met: the run is stalled (D16).
     stalled: Option<(Reason, String)>,
     /// What this decision did, for the metrics.
@@ -128,8 +146,8 @@ struct Machine<'a> {
     uid_wanted: bool,
 }
 
-impl<'a> Machine<'a> {
-    fn new(obs: &'a Observed<'a>, input: AgentRunStatus) -> Self {
+impl<'a> View<'a> {
+    fn of(obs: &'a Observed<'a>, committed: AgentRunStatus) -> Self {
         let run = obs.run;
         let uid = run.metadata.uid.as_deref().unwrap_or("");
         let pods = obs
@@ -138,7 +156,7 @@ impl<'a> Machine<'a> {
             .filter(|p| observe::owned_by(p, uid))
             .filter_map(|p| Some((p.metadata.name.as_deref()?, p)))
             .collect();
-        Machine {
+        View {
             run,
             source: obs.source,
             queued: obs.queued.as_ref(),
@@ -153,84 +171,101 @@ impl<'a> Machine<'a> {
             // is read back; backoff deadlines round up (see `backoff_until`).
             now: whole_seconds(obs.now),
             exact_now: obs.now,
-            status: input.clone(),
-            committed: input,
+            committed,
+            pods,
+            refused: obs.refused,
+        }
+    }
+}
+
+impl From<AgentRunStatus> for Draft {
+    /// A decision starts from the committed status.
+    fn from(status: AgentRunStatus) -> Self {
+        Draft {
+            status,
             actions: Vec::new(),
             tally: Tally::default(),
             unseen: Vec::new(),
             uid_wanted: false,
             deadlines: Vec::new(),
             recorded: false,
-            pods,
-            refused: obs.refused,
             stalled: None,
         }
     }
+}
 
+impl<'a> Machine<'_, 'a> {
     fn run(&mut self) {
-        self.status.observed_generation = self.run.metadata.generation;
-        if self.run.metadata.deletion_timestamp.is_some() {
+        self.draft.status.observed_generation = self.view.run.metadata.generation;
+        if self.view.run.metadata.deletion_timestamp.is_some() {
             // The run is going away; its results have nowhere to go. Its Pods
             // are the garbage collector's to delete (foreground) or to keep
             // (`--cascade=orphan`): only their finalizers are released.
-            let mut pods: Vec<&Pod> = self.pods.values().copied().collect();
+            let mut pods: Vec<&Pod> = self.view.pods.values().copied().collect();
             pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             for pod in pods
                 .into_iter()
                 .filter(|p| observe::has_result_finalizer(p))
             {
-                self.actions.push(Action::ReleaseFinalizer {
+                self.draft.actions.push(Action::ReleaseFinalizer {
                     pod: pod.metadata.name.clone().unwrap_or_default(),
                 });
             }
             return;
         }
-        if self.status.phase.is_some_and(RunPhase::is_terminal) {
+        if self.draft.status.phase.is_some_and(RunPhase::is_terminal) {
             self.terminal();
             return;
         }
         // D18: a run not started that already ran, or whose history cannot
         // be read, starts nothing.
-        if super::needs_lookup(self.run) && !self.recognise() {
+        if super::needs_lookup(self.view.run) && !self.recognise() {
             return;
         }
         self.note_spec();
-        if self.status.phase.is_none() {
-            self.status.phase = Some(RunPhase::Pending);
+        if self.draft.status.phase.is_none() {
+            self.draft.status.phase = Some(RunPhase::Pending);
         }
-        if self.status.started_at.is_none() {
+        if self.draft.status.started_at.is_none() {
             // Not started: it waits while the caps on active runs are
             // reached (a run being cancelled goes on, to its end).
-            if let Some(q) = self.queued.filter(|_| !self.run.spec.cancel) {
+            if let Some(q) = self.view.queued.filter(|_| !self.view.run.spec.cancel) {
                 return self.wait_in_queue(q);
             }
-            self.status.started_at = Some(Time(self.now));
-            self.status.queue_position = None;
+            self.draft.status.started_at = Some(Time(self.view.now));
+            self.draft.status.queue_position = None;
         }
         // The spec only changes with the generation: validate it once per generation.
-        let validated = self.committed.plan.is_some()
-            && self.committed.observed_generation == self.run.metadata.generation;
+        let validated = self.view.committed.plan.is_some()
+            && self.view.committed.observed_generation == self.view.run.metadata.generation;
         let spec_error = if validated {
             None
         } else {
-            plan::validate_spec(&self.run.spec).err()
+            plan::validate_spec(&self.view.run.spec).err()
         };
-        if self.status.plan.is_none() {
-            self.status.plan = Some(PlanStatus {
+        if self.draft.status.plan.is_none() {
+            self.draft.status.plan = Some(PlanStatus {
                 revision: 1,
                 reason: "initial plan from spec.steps".into(),
                 source: PlanSource::Spec,
-                step_names: self.run.spec.steps.iter().map(|s| s.name.clone()).collect(),
+                step_names: self
+                    .view
+                    .run
+                    .spec
+                    .steps
+                    .iter()
+                    .map(|s| s.name.clone())
+                    .collect(),
                 steps: Vec::new(),
                 rerun: Vec::new(),
                 rerun_from: None,
             });
-            if spec_error.is_none() && self.run.spec.fork_of.is_some() {
+            if spec_error.is_none() && self.view.run.spec.fork_of.is_some() {
                 self.start_fork();
             }
         }
-        let plan_status = self.status.plan.clone().unwrap_or_default();
-        let spec = &self.run.spec;
+        let plan_status = self.draft.status.plan.clone().unwrap_or_default();
+        let spec = &self.view.run.spec;
         let resolved = match spec_error {
             Some(e) => Err(e),
             None => Plan::resolve(spec, &plan_status),
@@ -264,11 +299,11 @@ impl<'a> Machine<'a> {
         self.create_unseen(&plan);
         if self.failing() {
             self.wind_down(&plan);
-        } else if !self.recorded {
+        } else if !self.draft.recorded {
             self.advance(&plan);
         }
         // A planner's plan or a re-plan may have changed the plan in force.
-        let plan_status = self.status.plan.clone().unwrap_or_default();
+        let plan_status = self.draft.status.plan.clone().unwrap_or_default();
         match Plan::resolve(spec, &plan_status) {
             Ok(p) => self.derive(&p),
             Err(_) => self.derive(&plan),
@@ -282,12 +317,12 @@ impl<'a> Machine<'a> {
     /// A fork's first decision: carry over the source run's checkpoints and
     /// run the rest (`fork::fork_plan`), or say why it cannot start.
     fn start_fork(&mut self) {
-        let Some(fork) = self.run.spec.fork_of.clone() else {
+        let Some(fork) = self.view.run.spec.fork_of.clone() else {
             return;
         };
-        match super::fork::fork_plan(self.source, &self.run.spec, self.now) {
+        match super::fork::fork_plan(self.view.source, &self.view.run.spec, self.view.now) {
             Ok(f) => {
-                if let Some(p) = self.status.plan.as_mut() {
+                if let Some(p) = self.draft.status.plan.as_mut() {
                     p.reason = format!(
                         "fork of run {} from step {}: {} carried over",
                         fork.run_name,
@@ -300,12 +335,13 @@ impl<'a> Machine<'a> {
                     );
                     p.rerun = f.runs.clone();
                 }
-                self.status.steps.extend(f.checkpoints);
-                self.status.forked_from = Some(Box::new(agentrun_api::ForkedFrom {
+                self.draft.status.steps.extend(f.checkpoints);
+                self.draft.status.forked_from = Some(Box::new(agentrun_api::ForkedFrom {
                     run_name: fork.run_name.clone(),
                     run_uid: fork.run_uid.clone(),
                     from_step: fork.from_step.clone(),
                     requested_by: self
+                        .view
                         .run
                         .metadata
                         .annotations
@@ -339,20 +375,22 @@ impl<'a> Machine<'a> {
     }
 
     fn finish(self) -> Decision {
-        let terminal = self.status.phase.is_some_and(RunPhase::is_terminal);
-        let requeue_after = if (self.status != self.committed || self.uid_wanted) && !terminal {
-            Some(SignedDuration::ZERO)
-        } else {
-            self.deadlines
-                .iter()
-                .min()
-                .map(|at| at.duration_since(self.now).max(SignedDuration::ZERO))
-        };
+        let terminal = self.draft.status.phase.is_some_and(RunPhase::is_terminal);
+        let requeue_after =
+            if (self.draft.status != self.view.committed || self.draft.uid_wanted) && !terminal {
+                Some(SignedDuration::ZERO)
+            } else {
+                self.draft
+                    .deadlines
+                    .iter()
+                    .min()
+                    .map(|at| at.duration_since(self.view.now).max(SignedDuration::ZERO))
+            };
         Decision {
-            status: self.status,
-            actions: self.actions,
+            status: self.draft.status,
+            actions: self.draft.actions,
             requeue_after,
-            tally: self.tally,
+            tally: self.draft.tally,
         }
     }
 
@@ -361,7 +399,7 @@ impl<'a> Machine<'a> {
     // -----------------------------------------------------------------------
 
     fn event(&mut self, type_: EventType, reason: Reason, message: String) {
-        self.actions.push(Action::Event {
+        self.draft.actions.push(Action::Event {
             type_,
             reason,
             message,
@@ -376,15 +414,15 @@ impl<'a> Machine<'a> {
         reason: Reason,
         message: String,
     ) {
-        let generation = self.run.metadata.generation;
+        let generation = self.view.run.metadata.generation;
         cond::set(
-            &mut self.status.conditions,
+            &mut self.draft.status.conditions,
             type_,
             status,
             reason,
             message,
             generation,
-            self.now,
+            self.view.now,
         );
     }
 
@@ -392,7 +430,7 @@ impl<'a> Machine<'a> {
     /// second that status can hold: the retry never comes before `d` has
     /// passed, and at most a second after.
     fn backoff_until(&self, d: SignedDuration) -> Timestamp {
-        let exact = self.exact_now.checked_add(d).unwrap_or(Timestamp::MAX);
+        let exact = self.view.exact_now.checked_add(d).unwrap_or(Timestamp::MAX);
         let whole = whole_seconds(exact);
         if whole < exact {
             whole
@@ -406,9 +444,10 @@ impl<'a> Machine<'a> {
     /// The run reached its terminal phase now: when, and how long it took
     /// from its start (`kubectl get`'s Duration).
     fn complete(&mut self) {
-        let now = self.now;
-        self.status.completed_at = Some(Time(now));
-        self.status.duration = self
+        let now = self.view.now;
+        self.draft.status.completed_at = Some(Time(now));
+        self.draft.status.duration = self
+            .draft
             .status
             .started_at
             .as_ref()
@@ -416,13 +455,13 @@ impl<'a> Machine<'a> {
     }
 
     fn at(&self, d: SignedDuration) -> Timestamp {
-        self.now.checked_add(d).unwrap_or(Timestamp::MAX)
+        self.view.now.checked_add(d).unwrap_or(Timestamp::MAX)
     }
 
     fn due(&mut self, at: Option<&Time>) -> bool {
         match at {
-            Some(t) if t.0 > self.now => {
-                self.deadlines.push(t.0);
+            Some(t) if t.0 > self.view.now => {
+                self.draft.deadlines.push(t.0);
                 false
             }
             _ => true,
@@ -430,27 +469,27 @@ impl<'a> Machine<'a> {
     }
 
     fn failing(&self) -> bool {
-        cond::is_true(&self.status.conditions, ConditionType::FailureTarget)
+        cond::is_true(&self.draft.status.conditions, ConditionType::FailureTarget)
     }
 
     fn owner(&self) -> OwnerReference {
         OwnerReference {
             api_version: "agentrun.dev/v1alpha1".into(),
             kind: "AgentRun".into(),
-            name: self.name.to_owned(),
-            uid: self.uid.to_owned(),
+            name: self.view.name.to_owned(),
+            uid: self.view.uid.to_owned(),
             controller: Some(true),
             block_owner_deletion: Some(true),
         }
     }
 
     fn key(&self, role: PodRole, step: &str, rev: i64) -> String {
-        names::idempotency_key(self.uid, role, step, rev)
+        names::idempotency_key(self.view.uid, role, step, rev)
     }
 
     /// Whether a live Pod of ours carries this idempotency key (D2).
     fn live_pod_with_key(&self, key: &str) -> bool {
-        self.pods.values().any(|p| {
+        self.view.pods.values().any(|p| {
             observe::is_live(p)
                 && p.metadata
                     .labels
@@ -463,9 +502,10 @@ impl<'a> Machine<'a> {
 
     fn step_spec(&self, plan: &Plan<'_>, name: &str) -> Option<StepSpec> {
         plan.step(name)
-            .or_else(|| self.run.spec.steps.iter().find(|s| s.name == name))
+            .or_else(|| self.view.run.spec.steps.iter().find(|s| s.name == name))
             .or_else(|| {
-                self.status
+                self.draft
+                    .status
                     .plan
                     .as_ref()?
                     .steps

@@ -11,13 +11,13 @@ use agentrun_api::RunPhase;
 
 use super::Machine;
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     pub(super) fn wait_in_queue(&mut self, q: &Queued) {
-        self.status.phase = Some(RunPhase::Queued);
-        self.status.queue_position = Some(q.position.try_into().unwrap_or(i32::MAX));
-        let (g, now) = (self.run.metadata.generation, self.now);
+        self.draft.status.phase = Some(RunPhase::Queued);
+        self.draft.status.queue_position = Some(q.position.try_into().unwrap_or(i32::MAX));
+        let (g, now) = (self.view.run.metadata.generation, self.view.now);
         let message = format!("queued at position {}: {}", q.position, q.why);
-        let conds = &mut self.status.conditions;
+        let conds = &mut self.draft.status.conditions;
         cond::set(
             conds,
             ConditionType::Succeeded,
@@ -37,8 +37,9 @@ impl<'a> Machine<'a> {
             now,
         );
         // Another run's end wakes it; this is the fallback.
-        self.deadlines.push(
-            self.now
+        self.draft.deadlines.push(
+            self.view
+                .now
                 .checked_add(crate::QUEUE_RECHECK)
                 .unwrap_or(jiff::Timestamp::MAX),
         );

@@ -23,13 +23,13 @@ use super::attempt::Record;
 use super::slot::{Acted, Slot};
 use super::{MAX_INLINE_RESULT, MAX_INLINE_RESULTS, Machine, timeout_text};
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     pub(super) fn observe_running(&mut self, plan: &Plan<'_>) {
-        let steps = (0..self.status.steps.len())
-            .filter(|&i| self.status.steps[i].phase == StepPhase::Running)
+        let steps = (0..self.draft.status.steps.len())
+            .filter(|&i| self.draft.status.steps[i].phase == StepPhase::Running)
             .map(Slot::Step);
-        let compensations = (0..self.status.compensations.len())
-            .filter(|&k| self.status.compensations[k].phase == StepPhase::Running)
+        let compensations = (0..self.draft.status.compensations.len())
+            .filter(|&k| self.draft.status.compensations[k].phase == StepPhase::Running)
             .map(Slot::Compensation);
         let running: Vec<Slot> = steps.chain(compensations).collect();
         for slot in running {
@@ -53,12 +53,13 @@ impl<'a> Machine<'a> {
     }
 
     pub(super) fn check_timeout(&mut self, plan: &Plan<'_>, i: usize) {
-        let cp = &self.status.steps[i];
+        let cp = &self.draft.status.steps[i];
         let timeout = match cp.role {
             StepRole::Step => self
                 .step_spec(plan, &cp.name)
                 .and_then(|s| plan::duration(s.timeout.as_ref())),
             StepRole::Planner => self
+                .view
                 .run
                 .spec
                 .planner
@@ -81,7 +82,7 @@ impl<'a> Machine<'a> {
         let created = cp
             .pod
             .as_deref()
-            .and_then(|p| self.pods.get(p))
+            .and_then(|p| self.view.pods.get(p))
             .and_then(|p| p.metadata.creation_timestamp.as_ref())
             .map(|t| t.0);
         let from = created.map_or(launched.0, |c| c.max(launched.0));
@@ -89,8 +90,8 @@ impl<'a> Machine<'a> {
             .checked_add(SignedDuration::from_secs(1))
             .and_then(|t| t.checked_add(timeout))
             .unwrap_or(Timestamp::MAX);
-        if deadline > self.now {
-            self.deadlines.push(deadline);
+        if deadline > self.view.now {
+            self.draft.deadlines.push(deadline);
             return;
         }
         let pod = cp.pod.clone().unwrap_or_default();
@@ -100,6 +101,7 @@ impl<'a> Machine<'a> {
         // by what the cache shows, for the effect they record.
         let started = self.non_idempotent(plan, i)
             || self
+                .view
                 .pods
                 .get(pod.as_str())
                 .is_none_or(|p| observe::started(p));
@@ -108,7 +110,7 @@ impl<'a> Machine<'a> {
             cp.attempt,
             timeout_text(timeout)
         );
-        self.actions.push(Action::DeletePod {
+        self.draft.actions.push(Action::DeletePod {
             name: pod.clone(),
             reason: why.clone(),
         });
@@ -125,7 +127,7 @@ impl<'a> Machine<'a> {
             Acted::unless(!started),
         );
         // What the Pod reports while it stops is still recorded (D9).
-        self.status.steps[i].stopping = true;
+        self.draft.status.steps[i].stopping = true;
     }
 
     pub(super) fn on_success(
@@ -135,10 +137,10 @@ impl<'a> Machine<'a> {
         message: Option<&str>,
         finished_at: Option<Timestamp>,
     ) {
-        if self.status.steps[i].role == StepRole::Verify {
+        if self.draft.status.steps[i].role == StepRole::Verify {
             return self.probe_answered(plan, i, message, finished_at);
         }
-        let attempt = self.status.steps[i].attempt;
+        let attempt = self.draft.status.steps[i].attempt;
         let report = match result::parse(message) {
             Ok(r) => r,
             Err(e) => {
@@ -148,7 +150,7 @@ impl<'a> Machine<'a> {
                 return self.attempt_failed(plan, Slot::Step(i), why, tokens, Acted::Maybe);
             }
         };
-        let role = self.status.steps[i].role;
+        let role = self.draft.status.steps[i].role;
         if let Some(why) = self.result_refused(plan, i, &report) {
             let acted = match (role, report.effect) {
                 (StepRole::Step, None | Some(EffectOutcome::Applied)) => Acted::Yes,
@@ -161,16 +163,16 @@ impl<'a> Machine<'a> {
             StepRole::Planner => {
                 match super::super::planner::parse_planner_plan(
                     report.plan.as_ref(),
-                    &self.run.spec.steps,
+                    &self.view.run.spec.steps,
                 ) {
                     Ok(steps) => Some(steps),
                     Err(e) => {
                         // An invalid plan is a failed attempt: retried within
                         // `retry.limit`, then the run fails for that reason.
-                        let name = self.status.steps[i].name.clone();
+                        let name = self.draft.status.steps[i].name.clone();
                         let why = format!("attempt {attempt} returned an invalid plan: {e}");
                         self.attempt_failed(plan, Slot::Step(i), why, report.tokens, Acted::No);
-                        if self.status.steps[i].phase == StepPhase::Failed {
+                        if self.draft.status.steps[i].phase == StepPhase::Failed {
                             self.set_condition(
                                 ConditionType::FailureTarget,
                                 TRUE,
@@ -186,21 +188,21 @@ impl<'a> Machine<'a> {
         };
         self.add_tokens(Slot::Step(i), report.tokens);
         let spec = match role {
-            StepRole::Step => self.step_spec(plan, &self.status.steps[i].name),
-            StepRole::Planner => self.run.spec.planner.as_deref().cloned(),
+            StepRole::Step => self.step_spec(plan, &self.draft.status.steps[i].name),
+            StepRole::Planner => self.view.run.spec.planner.as_deref().cloned(),
             StepRole::Compactor | StepRole::Verify => None,
         };
         let (inline, truncated) = self.cap_result(report.result);
-        self.tally.succeeded += 1;
+        self.draft.tally.succeeded += 1;
         if role == StepRole::Step {
             self.attempt_ended(plan, i);
         }
         // D8: a result is as old as the container's finish, not as the
         // moment the operator noticed (it may have been down meanwhile).
         let finished = finished_at
-            .map(|t| super::whole_seconds(t).min(self.now))
-            .unwrap_or(self.now);
-        let cp = &mut self.status.steps[i];
+            .map(|t| super::whole_seconds(t).min(self.view.now))
+            .unwrap_or(self.view.now);
+        let cp = &mut self.draft.status.steps[i];
         cp.phase = StepPhase::Succeeded;
         cp.checkpoint = CheckpointState::Committed;
         cp.finished_at = Some(Time(finished));
@@ -252,7 +254,7 @@ impl<'a> Machine<'a> {
             StepRole::Compactor => {
                 // A compactor that returns no summary keeps the one there was.
                 if report.summary.is_some() {
-                    self.status.summary = report.summary;
+                    self.draft.status.summary = report.summary;
                 }
                 self.event(
                     EventType::Normal,
@@ -262,7 +264,7 @@ impl<'a> Machine<'a> {
             }
             StepRole::Planner => {
                 // The new plan is resolved and started by the next decision.
-                self.recorded = true;
+                self.draft.recorded = true;
                 self.adopt_plan(&name, planned.unwrap_or_default());
             }
             StepRole::Verify => {} // answered above
@@ -276,6 +278,7 @@ impl<'a> Machine<'a> {
         }
         let size = serde_json::to_string(&result).map_or(usize::MAX, |s| s.len());
         let used: usize = self
+            .draft
             .status
             .steps
             .iter()
@@ -290,13 +293,13 @@ impl<'a> Machine<'a> {
     }
 
     pub(super) fn adopt_plan(&mut self, planner: &str, steps: Vec<StepSpec>) {
-        let revision = self.status.plan.as_ref().map_or(1, |p| p.revision) + 1;
+        let revision = self.draft.status.plan.as_ref().map_or(1, |p| p.revision) + 1;
         let names: Vec<String> = steps.iter().map(|s| s.name.clone()).collect();
         let message = format!(
             "plan revision {revision} from planner {planner}: {} steps",
             names.len()
         );
-        self.status.plan = Some(PlanStatus {
+        self.draft.status.plan = Some(PlanStatus {
             revision,
             reason: format!("plan from planner {planner}"),
             source: PlanSource::Planner,
@@ -315,21 +318,21 @@ impl<'a> Machine<'a> {
     /// acted: `Unknown`, and a compensation covers it. One that reported its
     /// effect and then failed another way: `Applied`.
     pub(super) fn record_effect(&mut self, plan: &Plan<'_>, i: usize, outcome: EffectOutcome) {
-        if self.status.steps[i].role != StepRole::Step {
+        if self.draft.status.steps[i].role != StepRole::Step {
             return;
         }
         let effect = self
-            .step_spec(plan, &self.status.steps[i].name)
+            .step_spec(plan, &self.draft.status.steps[i].name)
             .map_or(Effect::NonIdempotent, |s| s.effect);
         if effect != Effect::None {
-            self.status.steps[i].effect = Some(outcome);
+            self.draft.status.steps[i].effect = Some(outcome);
         }
     }
 
     /// A step, planner or compactor failed with no retries left: its
     /// checkpoint is final, and the run fails unless it was the compactor.
     pub(super) fn step_exhausted(&mut self, i: usize, message: String) {
-        let cp = &mut self.status.steps[i];
+        let cp = &mut self.draft.status.steps[i];
         cp.checkpoint = CheckpointState::Committed;
         if cp.role == StepRole::Step && cp.effect.is_none() {
             cp.effect = Some(EffectOutcome::NotApplied);
@@ -356,10 +359,10 @@ impl<'a> Machine<'a> {
         i: usize,
         report: &result::StepReport,
     ) -> Option<String> {
-        let cp = &self.status.steps[i];
+        let cp = &self.draft.status.steps[i];
         let spec = match cp.role {
             StepRole::Step => self.step_spec(plan, &cp.name),
-            StepRole::Planner => self.run.spec.planner.as_deref().cloned(),
+            StepRole::Planner => self.view.run.spec.planner.as_deref().cloned(),
             StepRole::Compactor | StepRole::Verify => None,
         };
         let schema = spec?.result_schema?;
@@ -379,9 +382,9 @@ impl<'a> Machine<'a> {
 
     /// Whether plan step checkpoint `i` is a NonIdempotent step's.
     pub(super) fn non_idempotent(&self, plan: &Plan<'_>, i: usize) -> bool {
-        self.status.steps[i].role == StepRole::Step
+        self.draft.status.steps[i].role == StepRole::Step
             && self
-                .step_spec(plan, &self.status.steps[i].name)
+                .step_spec(plan, &self.draft.status.steps[i].name)
                 .is_none_or(|s| s.effect == Effect::NonIdempotent)
     }
 
@@ -390,11 +393,11 @@ impl<'a> Machine<'a> {
     /// answer released (D14): the next one is not.
     pub(super) fn attempt_ended(&mut self, plan: &Plan<'_>, i: usize) {
         let gated = self
-            .step_spec(plan, &self.status.steps[i].name)
+            .step_spec(plan, &self.draft.status.steps[i].name)
             .and_then(|s| s.approval)
             .is_some_and(|g| g.required);
         if !gated {
-            self.status.steps[i].step_digest = None;
+            self.draft.status.steps[i].step_digest = None;
         }
     }
 
@@ -403,23 +406,23 @@ impl<'a> Machine<'a> {
     /// other runs again with the same key, after a backoff once disrupted
     /// again; a step disrupted over and over says so (D16).
     pub(super) fn step_disrupted(&mut self, plan: &Plan<'_>, i: usize, why: &str, started: bool) {
-        let effect = match self.status.steps[i].role {
+        let effect = match self.draft.status.steps[i].role {
             StepRole::Step => self
-                .step_spec(plan, &self.status.steps[i].name)
+                .step_spec(plan, &self.draft.status.steps[i].name)
                 .map_or(Effect::NonIdempotent, |s| s.effect),
             _ => Effect::None,
         };
-        if self.status.steps[i].role == StepRole::Step {
+        if self.draft.status.steps[i].role == StepRole::Step {
             self.attempt_ended(plan, i);
         }
-        let attempt = self.status.steps[i].attempt;
-        if started && effect != Effect::None && self.status.steps[i].role == StepRole::Step {
+        let attempt = self.draft.status.steps[i].attempt;
+        if started && effect != Effect::None && self.draft.status.steps[i].role == StepRole::Step {
             // It may have acted before it was stopped.
-            self.status.steps[i].effect = Some(EffectOutcome::Unknown);
+            self.draft.status.steps[i].effect = Some(EffectOutcome::Unknown);
         }
         if self.failing() {
-            let now = Time(self.now);
-            let cp = &mut self.status.steps[i];
+            let now = Time(self.view.now);
+            let cp = &mut self.draft.status.steps[i];
             cp.phase = StepPhase::Failed;
             cp.checkpoint = CheckpointState::Committed;
             cp.finished_at = Some(now);
@@ -439,7 +442,7 @@ impl<'a> Machine<'a> {
             );
         }
         let at = self.disruption_backoff(plan, Slot::Step(i));
-        let cp = &mut self.status.steps[i];
+        let cp = &mut self.draft.status.steps[i];
         let disruptions = cp.disruptions;
         let when = match &at {
             Some(t) => format!(" at {}", t.0),

@@ -17,25 +17,25 @@ use agentrun_api::{EffectOutcome, RunPhase, StepContainer, StepPhase, StepRole};
 use super::Machine;
 use super::slot::{Acted, Slot};
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     pub(super) fn wind_down(&mut self, plan: &Plan<'_>) {
         // Nothing new starts while a step Pod of this run is still live. Past
         // the run's active deadline, a Pod still not stopped when its grace
         // period ended is on a lost node: its effect is already recorded as
         // Unknown, and waiting for it would hang the run past its deadline.
-        let past_deadline = cond::get(&self.status.conditions, ConditionType::FailureTarget)
+        let past_deadline = cond::get(&self.draft.status.conditions, ConditionType::FailureTarget)
             .is_some_and(|c| c.reason == Reason::DeadlineExceeded);
         let mut step_pod_live = false;
-        for p in self.pods.values() {
+        for p in self.view.pods.values() {
             if !observe::is_live(p)
                 || observe::coords(p).is_none_or(|c| c.role == PodRole::Compensate)
             {
                 continue;
             }
             match p.metadata.deletion_timestamp.as_ref() {
-                Some(gone_by) if past_deadline && gone_by.0 <= self.now => {}
+                Some(gone_by) if past_deadline && gone_by.0 <= self.view.now => {}
                 Some(gone_by) if past_deadline => {
-                    self.deadlines.push(gone_by.0);
+                    self.draft.deadlines.push(gone_by.0);
                     step_pod_live = true;
                 }
                 _ => step_pod_live = true,
@@ -47,6 +47,7 @@ impl<'a> Machine<'a> {
         let targets = self.compensation_targets(plan);
         for (name, rev, _container) in targets {
             let existing = self
+                .draft
                 .status
                 .compensations
                 .iter()
@@ -55,7 +56,7 @@ impl<'a> Machine<'a> {
                 self.launch(plan, PodRole::Compensate, &name, rev, 1);
                 return;
             };
-            let cp = self.status.compensations[k].clone();
+            let cp = self.draft.status.compensations[k].clone();
             match cp.phase {
                 StepPhase::Running => return,
                 StepPhase::Pending => {
@@ -75,7 +76,8 @@ impl<'a> Machine<'a> {
         &self,
         plan: &Plan<'_>,
     ) -> Vec<(String, i64, StepContainer)> {
-        self.status
+        self.draft
+            .status
             .steps
             .iter()
             .rev()
@@ -109,39 +111,41 @@ impl<'a> Machine<'a> {
             Err(e) => {
                 let why = format!(
                     "attempt {} returned an unusable result: {e}",
-                    self.status.compensations[k].attempt
+                    self.draft.status.compensations[k].attempt
                 );
                 let tokens = result::tokens_best_effort(message);
                 return self.attempt_failed(plan, slot, why, tokens, Acted::No);
             }
         };
         self.add_tokens(slot, report.tokens);
-        self.tally.succeeded += 1;
-        let now = Time(self.now);
-        let c = &mut self.status.compensations[k];
+        self.draft.tally.succeeded += 1;
+        let now = Time(self.view.now);
+        let c = &mut self.draft.status.compensations[k];
         c.phase = StepPhase::Succeeded;
         c.finished_at = Some(now);
         c.pod_uid = None;
-        self.recorded = true;
+        self.draft.recorded = true;
         let message = format!("compensation of step {} succeeded", c.name);
         self.event(EventType::Normal, Reason::CompensationSucceeded, message);
     }
 
     pub(super) fn finish_failed(&mut self) {
-        let target = cond::get(&self.status.conditions, ConditionType::FailureTarget).cloned();
+        let target =
+            cond::get(&self.draft.status.conditions, ConditionType::FailureTarget).cloned();
         let why: Reason = target
             .as_ref()
             .and_then(|c| c.reason.parse().ok())
             .unwrap_or(Reason::RunFailed);
         let message = target.map(|c| c.message).unwrap_or_default();
         let cancelled = why == Reason::Cancelled;
-        self.status.phase = Some(if cancelled {
+        self.draft.status.phase = Some(if cancelled {
             RunPhase::Cancelled
         } else {
             RunPhase::Failed
         });
         self.complete();
         let failed_compensations: Vec<String> = self
+            .draft
             .status
             .compensations
             .iter()
@@ -160,8 +164,9 @@ impl<'a> Machine<'a> {
         } else {
             self.event(EventType::Warning, Reason::RunFailed, text);
         }
-        if let Some(ttl) = self.run.spec.ttl_seconds_after_finished {
-            self.deadlines
+        if let Some(ttl) = self.view.run.spec.ttl_seconds_after_finished {
+            self.draft
+                .deadlines
                 .push(self.at(SignedDuration::from_secs(ttl.max(0).into())));
         }
     }

@@ -28,7 +28,7 @@ use agentrun_api::{
 
 use super::{Machine, whole_seconds};
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     /// Starts wait step `i`, which waits for a signal: its checkpoint, with
     /// its deadline, then the Signal (intent, then effect).
     pub(super) fn start_signal(&mut self, plan: &Plan<'_>, i: usize) {
@@ -36,10 +36,10 @@ impl<'a> Machine<'a> {
         let Some(wait) = step.wait.as_deref().and_then(|w| w.signal.as_ref()) else {
             return;
         };
-        let now = whole_seconds(self.now);
+        let now = whole_seconds(self.view.now);
         let expires = plan::duration(wait.timeout.as_ref())
             .map(|t| now.checked_add(t).unwrap_or(jiff::Timestamp::MAX));
-        let signal = names::signal_name(self.name, self.uid, &step.name, plan.revision);
+        let signal = names::signal_name(self.view.name, self.view.uid, &step.name, plan.revision);
         let what = wait
             .description
             .as_deref()
@@ -48,20 +48,26 @@ impl<'a> Machine<'a> {
         let until = expires.map(|t| format!(" until {t}")).unwrap_or_default();
         let message = format!("waits for Signal {signal}{what}{until}");
         self.open_wait(plan, i, now, expires, Some(signal), message);
-        let c = self.status.steps.len() - 1;
+        let c = self.draft.status.steps.len() - 1;
         self.open_signal(plan, i, c);
     }
 
     /// Asks for the Signal checkpoint `c` waits on (create if absent), or
     /// says why the API server would not create it (D16).
     fn open_signal(&mut self, plan: &Plan<'_>, i: usize, c: usize) {
-        let cp = &self.status.steps[c];
+        let cp = &self.draft.status.steps[c];
         let Some(name) = cp.signal.clone() else {
             return;
         };
         let step = plan.steps[i];
         let wait = step.wait.as_deref().and_then(|w| w.signal.clone());
-        let ns = self.run.metadata.namespace.as_deref().unwrap_or_default();
+        let ns = self
+            .view
+            .run
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or_default();
         let senders = wait
             .as_ref()
             .and_then(|w| w.senders.clone())
@@ -71,10 +77,10 @@ impl<'a> Machine<'a> {
             });
         let s = signal::build(signal::Request {
             name: name.clone(),
-            namespace: self.run.metadata.namespace.clone(),
+            namespace: self.view.run.metadata.namespace.clone(),
             owner: self.owner(),
-            run_name: self.name,
-            run_uid: self.uid,
+            run_name: self.view.name,
+            run_uid: self.view.uid,
             step: &step.name,
             plan_revision: cp.plan_revision,
             description: wait.as_ref().and_then(|w| w.description.clone()),
@@ -83,6 +89,7 @@ impl<'a> Machine<'a> {
             senders,
             separate_from_requester: wait.is_some_and(|w| w.separate_from_requester),
             requested_by: self
+                .view
                 .run
                 .metadata
                 .annotations
@@ -90,8 +97,8 @@ impl<'a> Machine<'a> {
                 .and_then(|a| a.get(labels::REQUESTED_BY))
                 .cloned(),
         });
-        match self.refused.iter().find(|r| r.name == name) {
-            None => self.actions.push(Action::CreateSignal(Box::new(s))),
+        match self.view.refused.iter().find(|r| r.name == name) {
+            None => self.draft.actions.push(Action::CreateSignal(Box::new(s))),
             Some(r) => self.stall(&format!("step {}", step.name), "Signal", r),
         }
     }
@@ -99,19 +106,19 @@ impl<'a> Machine<'a> {
     /// Checkpoint `c` waits for its signal: take it, apply `onTimeout`
     /// once the expiry is written, or wait on.
     pub(super) fn observe_signal(&mut self, plan: &Plan<'_>, c: usize) {
-        let cp = self.status.steps[c].clone();
+        let cp = self.draft.status.steps[c].clone();
         let Some(name) = cp.signal.clone() else {
             return;
         };
-        let found = self
-            .signals
-            .iter()
-            .find(|s| s.metadata.name.as_deref() == Some(&name) && s.spec.run_uid == self.uid);
+        let found =
+            self.view.signals.iter().find(|s| {
+                s.metadata.name.as_deref() == Some(&name) && s.spec.run_uid == self.view.uid
+            });
         let Some(s) = found else {
             // Opened but not yet visible (or the create was lost): open it
             // again, and keep the deadline.
             if let Some(t) = &cp.wake_at {
-                self.deadlines.push(t.0);
+                self.draft.deadlines.push(t.0);
             }
             if let Some(i) = plan.steps.iter().position(|s| s.name == cp.name) {
                 self.open_signal(plan, i, c);
@@ -122,9 +129,9 @@ impl<'a> Machine<'a> {
         // A Signal under the name the run opened but not opened by it (a
         // planted one, on a cluster without the chart's policies) is never
         // taken: it stays in the way, visibly (D16).
-        if let Some(why) = signal::not_opened_for(s, self.uid, &cp) {
+        if let Some(why) = signal::not_opened_for(s, self.view.uid, &cp) {
             if let Some(t) = &cp.wake_at {
-                self.deadlines.push(t.0);
+                self.draft.deadlines.push(t.0);
             }
             let refusal = Refusal {
                 name,
@@ -133,10 +140,10 @@ impl<'a> Machine<'a> {
             };
             return self.stall(&format!("step {step}"), "Signal", &refusal);
         }
-        match signal::answer(s, self.now) {
+        match signal::answer(s, self.view.now) {
             Answer::Pending { expires_at } => {
                 if let Some(at) = expires_at {
-                    self.deadlines.push(at);
+                    self.draft.deadlines.push(at);
                 }
             }
             // The expiry is written to the Signal first (`sync_signals`);
@@ -169,7 +176,7 @@ impl<'a> Machine<'a> {
         data: Option<serde_json::Value>,
         by: Option<String>,
     ) {
-        let step = self.status.steps[c].name.clone();
+        let step = self.draft.status.steps[c].name.clone();
         let data = data.unwrap_or_default();
         // D22: data from outside is bounded before anything
         // evaluates it; the API server has no way to measure it.
@@ -184,7 +191,7 @@ impl<'a> Machine<'a> {
                 Reason::ResultInvalid,
                 format!("step {step}: {why}"),
             );
-            self.status.steps[c].decided_by = by;
+            self.draft.status.steps[c].decided_by = by;
             return self.refuse_step(c, Reason::ResultInvalid, why);
         }
         // D7 at the boundary: data from outside that does not match
@@ -208,7 +215,7 @@ impl<'a> Machine<'a> {
                 Reason::ResultInvalid,
                 format!("step {step}: {why}"),
             );
-            self.status.steps[c].decided_by = by;
+            self.draft.status.steps[c].decided_by = by;
             return self.refuse_step(c, Reason::ResultInvalid, why);
         }
         let (result, truncated) = self.cap_result(data);
@@ -226,16 +233,16 @@ impl<'a> Machine<'a> {
                 ),
             );
         }
-        let cp = &mut self.status.steps[c];
+        let cp = &mut self.draft.status.steps[c];
         cp.phase = StepPhase::Succeeded;
         cp.checkpoint = CheckpointState::Committed;
         cp.effect = Some(EffectOutcome::NotApplied);
-        cp.finished_at = Some(Time(self.now));
+        cp.finished_at = Some(Time(self.view.now));
         cp.result = result;
         cp.result_truncated = truncated;
         cp.decided_by = by;
         cp.message = Some(text.clone());
-        self.tally.succeeded += 1;
+        self.draft.tally.succeeded += 1;
         self.event(
             EventType::Normal,
             Reason::SignalReceived,
@@ -245,7 +252,7 @@ impl<'a> Machine<'a> {
 
     /// Checkpoint `c`'s Signal `name` expired (written): `onTimeout` applies.
     fn signal_expired(&mut self, c: usize, name: &str, on_timeout: SignalTimeout) {
-        let cp = &self.status.steps[c];
+        let cp = &self.draft.status.steps[c];
         let step = cp.name.clone();
         let deadline = cp
             .wake_at
@@ -256,11 +263,11 @@ impl<'a> Machine<'a> {
         match on_timeout {
             SignalTimeout::Fail => self.refuse_step(c, Reason::SignalExpired, text),
             SignalTimeout::Skip => {
-                let cp = &mut self.status.steps[c];
+                let cp = &mut self.draft.status.steps[c];
                 cp.phase = StepPhase::Skipped;
                 cp.checkpoint = CheckpointState::Committed;
                 cp.effect = Some(EffectOutcome::NotApplied);
-                cp.finished_at = Some(Time(self.now));
+                cp.finished_at = Some(Time(self.view.now));
                 cp.message = Some(format!("skipped: {text}"));
                 self.event(
                     EventType::Normal,
@@ -277,24 +284,24 @@ impl<'a> Machine<'a> {
     /// finished run, a re-plan), so a late signal is refused by the API
     /// server instead of being sent into a void.
     pub(super) fn sync_signals(&mut self) {
-        let terminal = self.status.phase.is_some_and(RunPhase::is_terminal);
+        let terminal = self.draft.status.phase.is_some_and(RunPhase::is_terminal);
         // Only the run's own: the status of a Signal it did not open is not
         // the operator's to write.
         let own = |s: &&agentrun_api::Signal| {
-            s.spec.run_uid == self.uid
+            s.spec.run_uid == self.view.uid
                 && crate::not_the_runs(
                     s.metadata.owner_references.as_deref().unwrap_or_default(),
-                    self.uid,
+                    self.view.uid,
                     [],
                 )
                 .is_none()
         };
-        for s in self.signals.iter().filter(own) {
+        for s in self.view.signals.iter().filter(own) {
             let Some(name) = s.metadata.name.clone() else {
                 continue;
             };
             let cp =
-                self.status.steps.iter().find(|c| {
+                self.draft.status.steps.iter().find(|c| {
                     c.signal.as_deref() == Some(&name) && c.phase != StepPhase::Superseded
                 });
             let step = cp.map(|c| c.phase);
@@ -307,8 +314,8 @@ impl<'a> Machine<'a> {
             } else {
                 "the run no longer waits on it"
             };
-            if let Some(status) = signal::desired_status(s, self.now, step, rejected, why) {
-                self.actions.push(Action::SetSignalStatus {
+            if let Some(status) = signal::desired_status(s, self.view.now, step, rejected, why) {
+                self.draft.actions.push(Action::SetSignalStatus {
                     name,
                     resource_version: s.metadata.resource_version.clone(),
                     status,

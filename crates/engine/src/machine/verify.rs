@@ -25,18 +25,18 @@ use agentrun_api::{CheckpointState, EffectOutcome, Provenance, StepPhase, StepRo
 use super::Machine;
 use super::slot::{Acted, Slot};
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     /// Whether step checkpoint `c` may still be settled by its probe: the
     /// step has one and has not used it at this revision.
     pub(super) fn can_verify(&self, plan: &Plan<'_>, c: usize) -> bool {
-        let cp = &self.status.steps[c];
+        let cp = &self.draft.status.steps[c];
         cp.role == StepRole::Step
             && self
                 .step_spec(plan, &cp.name)
                 .is_some_and(|s| s.verify.is_some())
-            && CheckpointIndex::new(&self.status.steps)
+            && CheckpointIndex::new(&self.draft.status.steps)
                 .at(
-                    &self.status.steps,
+                    &self.draft.status.steps,
                     StepRole::Verify,
                     &cp.name,
                     cp.plan_revision,
@@ -49,9 +49,9 @@ impl<'a> Machine<'a> {
     /// attempt's Pod is gone (nothing with the key runs beside it, D2).
     pub(super) fn start_verifying(&mut self, plan: &Plan<'_>, c: usize, what_happened: String) {
         let digest = plan
-            .step(&self.status.steps[c].name)
-            .map(|s| approval::step_digest(s, self.run.spec.pod_template.as_deref()));
-        let cp = &mut self.status.steps[c];
+            .step(&self.draft.status.steps[c].name)
+            .map(|s| approval::step_digest(s, self.view.run.spec.pod_template.as_deref()));
+        let cp = &mut self.draft.status.steps[c];
         let message = format!(
             "{what_happened}; it may have acted: its verify probe asks with key {}",
             cp.idempotency_key
@@ -63,23 +63,23 @@ impl<'a> Machine<'a> {
         cp.next_attempt_at = None;
         cp.message = Some(message.clone());
         let text = format!("step {}: {message}", cp.name);
-        self.recorded = true;
+        self.draft.recorded = true;
         self.event(EventType::Normal, Reason::StepVerifying, text);
     }
 
     /// The advance of a step that is verifying: start or retry its probe.
     pub(super) fn continue_verifying(&mut self, plan: &Plan<'_>, c: usize) {
         let (name, rev) = (
-            self.status.steps[c].name.clone(),
-            self.status.steps[c].plan_revision,
+            self.draft.status.steps[c].name.clone(),
+            self.draft.status.steps[c].plan_revision,
         );
-        let probe = CheckpointIndex::new(&self.status.steps).at(
-            &self.status.steps,
+        let probe = CheckpointIndex::new(&self.draft.status.steps).at(
+            &self.draft.status.steps,
             StepRole::Verify,
             &name,
             rev,
         );
-        match probe.map(|v| self.status.steps[v].clone()) {
+        match probe.map(|v| self.draft.status.steps[v].clone()) {
             None => self.launch(plan, PodRole::Verify, &name, rev, 1),
             Some(v) if v.phase == StepPhase::Pending && self.due(v.next_attempt_at.as_ref()) => {
                 self.launch(plan, PodRole::Verify, &name, rev, v.attempt + 1)
@@ -96,7 +96,7 @@ impl<'a> Machine<'a> {
         message: Option<&str>,
         finished_at: Option<Timestamp>,
     ) {
-        let attempt = self.status.steps[v].attempt;
+        let attempt = self.draft.status.steps[v].attempt;
         let report = match result::parse(message) {
             Ok(r) => r,
             Err(e) => {
@@ -106,10 +106,10 @@ impl<'a> Machine<'a> {
             }
         };
         self.add_tokens(Slot::Step(v), report.tokens);
-        self.tally.succeeded += 1;
-        let now = Time(self.now);
+        self.draft.tally.succeeded += 1;
+        let now = Time(self.view.now);
         let (name, rev) = {
-            let p = &mut self.status.steps[v];
+            let p = &mut self.draft.status.steps[v];
             p.phase = StepPhase::Succeeded;
             p.checkpoint = CheckpointState::Committed;
             p.finished_at = Some(now.clone());
@@ -117,15 +117,15 @@ impl<'a> Machine<'a> {
             p.effect = report.effect;
             (p.name.clone(), p.plan_revision)
         };
-        let Some(c) = CheckpointIndex::new(&self.status.steps).at(
-            &self.status.steps,
+        let Some(c) = CheckpointIndex::new(&self.draft.status.steps).at(
+            &self.draft.status.steps,
             StepRole::Step,
             &name,
             rev,
         ) else {
             return;
         };
-        if self.status.steps[c].phase != StepPhase::Verifying {
+        if self.draft.status.steps[c].phase != StepPhase::Verifying {
             return; // the run moved on (a cancel, a failure): nothing to settle
         }
         match report.effect {
@@ -144,13 +144,13 @@ impl<'a> Machine<'a> {
                 }
                 let (inline, truncated) = self.cap_result(report.result);
                 let finished = finished_at
-                    .map(|t| super::whole_seconds(t).min(self.now))
-                    .unwrap_or(self.now);
+                    .map(|t| super::whole_seconds(t).min(self.view.now))
+                    .unwrap_or(self.view.now);
                 let fresh_for = self
                     .step_spec(plan, &name)
                     .and_then(|s| plan::duration(s.fresh_for.as_ref()));
                 self.attempt_ended(plan, c);
-                let cp = &mut self.status.steps[c];
+                let cp = &mut self.draft.status.steps[c];
                 cp.phase = StepPhase::Succeeded;
                 cp.checkpoint = CheckpointState::Committed;
                 cp.effect = Some(EffectOutcome::Applied);
@@ -172,11 +172,11 @@ impl<'a> Machine<'a> {
             }
             Some(EffectOutcome::NotApplied) => {
                 let (limit, backoff) = self.step_retry(plan, &name);
-                let cp = &self.status.steps[c];
+                let cp = &self.draft.status.steps[c];
                 let (failures, attempt) = (cp.failures, cp.attempt);
-                self.recorded = true;
+                self.draft.recorded = true;
                 if failures > limit {
-                    let cp = &mut self.status.steps[c];
+                    let cp = &mut self.draft.status.steps[c];
                     cp.phase = StepPhase::Failed;
                     cp.checkpoint = CheckpointState::Committed;
                     cp.effect = Some(EffectOutcome::NotApplied);
@@ -189,7 +189,7 @@ impl<'a> Machine<'a> {
                 }
                 let at = (failures > 0)
                     .then(|| Time(self.backoff_until(plan::backoff(backoff.as_ref(), failures))));
-                let cp = &mut self.status.steps[c];
+                let cp = &mut self.draft.status.steps[c];
                 cp.phase = StepPhase::Pending;
                 cp.effect = None;
                 cp.next_attempt_at = at.clone();
@@ -214,7 +214,7 @@ impl<'a> Machine<'a> {
                 let saw: String = saw.chars().take(200).collect();
                 let what = format!(
                     "{}; its verify probe could not tell (it answered {said}: {saw})",
-                    self.status.steps[c]
+                    self.draft.status.steps[c]
                         .message
                         .clone()
                         .unwrap_or_default()
@@ -236,7 +236,7 @@ impl<'a> Machine<'a> {
         c: usize,
         result: &serde_json::Value,
     ) -> Option<String> {
-        let cp = &self.status.steps[c];
+        let cp = &self.draft.status.steps[c];
         let schema = self.step_spec(plan, &cp.name)?.result_schema?;
         let e = crate::schema::mismatches(&schema, result).err()?;
         let why = format!(
@@ -256,21 +256,21 @@ impl<'a> Machine<'a> {
     /// told what the probe ran into.
     pub(super) fn probe_gave_up(&mut self, plan: &Plan<'_>, v: usize, why: String) {
         let (name, rev) = (
-            self.status.steps[v].name.clone(),
-            self.status.steps[v].plan_revision,
+            self.draft.status.steps[v].name.clone(),
+            self.draft.status.steps[v].plan_revision,
         );
-        let Some(c) = CheckpointIndex::new(&self.status.steps).at(
-            &self.status.steps,
+        let Some(c) = CheckpointIndex::new(&self.draft.status.steps).at(
+            &self.draft.status.steps,
             StepRole::Step,
             &name,
             rev,
         ) else {
             return;
         };
-        if self.status.steps[c].phase != StepPhase::Verifying || self.failing() {
+        if self.draft.status.steps[c].phase != StepPhase::Verifying || self.failing() {
             return;
         }
-        let attempt = self.status.steps[c].attempt;
+        let attempt = self.draft.status.steps[c].attempt;
         self.ask_person(
             plan,
             c,

@@ -18,7 +18,7 @@ use agentrun_api::{CheckpointState, EffectOutcome, StepCheckpoint, StepPhase, St
 
 use super::{Machine, whole_seconds};
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'_, 'a> {
     /// Starts wait step `i` of the plan: its checkpoint, with when it wakes.
     pub(super) fn start_wait(&mut self, plan: &Plan<'_>, i: usize) {
         let step = plan.steps[i];
@@ -28,7 +28,7 @@ impl<'a> Machine<'a> {
         if wait.signal.is_some() {
             return self.start_signal(plan, i);
         }
-        let now = whole_seconds(self.now);
+        let now = whole_seconds(self.view.now);
         // Both were checked with the plan (`validate_wait`).
         let wake = match (&wait.for_, &wait.until) {
             (Some(d), _) => now
@@ -69,7 +69,7 @@ impl<'a> Machine<'a> {
             Reason::StepWaiting,
             format!("step {name} {message}"),
         );
-        self.status.steps.push(StepCheckpoint {
+        self.draft.status.steps.push(StepCheckpoint {
             idempotency_key: self.key(PodRole::Step, &name, plan.revision),
             name,
             role: StepRole::Step,
@@ -81,25 +81,25 @@ impl<'a> Machine<'a> {
             message: Some(message),
             ..StepCheckpoint::default()
         });
-        self.deadlines.extend(wake);
+        self.draft.deadlines.extend(wake);
     }
 
     /// Ends the waits whose time came (a failing run ended its waits when
     /// it began to fail, see `fail_run`).
     pub(super) fn observe_waits(&mut self, plan: &Plan<'_>) {
-        for i in 0..self.status.steps.len() {
-            if self.status.steps[i].phase != StepPhase::Waiting {
+        for i in 0..self.draft.status.steps.len() {
+            if self.draft.status.steps[i].phase != StepPhase::Waiting {
                 continue;
             }
-            if self.status.steps[i].signal.is_some() {
+            if self.draft.status.steps[i].signal.is_some() {
                 self.observe_signal(plan, i);
                 continue;
             }
-            let now = self.now;
-            let cp = &mut self.status.steps[i];
+            let now = self.view.now;
+            let cp = &mut self.draft.status.steps[i];
             let wake = cp.wake_at.as_ref().map_or(now, |t| t.0);
             if wake > now {
-                self.deadlines.push(wake);
+                self.draft.deadlines.push(wake);
                 continue;
             }
             // The wait is as old as its wake, not as the moment the
@@ -110,7 +110,7 @@ impl<'a> Machine<'a> {
             cp.finished_at = Some(Time(wake));
             cp.message = None;
             let name = cp.name.clone();
-            self.tally.succeeded += 1;
+            self.draft.tally.succeeded += 1;
             self.event(
                 EventType::Normal,
                 Reason::StepWoke,
