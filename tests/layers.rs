@@ -11,6 +11,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+#[path = "support/circles.rs"]
+mod circles;
+use circles::circles;
+
 /// The trees whose files must not import each other in a circle.
 const TREES: &[&str] = &[
     "src",
@@ -148,69 +152,6 @@ fn resolve(path: &str, here: &[String], files: &BTreeMap<Vec<String>, PathBuf>) 
         }
     }
     best
-}
-
-/// The circles of the graph (Tarjan's strongly connected components, size > 1).
-fn circles(edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
-    struct State<'a> {
-        edges: &'a BTreeMap<PathBuf, BTreeSet<PathBuf>>,
-        index: BTreeMap<&'a PathBuf, usize>,
-        low: BTreeMap<&'a PathBuf, usize>,
-        stack: Vec<&'a PathBuf>,
-        on_stack: BTreeSet<&'a PathBuf>,
-        found: Vec<Vec<PathBuf>>,
-    }
-    fn visit<'a>(s: &mut State<'a>, v: &'a PathBuf) {
-        let i = s.index.len();
-        s.index.insert(v, i);
-        s.low.insert(v, i);
-        s.stack.push(v);
-        s.on_stack.insert(v);
-        if let Some(next) = s.edges.get(v) {
-            for w in next {
-                let Some((w, _)) = s.edges.get_key_value(w) else {
-                    continue;
-                };
-                if !s.index.contains_key(w) {
-                    visit(s, w);
-                    let low = s.low[v].min(s.low[w]);
-                    s.low.insert(v, low);
-                } else if s.on_stack.contains(w) {
-                    let low = s.low[v].min(s.index[w]);
-                    s.low.insert(v, low);
-                }
-            }
-        }
-        if s.low[v] == s.index[v] {
-            let mut component = Vec::new();
-            loop {
-                let w = s.stack.pop().expect("on the stack");
-                s.on_stack.remove(w);
-                component.push(w.clone());
-                if w == v {
-                    break;
-                }
-            }
-            if component.len() > 1 {
-                component.sort();
-                s.found.push(component);
-            }
-        }
-    }
-    let mut s = State {
-        edges,
-        index: BTreeMap::new(),
-        low: BTreeMap::new(),
-        stack: Vec::new(),
-        on_stack: BTreeSet::new(),
-        found: Vec::new(),
-    };
-    for v in edges.keys() {
-        if !s.index.contains_key(v) {
-            visit(&mut s, v);
-        }
-    }
-    s.found
 }
 
 /// The import graph of the files under `tree`, test files left out (they

@@ -13,6 +13,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+#[path = "../../tests/support/circles.rs"]
+mod circles;
+use circles::circles;
+
 /// A file of `plugin/src` and the module it is (`console/view.rs` is
 /// `console::view`; `main.rs` is the binary, which sees the library as
 /// `kubectl_agentrun`).
@@ -339,66 +343,6 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         .iter()
         .map(|f| (f.rel.clone(), edges(f, &modules)))
         .collect()
-}
-
-/// The strongly connected components of more than one file (Tarjan).
-fn circles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
-    struct T<'a> {
-        g: &'a BTreeMap<String, BTreeSet<String>>,
-        index: BTreeMap<&'a str, usize>,
-        low: BTreeMap<&'a str, usize>,
-        stack: Vec<&'a str>,
-        on: BTreeSet<&'a str>,
-        out: Vec<Vec<String>>,
-    }
-    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
-        let n = t.index.len();
-        t.index.insert(v, n);
-        t.low.insert(v, n);
-        t.stack.push(v);
-        t.on.insert(v);
-        for w in &t.g[v] {
-            let w = w.as_str();
-            if !t.index.contains_key(w) {
-                visit(t, w);
-                let lw = t.low[w];
-                let lv = t.low.get_mut(v).unwrap();
-                *lv = (*lv).min(lw);
-            } else if t.on.contains(w) {
-                let iw = t.index[w];
-                let lv = t.low.get_mut(v).unwrap();
-                *lv = (*lv).min(iw);
-            }
-        }
-        if t.low[v] == t.index[v] {
-            let mut comp = Vec::new();
-            while let Some(w) = t.stack.pop() {
-                t.on.remove(w);
-                comp.push(w.to_owned());
-                if w == v {
-                    break;
-                }
-            }
-            if comp.len() > 1 {
-                comp.sort();
-                t.out.push(comp);
-            }
-        }
-    }
-    let mut t = T {
-        g,
-        index: BTreeMap::new(),
-        low: BTreeMap::new(),
-        stack: Vec::new(),
-        on: BTreeSet::new(),
-        out: Vec::new(),
-    };
-    for v in g.keys() {
-        if !t.index.contains_key(v.as_str()) {
-            visit(&mut t, v);
-        }
-    }
-    t.out
 }
 
 #[test]
