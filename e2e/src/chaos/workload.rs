@@ -90,7 +90,12 @@ pub enum Probe {
 }
 
 /// How long a probe runs: long enough for an operator kill to land on some.
+/// A probe has as long as one attempt of its step, so a step with a
+/// `timeout` has a short one; the rest run long enough for the fault loop,
+/// which under load comes round once a second or slower, to see them run
+/// (at 800 ms the short run once saw none of its eight probes).
 const PROBE_MS: u64 = 800;
+const PROBE_MS_UNTIMED: u64 = 3000;
 
 /// One generated run.
 #[derive(Clone, Debug, PartialEq)]
@@ -371,12 +376,17 @@ fn sim(run: &str, s: &StepPlan) -> Value {
 /// What simkubelet makes the step's probe do: answer from what the step's
 /// attempts really did (`probe`), after failing once, or say it cannot tell.
 fn probe_sim(run: &str, s: &StepPlan, probe: Probe) -> Value {
-    let answers = json!({"runMs": PROBE_MS, "probe": {"result": expected_result(run, &s.name)}});
+    let run_ms = if s.timeout_ms.is_some() {
+        PROBE_MS
+    } else {
+        PROBE_MS_UNTIMED
+    };
+    let answers = json!({"runMs": run_ms, "probe": {"result": expected_result(run, &s.name)}});
     match probe {
         Probe::Truthful => answers,
-        Probe::FailsOnce => json!({"attempts": [{"runMs": PROBE_MS / 2, "exitCode": 1}, answers]}),
+        Probe::FailsOnce => json!({"attempts": [{"runMs": run_ms / 2, "exitCode": 1}, answers]}),
         Probe::Unknown => json!({
-            "runMs": PROBE_MS,
+            "runMs": run_ms,
             "rawMessage": json!({"effect": "Unknown", "result": {"saw": "no record either way"}}).to_string(),
         }),
     }
