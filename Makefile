@@ -163,6 +163,7 @@ BENCH_ARGS ?=
 
 bench:
 	$(CARGO) bench --locked -p agentrun-engine --bench engine
+	mkdir -p target
 	$(CARGO) test --locked -p agentrun-engine --lib -- tests::d11_bounded_status::status_of_a_500_step_run_with_maximal_names_stays_under_256_kib --exact --nocapture 2>&1 | tee target/bench-status-size.log
 	@# A filter that names no test runs nothing and passes: it must have run the one.
 	grep -q '^test result: ok. 1 passed' target/bench-status-size.log
@@ -234,6 +235,7 @@ CHAOS_PROPTEST_CASES ?= 20000
 
 .PHONY: chaos
 chaos:
+	mkdir -p target
 	PROPTEST_CASES=$(CHAOS_PROPTEST_CASES) $(CARGO) test --locked -p agentrun-engine --lib -- \
 	  proptests::drive::invariants_hold_under_random_interleavings --exact 2>&1 | tee target/chaos-proptest.log
 	@# A filter that names no test runs nothing and passes: the pass must have run the one.
