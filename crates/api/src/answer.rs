@@ -37,22 +37,28 @@ pub trait DurableAnswer {
     }
 }
 
+/// The header of a spec that carries it under the shared field names.
+macro_rules! opened {
+    ($s:expr) => {
+        Opened {
+            run_name: &$s.run_name,
+            run_uid: &$s.run_uid,
+            step: &$s.step,
+            plan_revision: $s.plan_revision,
+            expires_at: $s.expires_at.as_ref(),
+            requested_by: $s.requested_by.as_deref(),
+            separate_from_requester: $s.separate_from_requester,
+        }
+    };
+}
+
 impl DurableAnswer for Approval {
     const ANSWER_FIELD: &'static str = "f:decision";
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
     fn opened(&self) -> Opened<'_> {
-        let s = &self.spec;
-        Opened {
-            run_name: &s.run_name,
-            run_uid: &s.run_uid,
-            step: &s.step,
-            plan_revision: s.plan_revision,
-            expires_at: s.expires_at.as_ref(),
-            requested_by: s.requested_by.as_deref(),
-            separate_from_requester: s.separate_from_requester,
-        }
+        opened!(self.spec)
     }
     /// A Reconcile question has no deadline: what happened is asked until
     /// someone knows.
@@ -70,15 +76,6 @@ impl DurableAnswer for Signal {
         &self.metadata
     }
     fn opened(&self) -> Opened<'_> {
-        let s = &self.spec;
-        Opened {
-            run_name: &s.run_name,
-            run_uid: &s.run_uid,
-            step: &s.step,
-            plan_revision: s.plan_revision,
-            expires_at: s.expires_at.as_ref(),
-            requested_by: s.requested_by.as_deref(),
-            separate_from_requester: s.separate_from_requester,
-        }
+        opened!(self.spec)
     }
 }
