@@ -173,34 +173,34 @@ impl<'a> Machine<'_, 'a> {
         false
     }
 
+    /// The spec of the plan step checkpoint `i` records, if it is a step's:
+    /// from the run's steps or the planner's plan.
+    fn recorded_step_spec(&self, i: usize) -> Option<&agentrun_api::StepSpec> {
+        let cp = &self.draft.status.steps[i];
+        if cp.role != agentrun_api::StepRole::Step {
+            return None;
+        }
+        self.view
+            .run
+            .spec
+            .steps
+            .iter()
+            .chain(self.draft.status.plan.iter().flat_map(|p| p.steps.iter()))
+            .find(|s| s.name == cp.name)
+    }
+
     /// Whether checkpoint `i` is a step whose `resultSchema` refuses `result`.
     fn schema_refuses(&self, i: usize, result: &serde_json::Value) -> bool {
-        let cp = &self.draft.status.steps[i];
-        cp.role == agentrun_api::StepRole::Step
-            && self
-                .view
-                .run
-                .spec
-                .steps
-                .iter()
-                .chain(self.draft.status.plan.iter().flat_map(|p| p.steps.iter()))
-                .find(|s| s.name == cp.name)
-                .and_then(|s| s.result_schema.as_deref())
-                .is_some_and(|schema| crate::schema::mismatches(schema, result).is_err())
+        self.recorded_step_spec(i)
+            .and_then(|s| s.result_schema.as_deref())
+            .is_some_and(|schema| crate::schema::mismatches(schema, result).is_err())
     }
 
     /// Whether checkpoint `i` is a step that acts (its effect is not `None`).
     fn acts(&self, i: usize) -> bool {
-        let cp = &self.draft.status.steps[i];
-        cp.role == agentrun_api::StepRole::Step
+        self.draft.status.steps[i].role == agentrun_api::StepRole::Step
             && self
-                .view
-                .run
-                .spec
-                .steps
-                .iter()
-                .chain(self.draft.status.plan.iter().flat_map(|p| p.steps.iter()))
-                .find(|s| s.name == cp.name)
+                .recorded_step_spec(i)
                 .is_none_or(|s| s.effect != agentrun_api::Effect::None)
     }
 
