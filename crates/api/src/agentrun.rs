@@ -12,7 +12,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{AgentRunStatus, Approvers, Duration, Senders};
+use super::{AgentRunStatus, Approvers, Duration, JournalSpec, Senders};
 
 /// Longest step name. Pod names (`<run>-<step>-r<rev>-a<attempt>`, `-c` for
 /// compensation) and label values must stay within Kubernetes' limits.
@@ -256,6 +256,17 @@ pub struct StepSpec {
     /// fails, asks a person (a Reconcile Approval that shows what it saw).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<Box<StepContainer>>,
+
+    /// The step's agent loop journals its model and tool calls (D19): the
+    /// step Pod gets a token that may write its own step's `StepJournal`,
+    /// and a new attempt replays what an earlier one recorded. A lost
+    /// attempt of a NonIdempotent step is then judged by its journal: with
+    /// every NonIdempotent call answered it runs again (with the same key,
+    /// replaying), and only a call that started and never answered is
+    /// asked about, of its verify probe or a person. The step's tokens are
+    /// its journal's, each model call counted once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<Box<JournalSpec>>,
 }
 
 /// What a wait step waits for: exactly one of `for`, `until` and `signal`.

@@ -23,6 +23,7 @@ mod approvers;
 pub mod archive;
 mod digest;
 mod duration;
+mod journal;
 pub mod labels;
 mod notify;
 mod record;
@@ -38,6 +39,7 @@ pub use approvers::*;
 pub use archive::ArchivedSteps;
 pub use digest::{MAX_SPEC_DIGESTS, spec_digest};
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
+pub use journal::*;
 pub use notify::*;
 pub use record::*;
 pub use run_status::*;
@@ -57,6 +59,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Approval::crd(),
         Signal::crd(),
         RunRecord::crd(),
+        StepJournal::crd(),
     ]
 }
 

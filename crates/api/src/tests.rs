@@ -298,7 +298,7 @@ fn crds_are_namespaced_with_status_and_short_names() {
 #[test]
 fn a_step_spec_is_small() {
     use std::mem::size_of;
-    assert!(size_of::<StepSpec>() <= 336, "{}", size_of::<StepSpec>());
+    assert!(size_of::<StepSpec>() <= 344, "{}", size_of::<StepSpec>());
     assert!(
         size_of::<StepContainer>() <= 176,
         "{}",
