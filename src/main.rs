@@ -88,6 +88,12 @@ struct RunArgs {
     #[arg(long, env = "AGENTRUN_RECONCILE_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     reconcile_timeout_seconds: u64,
 
+    /// The ClusterRole a journaled step's ServiceAccount is bound to in its
+    /// run's namespace, so its Pod may write its own journal (the chart's
+    /// `<roles.prefix>-journal-writer`; docs/journal.md).
+    #[arg(long, env = "AGENTRUN_JOURNAL_WRITER_ROLE", default_value = agentrun_operator::controller::DEFAULT_JOURNAL_WRITER_ROLE)]
+    journal_writer_role: String,
+
     /// Most runs active at once in one namespace; the rest wait in phase
     /// `Queued`, in creation order, and start as places free. 0: no cap.
     #[arg(
@@ -342,6 +348,7 @@ async fn run(args: RunArgs) -> Result<(), RunError> {
                 console_url: args.console_url.clone(),
             }),
         reconcile_timeout: Duration::from_secs(args.reconcile_timeout_seconds),
+        journal_writer_role: args.journal_writer_role.clone(),
         caps: agentrun_operator::controller::capacity::Caps {
             per_namespace: Some(args.max_active_runs_per_namespace).filter(|&n| n > 0),
             total: Some(args.max_active_runs).filter(|&n| n > 0),

@@ -9,14 +9,18 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 
 use super::{capacity, clock, events, expectations, index, resume};
-use crate::api::{AgentRun, Approval, Signal};
+use crate::api::{AgentRun, Approval, Signal, StepJournal};
 use crate::metrics::Metrics;
 
 pub(super) const SYNCED_RUNS: u8 = 1;
 pub(super) const SYNCED_PODS: u8 = 2;
 pub(super) const SYNCED_APPROVALS: u8 = 4;
 pub(super) const SYNCED_SIGNALS: u8 = 8;
-pub(super) const SYNCED_ALL: u8 = SYNCED_RUNS | SYNCED_PODS | SYNCED_APPROVALS | SYNCED_SIGNALS;
+pub(super) const SYNCED_JOURNALS: u8 = 16;
+/// The chart's journal-writer ClusterRole with its default prefix.
+pub const DEFAULT_JOURNAL_WRITER_ROLE: &str = "agentrun-journal-writer";
+pub(super) const SYNCED_ALL: u8 =
+    SYNCED_RUNS | SYNCED_PODS | SYNCED_APPROVALS | SYNCED_SIGNALS | SYNCED_JOURNALS;
 
 /// Where the operator looks for runs, and what it tells people.
 #[derive(Clone, Debug)]
@@ -45,6 +49,9 @@ pub struct Scope {
     /// The run history (D18): finished runs are recorded, runs created again
     /// recognised. `None`: no history (`--history-store=off`).
     pub history: Option<crate::history::Settings>,
+    /// The ClusterRole a journaled step's ServiceAccount is bound to in the
+    /// run's namespace (`--journal-writer-role`, docs/journal.md).
+    pub journal_writer_role: String,
 }
 
 /// This instance's place in leader election.
@@ -66,6 +73,7 @@ impl Default for Scope {
             clock: clock::Clock::default(),
             caps: capacity::Caps::default(),
             history: None,
+            journal_writer_role: DEFAULT_JOURNAL_WRITER_ROLE.to_owned(),
         }
     }
 }
@@ -85,6 +93,14 @@ pub struct Context {
     pub signals: Store<Signal>,
     /// The names of each run's Signals (by run UID), from the same watch.
     pub(super) signal_index: index::SignalIndex,
+    /// Step journal chunks (D19), managedFields dropped.
+    pub journals: Store<StepJournal>,
+    /// The names of each run's journal chunks (by run UID), from the same watch.
+    pub(super) journal_index: index::JournalIndex,
+    /// ServiceAccounts already bound to the journal-writer role, by
+    /// (namespace, name): each is bound once per process.
+    pub(super) journal_writers: Mutex<std::collections::HashSet<(String, String)>>,
+    pub(super) journal_writer_role: String,
     /// Publishes the engine's Events in the background.
     pub(super) events: events::EventSink,
     /// Publish `StepStarted` and `StepSucceeded` (`--step-events`).

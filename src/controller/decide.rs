@@ -51,6 +51,7 @@ pub(super) async fn decide(facts: Facts) -> Result<(engine::Decision, World)> {
             pods: &facts.world.pods,
             approvals: &facts.world.approvals,
             signals: &facts.world.signals,
+            journals: &facts.world.journals,
             refused: &facts.refused,
             source: facts.source.as_ref(),
             queued: facts.queued,

@@ -13,6 +13,7 @@
 //!                                                  └──▶ StepPod::to_pod ──▶ engine (World.pods)
 //!   watch approvals ──▶ Store<Approval> + ApprovalIndex ──▶ engine (World.approvals)
 //!   watch signals   ──▶ Store<Signal> + SignalIndex     ──▶ engine (World.signals)
+//!   watch stepjournals ─▶ Store<StepJournal> + JournalIndex ─▶ engine (World.journals)
 //! ```
 
 use std::collections::{BTreeSet, HashMap};
@@ -24,7 +25,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
 pub use super::step_pod::StepPod;
-use crate::api::{Approval, Signal};
+use crate::api::{Approval, Signal, StepJournal};
 
 type Key = (String, String);
 
@@ -66,6 +67,14 @@ impl Filed for Signal {
     }
 }
 
+/// Journal chunks by their run's UID (`spec.runUid`).
+impl Filed for StepJournal {
+    fn filed(&self) -> Option<(Key, String)> {
+        let ns = self.namespace()?;
+        Some(((ns, self.spec.run_uid.clone()), self.name_any()))
+    }
+}
+
 /// Object names by (namespace, run), kept from the watch events of one
 /// cache, so that a reconcile reads its run's objects instead of scanning
 /// every cached one.
@@ -77,6 +86,8 @@ pub type PodIndex = Index<StepPod>;
 pub type ApprovalIndex = Index<Approval>;
 /// Signal names by (namespace, run UID).
 pub type SignalIndex = Index<Signal>;
+/// Journal chunk names by (namespace, run UID).
+pub type JournalIndex = Index<StepJournal>;
 
 impl<K> Clone for Index<K> {
     fn clone(&self) -> Self {

@@ -47,16 +47,16 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{info, warn};
 
-use crate::api::{AgentRun, Approval, Signal};
+use crate::api::{AgentRun, Approval, Signal, StepJournal};
 use crate::labels;
 use crate::metrics::{Health, Metrics, NamespaceLabel, PhaseLabel, Refresh, WatchLabel};
 use relist::CachedObjects;
 
 use context::{
-    CONCURRENT_RECONCILES, SYNCED_ALL, SYNCED_APPROVALS, SYNCED_PODS, SYNCED_RUNS, SYNCED_SIGNALS,
-    api_for,
+    CONCURRENT_RECONCILES, SYNCED_ALL, SYNCED_APPROVALS, SYNCED_JOURNALS, SYNCED_PODS, SYNCED_RUNS,
+    SYNCED_SIGNALS, api_for,
 };
-pub use context::{Context, Leader, Scope};
+pub use context::{Context, DEFAULT_JOURNAL_WRITER_ROLE, Leader, Scope};
 pub use error::{Category, Error, Result};
 
 /// Runs the controller until `shutdown` resolves. In-flight reconciles finish
@@ -75,6 +75,7 @@ pub async fn run(
     let pods_api: Api<index::StepPod> = api_for(&client, &scope);
     let approvals_api: Api<Approval> = api_for(&client, &scope);
     let signals_api: Api<Signal> = api_for(&client, &scope);
+    let journals_api: Api<StepJournal> = api_for(&client, &scope);
 
     // Which caches have finished their initial list. (Store::wait_until_ready
     // wakes only one of several concurrent waiters, so readiness is taken from
@@ -148,6 +149,19 @@ pub async fn run(
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_SIGNALS))
         .cached_objects(signals.clone());
 
+    let (journals, journals_writer) = reflector::store();
+    let journal_index = index::JournalIndex::default();
+    let journal_stream = watcher(journals_api, watcher::Config::default())
+        .default_backoff()
+        .modify(|j: &mut StepJournal| j.managed_fields_mut().clear())
+        .reflect(journals_writer)
+        .inspect_ok({
+            let journal_index = journal_index.clone();
+            move |event| journal_index.apply(event)
+        })
+        .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_JOURNALS))
+        .cached_objects(journals.clone());
+
     let events = events::EventSink::spawn(client.clone(), reporter);
     // The notifier stops with the controller (below) and runs only where it
     // runs: on the leader.
@@ -177,6 +191,10 @@ pub async fn run(
         approval_index,
         signals,
         signal_index,
+        journals,
+        journal_index,
+        journal_writers: Mutex::default(),
+        journal_writer_role: scope.journal_writer_role.clone(),
         metrics: metrics.clone(),
         synced: synced_rx.clone(),
         failures: Mutex::new(HashMap::new()),
@@ -206,6 +224,7 @@ pub async fn run(
         pod_stream,
         approval_stream,
         signal_stream,
+        journal_stream,
         &metrics,
     );
     tokio::spawn(orphans::release_orphans(
@@ -255,6 +274,7 @@ fn triggers(
     pods: impl Stream<Item = Result<Arc<index::StepPod>, watcher::Error>> + Send + 'static,
     approvals: impl Stream<Item = Result<Arc<Approval>, watcher::Error>> + Send + 'static,
     signals: impl Stream<Item = Result<Arc<Signal>, watcher::Error>> + Send + 'static,
+    journals: impl Stream<Item = Result<Arc<StepJournal>, watcher::Error>> + Send + 'static,
     metrics: &Arc<Metrics>,
 ) -> impl Stream<Item = RunRef> + Send + 'static {
     let runs = runs
@@ -295,7 +315,17 @@ fn triggers(
             )
         })
         .boxed();
-    futures::stream::select_all([runs, pods, approvals, signals])
+    let journals = journals
+        .filter_map(retried_by_its_watch("stepjournals", metrics.clone()))
+        .filter_map(|chunk: Arc<StepJournal>| {
+            future::ready(
+                chunk
+                    .namespace()
+                    .map(|ns| ObjectRef::new(&chunk.spec.run_name).within(&ns)),
+            )
+        })
+        .boxed();
+    futures::stream::select_all([runs, pods, approvals, signals, journals])
 }
 
 /// Each run event, and when the run frees a place under the caps on active
@@ -450,6 +480,7 @@ mod tests {
                 runs.map(Ok),
                 futures::stream::pending(),
                 approvals,
+                futures::stream::pending(),
                 futures::stream::pending(),
                 &metrics,
             ),

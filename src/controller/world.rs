@@ -12,13 +12,16 @@ use tracing::{debug, warn};
 use super::Context;
 use super::error::{Error, Result};
 use super::patch::patch_params;
-use crate::api::{AgentRun, Approval, Signal};
+use crate::api::{AgentRun, Approval, Signal, StepJournal};
 use crate::engine;
 /// What the cluster shows for one run, gathered from the caches.
 pub(super) struct World {
     pub pods: Vec<Pod>,
     pub approvals: Vec<Approval>,
     pub signals: Vec<Signal>,
+    /// The run's journal chunks (by run UID; the engine reads only the
+    /// names it expects).
+    pub journals: Vec<StepJournal>,
     /// Some Pods are this process's own recent writes standing in for the
     /// cache (see `expectations`).
     pub stand_ins: bool,
@@ -66,10 +69,17 @@ pub(super) fn observe(run: &AgentRun, ctx: &Context) -> Result<World> {
         .filter(|s| s.spec.run_uid == uid && owned_by_run(s.owner_references()))
         .map(|s| (*s).clone())
         .collect();
+    let journals = ctx
+        .journal_index
+        .read(&ctx.journals, ns, uid)
+        .filter(|j| j.spec.run_uid == uid)
+        .map(|j| (*j).clone())
+        .collect();
     Ok(World {
         pods,
         approvals,
         signals,
+        journals,
         stand_ins,
     })
 }

@@ -82,13 +82,48 @@ impl JournalSpec {
     status = "StepJournalStatus",
     derive = "PartialEq",
     doc = "One chunk of the journal of a step's model and tool calls (D19), written by the step's own Pod before the step goes on and replayed by its next attempt. Admission lets a step Pod write only its own step's chunks; the status (settlements of calls that may have acted) is the operator's.",
-    printcolumn(name = "Run", type_ = "string", json_path = ".spec.runName", description = "The AgentRun the step belongs to"),
-    printcolumn(name = "Step", type_ = "string", json_path = ".spec.step", description = "The step whose calls these are"),
-    printcolumn(name = "Rev", type_ = "integer", json_path = ".spec.planRevision", description = "The plan revision"),
-    printcolumn(name = "Chunk", type_ = "integer", json_path = ".spec.chunk", description = "The chunk's place in the journal, from 0"),
-    printcolumn(name = "Calls", type_ = "integer", json_path = ".spec.entries.size()", description = "Calls recorded in this chunk"),
-    printcolumn(name = "Sealed", type_ = "boolean", json_path = ".spec.sealed", description = "Full: never written again"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp", description = "Time since the chunk was opened"),
+    printcolumn(
+        name = "Run",
+        type_ = "string",
+        json_path = ".spec.runName",
+        description = "The AgentRun the step belongs to"
+    ),
+    printcolumn(
+        name = "Step",
+        type_ = "string",
+        json_path = ".spec.step",
+        description = "The step whose calls these are"
+    ),
+    printcolumn(
+        name = "Rev",
+        type_ = "integer",
+        json_path = ".spec.planRevision",
+        description = "The plan revision"
+    ),
+    printcolumn(
+        name = "Chunk",
+        type_ = "integer",
+        json_path = ".spec.chunk",
+        description = "The chunk's place in the journal, from 0"
+    ),
+    printcolumn(
+        name = "Calls",
+        type_ = "integer",
+        json_path = ".spec.entries.size()",
+        description = "Calls recorded in this chunk"
+    ),
+    printcolumn(
+        name = "Sealed",
+        type_ = "boolean",
+        json_path = ".spec.sealed",
+        description = "Full: never written again"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp",
+        description = "Time since the chunk was opened"
+    )
 )]
 #[x_kube(
     validation = Rule::new("!oldSelf.sealed || self == oldSelf").message("spec: a sealed journal chunk is final; the next call opens the next chunk").reason(Reason::FieldValueForbidden),
@@ -269,6 +304,55 @@ pub struct Settlement {
     pub by: String,
     /// When the operator recorded the settlement.
     pub at: Time,
+}
+
+/// What the run's status holds of a step's journal at the checkpoint's plan
+/// revision.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct JournalSummary {
+    /// Model and tool calls recorded.
+    #[serde(default)]
+    pub calls: i64,
+    /// Bytes recorded, against the step's `journal.maxBytes`.
+    #[serde(default)]
+    pub bytes: i64,
+    /// Tokens of the journal's model calls counted into the step's tokens so
+    /// far (each call once, whichever attempt made it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<super::TokenUsage>,
+    /// Calls that were recorded as started, never answered, and settled.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub settled: i64,
+    /// The call that may have acted, while it is being settled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<JournalCall>,
+}
+
+/// A journaled call, as a person or a verify probe is asked about it.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct JournalCall {
+    pub seq: i64,
+    pub call_id: String,
+    /// The call's own key (its idempotency key for the tool).
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// What was asked, as the SDK's digest of the tool's name and arguments.
+    pub request_digest: String,
+    /// The journal chunk that holds it.
+    pub chunk: String,
+    /// Once decided: how it is settled, written to the chunk before the
+    /// next attempt starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<super::EffectOutcome>,
+    /// With `outcome: Applied`: what a replay returns, as JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<String>,
+    /// Who settled it: `verify` or the person who answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_by: Option<String>,
 }
 
 /// The idempotency key of one tool call: the first 128 bits of

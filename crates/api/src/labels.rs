@@ -65,6 +65,17 @@ pub mod env {
     pub const ATTEMPT: &str = "AGENTRUN_ATTEMPT";
     pub const PLAN_REVISION: &str = "AGENTRUN_PLAN_REVISION";
     pub const CONTEXT_FILE: &str = "AGENTRUN_CONTEXT_FILE";
+    /// A journaled step's chunk name prefix (docs/journal.md).
+    pub const JOURNAL: &str = "AGENTRUN_JOURNAL";
+    pub const JOURNAL_MAX_BYTES: &str = "AGENTRUN_JOURNAL_MAX_BYTES";
+    pub const JOURNAL_TOKEN_FILE: &str = "AGENTRUN_JOURNAL_TOKEN_FILE";
+    pub const JOURNAL_CA_FILE: &str = "AGENTRUN_JOURNAL_CA_FILE";
+    pub const RUN_UID: &str = "AGENTRUN_RUN_UID";
+    pub const NAMESPACE: &str = "AGENTRUN_NAMESPACE";
+    /// A verify probe asked about one journaled call: its seq, id and key.
+    pub const CALL_SEQ: &str = "AGENTRUN_CALL_SEQ";
+    pub const CALL_ID: &str = "AGENTRUN_CALL_ID";
+    pub const CALL_KEY: &str = "AGENTRUN_CALL_KEY";
 }
 
 /// Where the context file is mounted in a step container.

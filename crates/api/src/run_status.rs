@@ -321,6 +321,9 @@ pub struct StepCheckpoint {
     /// run's `tokensUsed`) and message were dropped (D11).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compacted: bool,
+    /// A journaled step's calls at this plan revision (D19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<Box<super::JournalSummary>>,
 }
 
 fn is_zero(n: &i32) -> bool {

@@ -35,6 +35,7 @@ pub mod cel;
 mod conditions;
 mod context;
 pub mod fork;
+pub mod journal;
 mod machine;
 mod names;
 mod observe;
@@ -58,12 +59,15 @@ mod tests;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 
-use agentrun_api::{AgentRun, AgentRunStatus, Approval, ApprovalStatus, Signal, SignalStatus};
+use agentrun_api::{
+    AgentRun, AgentRunStatus, Approval, ApprovalStatus, Settlement, Signal, SignalStatus,
+    StepJournal,
+};
 
 pub use approval::not_this_runs as not_this_runs_approval;
 pub use names::{
-    MAX_CHILD_NAME, PodRole, approve_name, approve_request, idempotency_key, pod_name,
-    reconcile_name, signal_name,
+    MAX_CHILD_NAME, PodRole, approve_name, approve_request, idempotency_key, journal_prefix,
+    pod_name, reconcile_name, signal_name,
 };
 pub use observe::{Recorded, held_by, is_live, must_read, not_the_runs, referenced_pods};
 pub use reasons::{ConditionType, Reason};
@@ -80,6 +84,8 @@ pub struct Observed<'a> {
     pub approvals: &'a [Approval],
     /// Signals owned by the run.
     pub signals: &'a [Signal],
+    /// The journal chunks of the run's steps (D19), from a cache that may lag.
+    pub journals: &'a [StepJournal],
     /// Creations the API server refused while this reconcile applied the
     /// previous decision: facts no cache shows (D16).
     pub refused: &'a [Refusal],
@@ -232,6 +238,13 @@ pub enum Action {
         name: String,
         resource_version: Option<String>,
         status: SignalStatus,
+    },
+    /// Record how a journaled call that may have acted was settled (D19),
+    /// in the status of the chunk that holds it; a settlement already there
+    /// is success.
+    SettleCall {
+        chunk: String,
+        settlement: Settlement,
     },
     /// TTL after finishing (D12).
     DeleteRun,

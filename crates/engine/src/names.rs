@@ -154,6 +154,19 @@ pub fn pod_name(
     child_name(run, run_uid, step, &suffix)
 }
 
+/// The prefix of the names of a step's journal chunks (D19):
+/// `<run>-<step>-<tag>-r<rev>-journal-`, the run and step part cut as the
+/// Pod name of the step's longest attempt number would cut it, so the prefix
+/// is the same for every attempt and its readable part is a prefix of every
+/// attempt's (the journals admission policy checks a writing Pod that way).
+pub fn journal_prefix(run: &str, run_uid: &str, step: &str, plan_revision: i64) -> String {
+    let longest = pod_name(run, run_uid, PodRole::Step, step, plan_revision, 999_999);
+    let stem = longest
+        .rsplit_once('-')
+        .map_or(longest.as_str(), |(s, _)| s);
+    format!("{stem}-journal-")
+}
+
 /// The Approval gating a step before it starts: `-approve` for the first
 /// request, `-approve-<n>` for the n-th (a step changed after the request).
 pub fn approve_name(

@@ -13,15 +13,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar,
-    ObjectFieldSelector, Pod, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext, Volume,
-    VolumeMount,
+    Capabilities, ConfigMapProjection, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource,
+    EnvVar, KeyToPath, ObjectFieldSelector, Pod, PodSecurityContext, PodSpec,
+    ProjectedVolumeSource, SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::names::PodRole;
 use agentrun_api::labels;
-use agentrun_api::{PodDefaults, StepContainer};
+use agentrun_api::{JournalCall, PodDefaults, StepContainer};
 
 const CONTEXT_VOLUME: &str = "agentrun-context";
 /// Set by the operator for every attempt; a step's own values are dropped.
@@ -44,10 +45,31 @@ pub struct PodRequest<'a> {
     /// For a plan step: the digest of what it runs (D14), as an annotation,
     /// so what ran can be held against what was approved.
     pub step_digest: Option<String>,
+    /// For a journaled step's attempt: where its journal is and a token to
+    /// write it (D19, docs/journal.md).
+    pub journal: Option<JournalPod>,
+    /// For a verify probe asked about one journaled call: that call.
+    pub call: Option<JournalCall>,
 }
+
+/// What a journaled step's Pod is told of its journal.
+pub struct JournalPod {
+    /// `<run>-<step>-<tag>-r<rev>-journal-`: chunk n is `<prefix><n>`.
+    pub prefix: String,
+    pub max_bytes: i64,
+}
+
+/// Where a journaled step's Pod finds the token bound to it and the API
+/// server's CA.
+pub const JOURNAL_DIR: &str = "/var/run/agentrun/journal";
+const JOURNAL_VOLUME: &str = "agentrun-journal";
+/// A journal token lives an hour; the kubelet renews it at 80%.
+const JOURNAL_TOKEN_SECONDS: i64 = 3600;
 
 pub fn build(r: PodRequest) -> Pod {
     let defaults = r.defaults.cloned().unwrap_or_default();
+    let journal = r.journal.is_some();
+    let journal_env = journal_env(&r);
     let mut pod_labels: BTreeMap<String, String> = defaults.labels.clone();
     for (k, v) in [
         (labels::RUN, r.run.to_owned()),
@@ -108,6 +130,7 @@ pub fn build(r: PodRequest) -> Pod {
     ]
     .into_iter()
     .chain(trace)
+    .chain(journal_env)
     {
         env.push(EnvVar {
             name: name.to_owned(),
@@ -134,12 +157,21 @@ pub fn build(r: PodRequest) -> Pod {
             .cloned(),
         working_dir: r.container.working_dir.clone(),
         image_pull_policy: r.container.image_pull_policy.clone(),
-        volume_mounts: Some(vec![VolumeMount {
-            name: CONTEXT_VOLUME.to_owned(),
-            mount_path: mount_dir.to_owned(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(
+            std::iter::once(VolumeMount {
+                name: CONTEXT_VOLUME.to_owned(),
+                mount_path: mount_dir.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            })
+            .chain(r.journal.as_ref().map(|_| VolumeMount {
+                name: JOURNAL_VOLUME.to_owned(),
+                mount_path: JOURNAL_DIR.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            }))
+            .collect(),
+        ),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             run_as_non_root: Some(true),
@@ -166,21 +198,25 @@ pub fn build(r: PodRequest) -> Pod {
         spec: Some(PodSpec {
             restart_policy: Some("Never".to_owned()),
             containers: vec![container],
-            volumes: Some(vec![Volume {
-                name: CONTEXT_VOLUME.to_owned(),
-                downward_api: Some(DownwardAPIVolumeSource {
-                    items: Some(vec![DownwardAPIVolumeFile {
-                        path: file.to_owned(),
-                        field_ref: Some(ObjectFieldSelector {
-                            field_path: format!("metadata.annotations['{}']", labels::CONTEXT),
-                            api_version: None,
-                        }),
-                        ..DownwardAPIVolumeFile::default()
-                    }]),
-                    ..DownwardAPIVolumeSource::default()
-                }),
-                ..Volume::default()
-            }]),
+            volumes: Some(
+                std::iter::once(Volume {
+                    name: CONTEXT_VOLUME.to_owned(),
+                    downward_api: Some(DownwardAPIVolumeSource {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: file.to_owned(),
+                            field_ref: Some(ObjectFieldSelector {
+                                field_path: format!("metadata.annotations['{}']", labels::CONTEXT),
+                                api_version: None,
+                            }),
+                            ..DownwardAPIVolumeFile::default()
+                        }]),
+                        ..DownwardAPIVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                })
+                .chain(journal.then(journal_volume))
+                .collect(),
+            ),
             automount_service_account_token: Some(
                 defaults.automount_service_account_token.unwrap_or(false),
             ),
@@ -198,6 +234,72 @@ pub fn build(r: PodRequest) -> Pod {
             ..PodSpec::default()
         }),
         status: None,
+    }
+}
+
+/// A journaled step's journal, and a verify probe's call (docs/journal.md).
+fn journal_env(r: &PodRequest) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
+    if let Some(j) = &r.journal {
+        env.extend([
+            (labels::env::JOURNAL, j.prefix.clone()),
+            (labels::env::JOURNAL_MAX_BYTES, j.max_bytes.to_string()),
+            (labels::env::RUN_UID, r.owner.uid.clone()),
+            (
+                labels::env::NAMESPACE,
+                r.namespace.clone().unwrap_or_default(),
+            ),
+            (
+                labels::env::JOURNAL_TOKEN_FILE,
+                format!("{JOURNAL_DIR}/token"),
+            ),
+            (
+                labels::env::JOURNAL_CA_FILE,
+                format!("{JOURNAL_DIR}/ca.crt"),
+            ),
+        ]);
+    }
+    if let Some(c) = &r.call {
+        env.extend([
+            (labels::env::CALL_SEQ, c.seq.to_string()),
+            (labels::env::CALL_ID, c.call_id.clone()),
+            (labels::env::CALL_KEY, c.key.clone()),
+        ]);
+    }
+    env
+}
+
+/// A token bound to this Pod (the API server puts the Pod in it, which the
+/// journals admission policy reads) and the API server's CA.
+fn journal_volume() -> Volume {
+    Volume {
+        name: JOURNAL_VOLUME.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: Some(0o444),
+            sources: Some(vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: "token".to_owned(),
+                        expiration_seconds: Some(JOURNAL_TOKEN_SECONDS),
+                        audience: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".to_owned(),
+                        items: Some(vec![KeyToPath {
+                            key: "ca.crt".to_owned(),
+                            path: "ca.crt".to_owned(),
+                            mode: None,
+                        }]),
+                        optional: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+            ]),
+        }),
+        ..Volume::default()
     }
 }
 

@@ -163,6 +163,11 @@ vocabulary! {
         StepVerifying,
         /// The verify probe answered: applied (recorded as succeeded) or not (retried).
         StepVerified,
+        /// A journaled call that may have acted was settled (D19): by the
+        /// step's verify probe or a person; the next attempt replays past it.
+        CallSettled,
+        /// A step's journal grew past its `journal.maxBytes` (D19): the step fails.
+        JournalOverCap,
         /// A step was disrupted again and again (D16); it resumes after its backoff.
         RepeatedlyDisrupted,
         /// A deleted step Pod still runs past its grace period (D16).

@@ -134,6 +134,8 @@ pub struct World {
     pub pods: BTreeMap<String, Pod>,
     pub approvals: BTreeMap<String, Approval>,
     pub signals: BTreeMap<String, agentrun_api::Signal>,
+    /// Journal chunks by name, as step Pods would write them (D19).
+    pub journals: BTreeMap<String, agentrun_api::StepJournal>,
     /// Refusals the next decision is told about (what `apply` met).
     pub refused: Vec<Refusal>,
     pub now: Timestamp,
@@ -156,6 +158,7 @@ impl World {
             pods: BTreeMap::new(),
             approvals: BTreeMap::new(),
             signals: BTreeMap::new(),
+            journals: BTreeMap::new(),
             refused: Vec::new(),
             now: t(0),
             run_deleted: false,
@@ -180,11 +183,13 @@ impl World {
     pub fn decide_with(&self, pods: &[Pod]) -> Decision {
         let approvals: Vec<Approval> = self.approvals.values().cloned().collect();
         let signals: Vec<agentrun_api::Signal> = self.signals.values().cloned().collect();
+        let journals: Vec<agentrun_api::StepJournal> = self.journals.values().cloned().collect();
         decide(&Observed {
             run: &self.run,
             pods,
             approvals: &approvals,
             signals: &signals,
+            journals: &journals,
             refused: &self.refused,
             source: self.source.as_ref(),
             queued: self.queued.clone(),
@@ -280,6 +285,14 @@ impl World {
                     s.status = Some(status.clone());
                     s.metadata.resource_version = Some(format!("{}", self.next_uid));
                     self.next_uid += 1;
+                }
+            }
+            Action::SettleCall { chunk, settlement } => {
+                if let Some(j) = self.journals.get_mut(chunk) {
+                    let status = j.status.get_or_insert_with(Default::default);
+                    if !status.settlements.iter().any(|s| s.seq == settlement.seq) {
+                        status.settlements.push(settlement.clone());
+                    }
                 }
             }
             Action::DeleteRun => self.run_deleted = true,
@@ -447,5 +460,64 @@ impl World {
             .filter(|(_, p)| super::observe::is_live(p))
             .map(|(n, _)| n.clone())
             .collect()
+    }
+}
+
+/// A journaled call as a step SDK records it (D19): a model call answered,
+/// a tool call answered, or a NonIdempotent tool call started and not
+/// answered (`Intent`).
+pub fn journal_entry(
+    seq: i64,
+    kind: agentrun_api::CallKind,
+    state: agentrun_api::CallState,
+) -> agentrun_api::JournalEntry {
+    use agentrun_api::{CallKind, CallState, CallTokens, call_key};
+    let call_id = format!("call_{seq}");
+    agentrun_api::JournalEntry {
+        seq,
+        kind,
+        request_digest: format!("{seq:064x}"),
+        effect: (kind == CallKind::Tool).then_some(agentrun_api::Effect::NonIdempotent),
+        key: (kind == CallKind::Tool).then(|| call_key("step-key", &call_id)),
+        name: (kind == CallKind::Tool).then(|| "issue_refund".to_owned()),
+        state,
+        attempt: 1,
+        response: (state == CallState::Done).then(|| r#"{"ok":true}"#.to_owned()),
+        error: None,
+        tokens: (kind == CallKind::Model).then_some(CallTokens {
+            input: 100,
+            output: 20,
+            cached: 0,
+        }),
+        started_at: None,
+        finished_at: None,
+        call_id,
+    }
+}
+
+impl World {
+    /// The step's journal at `rev` holds `entries`, in one chunk, as its
+    /// Pod would have written them.
+    pub fn journal(&mut self, step: &str, rev: i64, entries: Vec<agentrun_api::JournalEntry>) {
+        let name = self.run.metadata.name.clone().unwrap_or_default();
+        let uid = self.run.metadata.uid.clone().unwrap_or_default();
+        let chunk = format!("{}0", super::journal_prefix(&name, &uid, step, rev));
+        let status = self.journals.get(&chunk).and_then(|j| j.status.clone());
+        let mut j = agentrun_api::StepJournal::new(
+            &chunk,
+            agentrun_api::StepJournalSpec {
+                run_name: name,
+                run_uid: uid,
+                step: step.to_owned(),
+                plan_revision: rev,
+                chunk: 0,
+                first_seq: 0,
+                attempt: 1,
+                sealed: false,
+                entries,
+            },
+        );
+        j.status = status;
+        self.journals.insert(chunk, j);
     }
 }

@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use super::commit::Proof;
 use super::{Outcome, Target};
-use crate::api::{AgentRun, AgentRunStatus, Approval, Signal};
+use crate::api::{AgentRun, AgentRunStatus, Approval, Signal, StepJournal};
 use crate::controller::owned::{self, Created, held_by, refusal_cause};
 use crate::controller::patch::{is_status, patch_params};
 use crate::controller::world::World;
@@ -99,6 +99,12 @@ pub(super) async fn act(
             } => owned::set_status(&signals, &name, resource_version, &status)
                 .await
                 .map_err(|err| target.failed(format!("updating signal {name}"), err))?,
+            Action::SettleCall { chunk, settlement } => {
+                let journals: Api<StepJournal> = Api::namespaced(ctx.client.clone(), &target.ns);
+                super::journal::settle(&journals, &chunk, &settlement)
+                    .await
+                    .map_err(|err| target.failed(format!("settling a call in {chunk}"), err))?
+            }
             Action::DeleteRun => delete_run(runs, target).await?,
             Action::Event {
                 type_,
@@ -126,6 +132,25 @@ async fn create_pod(
     }
     failpoints::hit("before-create-pod");
     let pod_name = pod.name_any();
+    // A journaled step's Pod writes its journal with its ServiceAccount.
+    if super::journal::is_journaled(&pod)
+        && let Err(err) = super::journal::bind_writer(ctx, &target.ns, &pod).await
+    {
+        return match err {
+            kube::Error::Api(status) => Ok(Some(Refusal {
+                name: pod_name,
+                cause: refusal_cause(&status),
+                message: format!(
+                    "the step journals its calls, and its ServiceAccount could not be bound to the journal-writer role {}: {}",
+                    ctx.journal_writer_role, status.message
+                ),
+            })),
+            err => Err(target.failed(
+                format!("binding the journal writer for pod {pod_name}"),
+                err,
+            )),
+        };
+    }
     let pp = PostParams {
         field_manager: Some(labels::FIELD_MANAGER.into()),
         ..Default::default()

@@ -12,6 +12,7 @@
 
 mod commit;
 mod effects;
+mod journal;
 
 use std::time::{Duration, Instant};
 

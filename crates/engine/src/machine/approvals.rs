@@ -442,6 +442,23 @@ impl<'a> Machine<'_, 'a> {
         let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
         let comment = comment.map(|c| format!(": {c}")).unwrap_or_default();
         match (reconcile, decision) {
+            // A journaled step's question was about one call: the answer
+            // settles that call, and the next attempt replays past it.
+            (true, Answered::Retry) if self.settling(c) => {
+                let by = self.draft.status.steps[c].decided_by.clone();
+                self.settle_call(
+                    c,
+                    EffectOutcome::NotApplied,
+                    None,
+                    by.as_deref().unwrap_or("a person"),
+                );
+            }
+            (true, Answered::MarkSucceeded) if self.settling(c) => {
+                let by = self.draft.status.steps[c].decided_by.clone();
+                let by = by.as_deref().unwrap_or("a person");
+                let response = serde_json::json!({"settled": "Applied", "by": by}).to_string();
+                self.settle_call(c, EffectOutcome::Applied, Some(response), by);
+            }
             (false, Answered::Approved) | (true, Answered::Retry) => {
                 let (rev, attempt) = (cp.plan_revision, cp.attempt + 1);
                 let (reason, text) = if reconcile {
@@ -498,6 +515,11 @@ impl<'a> Machine<'_, 'a> {
     /// this revision; otherwise a person, bound to the step as it is now
     /// (D14: a `Retry` runs exactly this).
     pub(super) fn ask_reconcile(&mut self, plan: &Plan<'_>, c: usize, what_happened: String) {
+        // A journaled step is asked about the one call that may have acted.
+        let what_happened = match self.note_open_call(plan, c) {
+            Some(call) => format!("{what_happened}; {call}"),
+            None => what_happened,
+        };
         if self.can_verify(plan, c) {
             return self.start_verifying(plan, c, what_happened);
         }

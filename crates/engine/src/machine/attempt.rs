@@ -341,6 +341,25 @@ impl<'a> Machine<'_, 'a> {
                 .map(|s| {
                     crate::approval::step_digest(&s, self.view.run.spec.pod_template.as_deref())
                 }),
+            journal: (r.role == PodRole::Step)
+                .then(|| self.journal_spec(plan, &r.name))
+                .flatten()
+                .map(|j| crate::pods::JournalPod {
+                    prefix: names::journal_prefix(
+                        self.view.name,
+                        self.view.uid,
+                        &r.name,
+                        r.plan_revision,
+                    ),
+                    max_bytes: j.max_bytes(),
+                }),
+            call: (r.role == PodRole::Verify)
+                .then(|| self.slot(PodRole::Step, &r.name, r.plan_revision))
+                .flatten()
+                .and_then(|slot| match slot {
+                    Slot::Step(c) => self.unknown_call(c).cloned(),
+                    Slot::Compensation(_) => None,
+                }),
         }))
     }
 
@@ -533,7 +552,11 @@ impl<'a> Machine<'_, 'a> {
         {
             match acted {
                 Acted::No => {}
-                Acted::Maybe => return self.ask_reconcile(plan, i, why),
+                // A journaled step's journal says whether it may have.
+                Acted::Maybe if self.unrecorded_call_may_have_acted(plan, i) => {
+                    return self.ask_reconcile(plan, i, why);
+                }
+                Acted::Maybe => {}
                 Acted::Yes => {
                     let message =
                         format!("{why}; not retried: its NonIdempotent effect was applied");

@@ -42,6 +42,9 @@ pub(super) enum Hold {
     LivePod,
     /// `spec.parallelism` step Pods are in flight.
     Parallelism,
+    /// A journaled call that may have acted is not settled yet, or its
+    /// settlement not yet written to the journal (D19).
+    Settling,
 }
 
 impl<'a> Machine<'_, 'a> {
@@ -79,6 +82,12 @@ impl<'a> Machine<'_, 'a> {
                 Start::Again(slot) => Some(slot),
                 Start::New { .. } => self.slot(role, &name, rev),
             };
+            if new
+                && let Some(Slot::Step(c)) = slot
+                && self.settling(c)
+            {
+                return Err(Hold::Settling);
+            }
             if let Some(Slot::Step(c)) = slot {
                 let digest = approval::step_digest(
                     plan.steps[i],

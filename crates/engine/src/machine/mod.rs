@@ -30,6 +30,7 @@ mod derive;
 mod finalizers;
 mod gate;
 mod history;
+mod journal;
 mod limits;
 mod queued;
 mod running;
@@ -107,6 +108,8 @@ struct View<'a> {
     cel: &'a super::cel::Limits,
     approvals: &'a [agentrun_api::Approval],
     signals: &'a [agentrun_api::Signal],
+    /// The run's journal chunks (its UID in their spec).
+    journals: Vec<&'a agentrun_api::StepJournal>,
     name: &'a str,
     uid: &'a str,
     now: Timestamp,
@@ -164,6 +167,11 @@ impl<'a> View<'a> {
             cel: &obs.cel,
             approvals: obs.approvals,
             signals: obs.signals,
+            journals: obs
+                .journals
+                .iter()
+                .filter(|j| j.spec.run_uid == uid)
+                .collect(),
             name: run.metadata.name.as_deref().unwrap_or(""),
             uid,
             // Status timestamps (metav1.Time) keep whole seconds. Deciding on the
@@ -293,6 +301,7 @@ impl<'a> Machine<'_, 'a> {
             }
         };
         self.release_accounted_pods();
+        self.observe_journals(&plan);
         self.observe_running(&plan);
         self.enforce_limits();
         self.observe_waits(&plan);

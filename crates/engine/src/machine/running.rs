@@ -434,7 +434,10 @@ impl<'a> Machine<'_, 'a> {
             ));
             return;
         }
-        if effect == Effect::NonIdempotent && started {
+        if effect == Effect::NonIdempotent
+            && started
+            && self.unrecorded_call_may_have_acted(plan, i)
+        {
             return self.ask_reconcile(
                 plan,
                 i,

@@ -28,20 +28,30 @@ use super::slot::{Acted, Slot};
 impl<'a> Machine<'_, 'a> {
     /// Whether step checkpoint `c` may still be settled by its probe: the
     /// step has one and has not used it at this revision.
+    /// A journaled step's probe is asked once per call that may have acted.
     pub(super) fn can_verify(&self, plan: &Plan<'_>, c: usize) -> bool {
         let cp = &self.draft.status.steps[c];
         cp.role == StepRole::Step
             && self
                 .step_spec(plan, &cp.name)
                 .is_some_and(|s| s.verify.is_some())
-            && CheckpointIndex::new(&self.draft.status.steps)
-                .at(
-                    &self.draft.status.steps,
-                    StepRole::Verify,
-                    &cp.name,
-                    cp.plan_revision,
-                )
-                .is_none()
+            && match self.probe_of(c) {
+                None => true,
+                Some(v) => {
+                    self.unknown_call(c).is_some() && self.draft.status.steps[v].phase.is_terminal()
+                }
+            }
+    }
+
+    /// The checkpoint of step checkpoint `c`'s verify probe.
+    fn probe_of(&self, c: usize) -> Option<usize> {
+        let cp = &self.draft.status.steps[c];
+        CheckpointIndex::new(&self.draft.status.steps).at(
+            &self.draft.status.steps,
+            StepRole::Verify,
+            &cp.name,
+            cp.plan_revision,
+        )
     }
 
     /// Step checkpoint `c` may have acted: its probe is asked first. The
@@ -58,6 +68,7 @@ impl<'a> Machine<'_, 'a> {
         );
         cp.effect = Some(EffectOutcome::Unknown);
         cp.phase = StepPhase::Verifying;
+        let journaled = cp.journal.as_ref().is_some_and(|j| j.unknown.is_some());
         // A retry it allows runs what it would have run now (D14).
         cp.step_digest = digest;
         cp.next_attempt_at = None;
@@ -65,6 +76,17 @@ impl<'a> Machine<'_, 'a> {
         let text = format!("step {}: {message}", cp.name);
         self.draft.recorded = true;
         self.event(EventType::Normal, Reason::StepVerifying, text);
+        // A journaled step's probe answered about an earlier call: it is
+        // asked again, about this one, as its next attempt.
+        if journaled && let Some(v) = self.probe_of(c) {
+            let p = &mut self.draft.status.steps[v];
+            if p.phase.is_terminal() {
+                p.phase = StepPhase::Pending;
+                p.next_attempt_at = None;
+                p.result = None;
+                p.effect = None;
+            }
+        }
     }
 
     /// The advance of a step that is verifying: start or retry its probe.
@@ -127,6 +149,9 @@ impl<'a> Machine<'_, 'a> {
         };
         if self.draft.status.steps[c].phase != StepPhase::Verifying {
             return; // the run moved on (a cancel, a failure): nothing to settle
+        }
+        if self.settling(c) {
+            return self.probe_answered_call(plan, c, report.effect, &report.result);
         }
         match report.effect {
             Some(EffectOutcome::Applied) => {
@@ -214,6 +239,44 @@ impl<'a> Machine<'_, 'a> {
                 let saw: String = saw.chars().take(200).collect();
                 let what = format!(
                     "{}; its verify probe could not tell (it answered {said}: {saw})",
+                    self.draft.status.steps[c]
+                        .message
+                        .clone()
+                        .unwrap_or_default()
+                        .split("; it may have acted")
+                        .next()
+                        .unwrap_or_default()
+                );
+                self.ask_person(plan, c, what);
+            }
+        }
+    }
+
+    /// The probe answered about a journaled call (D19): Applied settles it
+    /// with the probe's result as the call's, NotApplied settles it to be
+    /// called again; anything else asks a person about the call.
+    fn probe_answered_call(
+        &mut self,
+        plan: &Plan<'_>,
+        c: usize,
+        effect: Option<EffectOutcome>,
+        result: &serde_json::Value,
+    ) {
+        match effect {
+            Some(EffectOutcome::Applied) => {
+                let response = serde_json::to_string(result).unwrap_or_default();
+                self.settle_call(c, EffectOutcome::Applied, Some(response), "verify");
+            }
+            Some(EffectOutcome::NotApplied) => {
+                self.settle_call(c, EffectOutcome::NotApplied, None, "verify");
+            }
+            other => {
+                let said = match other {
+                    Some(EffectOutcome::Unknown) => "Unknown",
+                    _ => "no effect",
+                };
+                let what = format!(
+                    "{}; its verify probe could not tell (it answered {said})",
                     self.draft.status.steps[c]
                         .message
                         .clone()

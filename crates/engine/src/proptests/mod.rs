@@ -341,6 +341,7 @@ impl Sim {
             pods: &pods,
             approvals: &approvals,
             signals: &signals,
+            journals: &[],
             refused: &[],
             source: None,
             // The controller's word, even for a run that has started: the

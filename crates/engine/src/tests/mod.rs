@@ -33,6 +33,7 @@ mod d12_queued;
 mod d14_fork;
 mod d16_stalls;
 mod d18_history;
+mod d19_journal;
 
 /// The idempotency key of step `a` at plan revision 1 of the test run (UID
 /// `run-uid`), computed outside the code under test:

@@ -1,0 +1,317 @@
+//! D19: a journaled step is judged by its journal. A lost attempt whose
+//! calls were all answered runs again with the same key and asks nobody; a
+//! call that started and was never answered is asked about (of the probe,
+//! else a person), settled in the journal before the next attempt; the
+//! journal's tokens count once; a journal past its cap fails the step.
+
+use super::*;
+use agentrun_api::{CallKind, CallState, JournalSpec, StepContainer};
+
+/// `python3 -c "import hashlib; print(hashlib.sha256(b'run-uid\\x00refund').hexdigest()[:6])"`
+const REFUND: &str = "run-refund-d5e7dc";
+
+fn refund(journaled: bool, verify: bool) -> World {
+    let mut s = step("refund")
+        .with_effect(Effect::NonIdempotent)
+        .with_retry(2, "5s", "5s");
+    if journaled {
+        s.journal = Some(Box::new(JournalSpec {
+            max_bytes: Some(8192),
+        }));
+    }
+    if verify {
+        s.verify = Some(Box::new(StepContainer {
+            image: "tool:1".into(),
+            args: vec!["verify-call".into()],
+            ..StepContainer::default()
+        }));
+    }
+    World::new(AgentRun::test().with_steps([s, step("notify")]))
+}
+
+fn a(n: i32) -> String {
+    format!("{REFUND}-r1-a{n}")
+}
+
+/// Attempt 1 runs, records `entries`, and is evicted.
+fn evicted_after(mut w: World, entries: Vec<agentrun_api::JournalEntry>) -> World {
+    w.settle();
+    w.update_pod(&a(1), |p| p.running());
+    w.settle();
+    w.journal("refund", 1, entries);
+    w.update_pod(&a(1), |p| p.evicted(true));
+    w.settle();
+    w
+}
+
+fn answered() -> Vec<agentrun_api::JournalEntry> {
+    vec![
+        journal_entry(0, CallKind::Model, CallState::Done),
+        journal_entry(1, CallKind::Tool, CallState::Done),
+        journal_entry(2, CallKind::Model, CallState::Done),
+    ]
+}
+
+fn open_intent() -> Vec<agentrun_api::JournalEntry> {
+    let mut e = answered();
+    e.push(journal_entry(3, CallKind::Tool, CallState::Intent));
+    e
+}
+
+fn env(w: &World, pod: &str) -> std::collections::BTreeMap<String, String> {
+    w.pod(pod).spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| (e.name, e.value.unwrap_or_default()))
+        .collect()
+}
+
+#[test]
+fn a_lost_attempt_whose_calls_were_all_answered_runs_again_with_the_same_key() {
+    // Without a journal the same loss asks a person (D6): the table's
+    // second row is today's rule, the first is what the journal changes.
+    for (journaled, runs_again) in [(true, true), (false, false)] {
+        let w = evicted_after(refund(journaled, false), answered());
+        let c = cp(&w, "refund", 1);
+        assert_eq!(
+            (
+                w.pods.contains_key(&a(2)),
+                c.phase == StepPhase::WaitingForApproval
+            ),
+            (runs_again, !runs_again),
+            "journaled={journaled}: {:?}",
+            c.message
+        );
+        if runs_again {
+            assert!(w.approvals.is_empty(), "nobody is asked");
+            assert_eq!(
+                w.pod(&a(2)).metadata.labels.unwrap()[labels::IDEMPOTENCY_KEY],
+                c.idempotency_key,
+                "the same key: the attempt replays its journal"
+            );
+            assert_eq!(c.failures, 0, "a disruption costs no retry");
+        }
+    }
+}
+
+#[test]
+fn a_journaled_step_pod_is_told_where_its_journal_is_and_gets_a_bound_token() {
+    let mut w = refund(true, false);
+    w.settle();
+    let env = env(&w, &a(1));
+    let prefix = crate::journal_prefix("run", "run-uid", "refund", 1);
+    assert_eq!(prefix, "run-refund-d5e7dc-r1-journal-");
+    assert_eq!(env["AGENTRUN_JOURNAL"], prefix);
+    assert_eq!(env["AGENTRUN_JOURNAL_MAX_BYTES"], "8192");
+    assert_eq!(env["AGENTRUN_RUN_UID"], "run-uid");
+    assert_eq!(
+        env["AGENTRUN_JOURNAL_TOKEN_FILE"],
+        "/var/run/agentrun/journal/token"
+    );
+    let spec = w.pod(&a(1)).spec.unwrap();
+    let projected = spec
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find_map(|v| v.projected)
+        .expect("a projected journal volume");
+    let token = projected.sources.unwrap()[0]
+        .service_account_token
+        .clone()
+        .expect("a Pod-bound token");
+    assert_eq!(token.path, "token");
+    // A step without `journal` gets none of it.
+    let mut plain = World::new(AgentRun::test().with_steps([step("x")]));
+    plain.settle();
+    let p = plain.pod("run-x-dc2dd4-r1-a1");
+    assert!(
+        !env_names(&p)
+            .iter()
+            .any(|n| n.starts_with("AGENTRUN_JOURNAL")),
+        "{:?}",
+        env_names(&p)
+    );
+}
+
+fn env_names(p: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+    p.spec.as_ref().unwrap().containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.clone())
+        .collect()
+}
+
+#[test]
+fn a_call_left_open_is_asked_of_the_probe_with_its_key_and_settled_before_the_next_attempt() {
+    let mut w = evicted_after(refund(true, true), open_intent());
+    let c = cp(&w, "refund", 1);
+    assert_eq!(c.phase, StepPhase::Verifying, "{:?}", c.message);
+    assert!(
+        c.message
+            .as_deref()
+            .unwrap()
+            .contains("its call 3 (issue_refund call_3"),
+        "{:?}",
+        c.message
+    );
+    let probe = format!("{REFUND}-r1-v1");
+    let env = env(&w, &probe);
+    let key = agentrun_api::call_key("step-key", "call_3");
+    assert_eq!(
+        (
+            env["AGENTRUN_CALL_SEQ"].as_str(),
+            env["AGENTRUN_CALL_ID"].as_str(),
+            env["AGENTRUN_CALL_KEY"].as_str()
+        ),
+        ("3", "call_3", key.as_str())
+    );
+    // The probe finds the refund made: the call is settled Applied with
+    // what the probe found, and the step runs again to replay past it.
+    w.update_pod(&probe, |p| {
+        p.succeeded(r#"{"effect": "Applied", "result": {"refundId": "rf-9"}}"#)
+    });
+    let d = w.step();
+    let settled: Vec<_> = d
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::SettleCall { chunk, settlement } => Some((chunk.clone(), settlement.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(settled.len(), 1, "{:?}", d.actions);
+    assert_eq!(settled[0].0, "run-refund-d5e7dc-r1-journal-0");
+    assert_eq!(
+        (
+            settled[0].1.seq,
+            settled[0].1.outcome,
+            settled[0].1.by.as_str()
+        ),
+        (3, EffectOutcome::Applied, "verify")
+    );
+    assert_eq!(
+        settled[0].1.response.as_deref(),
+        Some(r#"{"refundId":"rf-9"}"#)
+    );
+    assert!(
+        !w.created.contains(&a(2)),
+        "not before the settlement is seen"
+    );
+    // The settlement write was lost: no attempt until the journal shows it,
+    // and the settlement is asked for again.
+    for j in w.journals.values_mut() {
+        j.status = None;
+    }
+    let d = w.step();
+    assert!(creates(&d).is_empty(), "{:?}", creates(&d));
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::SettleCall { settlement, .. } if settlement.seq == 3))
+    );
+    w.settle();
+    let c = cp(&w, "refund", 1);
+    assert!(w.pods.contains_key(&a(2)), "{:?}", c.message);
+    assert_eq!(c.effect, Some(EffectOutcome::Applied), "the call acted");
+    assert!(c.journal.as_ref().unwrap().unknown.is_none());
+    assert!(w.approvals.is_empty(), "nobody was woken");
+}
+
+#[test]
+fn without_a_probe_a_person_is_asked_about_the_call_and_their_answer_settles_it() {
+    for (answer, outcome) in [
+        (Answer::MarkSucceeded, EffectOutcome::Applied),
+        (Answer::Retry, EffectOutcome::NotApplied),
+    ] {
+        let mut w = evicted_after(refund(true, false), open_intent());
+        let c = cp(&w, "refund", 1);
+        assert_eq!(c.phase, StepPhase::WaitingForApproval);
+        let name = c.approval.clone().unwrap();
+        let reason = w.approvals[&name]
+            .spec
+            .context
+            .as_ref()
+            .unwrap()
+            .reason
+            .clone();
+        assert!(
+            reason.contains("its call 3 (issue_refund call_3, key "),
+            "{reason}"
+        );
+        assert!(w.decide_approval(&name, answer, "alice"));
+        w.settle();
+        let j = w.journals.values().next().unwrap();
+        let s = &j
+            .status
+            .as_ref()
+            .expect("settled in the journal")
+            .settlements[0];
+        assert_eq!((s.seq, s.outcome), (3, outcome), "{answer:?}");
+        assert_eq!(s.by, "alice");
+        if outcome == EffectOutcome::Applied {
+            assert_eq!(
+                s.response.as_deref(),
+                Some(r#"{"by":"alice","settled":"Applied"}"#)
+            );
+        }
+        let c = cp(&w, "refund", 1);
+        assert_eq!(c.phase, StepPhase::Running, "{answer:?}: {:?}", c.message);
+        assert!(w.pods.contains_key(&a(2)), "the step replays past the call");
+    }
+}
+
+#[test]
+fn the_journal_tokens_count_once_whichever_attempt_made_the_calls() {
+    let w = evicted_after(refund(true, false), answered());
+    // Two model calls of 120 tokens, made by the lost attempt.
+    assert_eq!(w.status().tokens_used, 240);
+    let c = cp(&w, "refund", 1);
+    assert_eq!(c.journal.as_ref().unwrap().calls, 3);
+    // Attempt 2 replays them: nothing is counted again when it succeeds
+    // reporting no tokens outside the journal.
+    let mut w = w;
+    w.update_pod(&a(2), |p| p.running());
+    w.settle();
+    w.succeed(
+        &a(2),
+        r#"{"result": {"refundId": "rf-1"}, "effect": "Applied"}"#,
+    );
+    assert_eq!(w.status().tokens_used, 240);
+}
+
+#[test]
+fn a_journal_past_its_cap_fails_the_step_and_stops_its_attempt() {
+    let mut w = refund(true, false);
+    w.settle();
+    w.update_pod(&a(1), |p| p.running());
+    w.settle();
+    let mut big = journal_entry(0, CallKind::Model, CallState::Done);
+    big.response = Some("x".repeat(9000));
+    w.journal("refund", 1, vec![big]);
+    let d = w.step();
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::DeletePod { name, .. } if *name == self::a(1))),
+        "{:?}",
+        d.actions
+    );
+    let c = cp(&w, "refund", 1);
+    assert_eq!(c.phase, StepPhase::Failed);
+    assert!(
+        c.message
+            .as_deref()
+            .unwrap()
+            .contains("past its journal.maxBytes 8192"),
+        "{:?}",
+        c.message
+    );
+    assert!(
+        events(&d).contains(&Reason::JournalOverCap),
+        "{:?}",
+        events(&d)
+    );
+}
