@@ -25,6 +25,7 @@ pub mod support {
     pub mod http;
     pub mod incluster;
     pub mod jaeger;
+    pub mod journal;
     pub mod kubectl;
     pub mod namespace;
     pub mod node;

@@ -290,6 +290,11 @@ pub struct StepJournalStatus {
 #[serde(rename_all = "camelCase")]
 pub struct Settlement {
     pub seq: i64,
+    /// The attempt whose intent this settles (the entry's `attempt`): an
+    /// intent a later attempt records at the same seq, calling again after
+    /// `NotApplied`, is a new question.
+    #[schemars(range(min = 1))]
+    pub attempt: i32,
     /// `Applied`: the call acted, and `response` is what a replay returns;
     /// `NotApplied`: it did not, and the next attempt calls it again with
     /// the same key.
@@ -343,6 +348,9 @@ pub struct JournalCall {
     pub request_digest: String,
     /// The journal chunk that holds it.
     pub chunk: String,
+    /// The attempt that recorded its intent.
+    #[serde(default)]
+    pub attempt: i32,
     /// Once decided: how it is settled, written to the chunk before the
     /// next attempt starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]

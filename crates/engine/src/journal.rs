@@ -34,8 +34,9 @@ pub struct Journal {
     /// The last entry, when it is a NonIdempotent call that started and
     /// was never answered nor settled.
     pub open: Option<OpenCall>,
-    /// Settlements recorded in the chunks' status, by seq.
-    pub settled: BTreeMap<i64, EffectOutcome>,
+    /// Settlements recorded in the chunks' status, by seq and the attempt
+    /// whose intent each settles.
+    pub settled: BTreeMap<(i64, i32), EffectOutcome>,
 }
 
 /// A call that may have acted.
@@ -77,7 +78,7 @@ pub fn read(chunks: &[&StepJournal], run_uid: &str, prefix: &str) -> Journal {
         }
         j.chunks += 1;
         for s in c.status.iter().flat_map(|s| s.settlements.iter()) {
-            j.settled.insert(s.seq, s.outcome);
+            j.settled.insert((s.seq, s.attempt), s.outcome);
         }
         for e in &c.spec.entries {
             j.calls += 1;
@@ -94,14 +95,16 @@ pub fn read(chunks: &[&StepJournal], run_uid: &str, prefix: &str) -> Journal {
         }
     }
     j.open = last.and_then(|(e, chunk)| {
-        (e.state == CallState::Intent && !j.settled.contains_key(&e.seq)).then(|| OpenCall {
-            seq: e.seq,
-            call_id: e.call_id.clone(),
-            key: e.key.clone().unwrap_or_default(),
-            name: e.name.clone(),
-            request_digest: e.request_digest.clone(),
-            chunk: chunk.to_owned(),
-            attempt: e.attempt,
+        (e.state == CallState::Intent && !j.settled.contains_key(&(e.seq, e.attempt))).then(|| {
+            OpenCall {
+                seq: e.seq,
+                call_id: e.call_id.clone(),
+                key: e.key.clone().unwrap_or_default(),
+                name: e.name.clone(),
+                request_digest: e.request_digest.clone(),
+                chunk: chunk.to_owned(),
+                attempt: e.attempt,
+            }
         })
     });
     j
@@ -118,6 +121,7 @@ pub fn tokens(t: CallTokens) -> TokenUsage {
 /// The settlement the operator writes for an open call.
 pub fn settlement(
     seq: i64,
+    attempt: i32,
     outcome: EffectOutcome,
     response: Option<String>,
     by: &str,
@@ -125,6 +129,7 @@ pub fn settlement(
 ) -> Settlement {
     Settlement {
         seq,
+        attempt,
         outcome,
         response,
         by: by.to_owned(),
@@ -223,6 +228,7 @@ mod tests {
         c.status = Some(StepJournalStatus {
             settlements: vec![settlement(
                 0,
+                1,
                 EffectOutcome::NotApplied,
                 None,
                 "verify",
@@ -230,6 +236,13 @@ mod tests {
             )],
         });
         assert_eq!(read(&[&c], "u", "p-journal-").open, None);
+        // The next attempt called it again (after NotApplied) and was lost
+        // during the call too: its intent is a new question.
+        c.spec.entries[0].attempt = 2;
+        assert_eq!(
+            read(&[&c], "u", "p-journal-").open.map(|o| o.attempt),
+            Some(2)
+        );
         // An intent followed by another call was answered (a replay returns
         // what came after it): only the last entry can be open.
         let c = chunk(

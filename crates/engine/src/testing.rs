@@ -290,7 +290,11 @@ impl World {
             Action::SettleCall { chunk, settlement } => {
                 if let Some(j) = self.journals.get_mut(chunk) {
                     let status = j.status.get_or_insert_with(Default::default);
-                    if !status.settlements.iter().any(|s| s.seq == settlement.seq) {
+                    if !status
+                        .settlements
+                        .iter()
+                        .any(|s| (s.seq, s.attempt) == (settlement.seq, settlement.attempt))
+                    {
                         status.settlements.push(settlement.clone());
                     }
                 }

@@ -80,3 +80,18 @@ pub async fn client_as(user: &str) -> Client {
     let url = config.cluster_url.to_string();
     Client::try_from(config).unwrap_or_else(|e| unreachable(&url, &e.to_string()))
 }
+
+/// A client that authenticates with `token` alone (a ServiceAccount token,
+/// e.g. one bound to a Pod), against the plane of the kubeconfig: the API
+/// server sees exactly that token's identity, extra fields included.
+pub async fn client_with_token(token: &str) -> Client {
+    let mut config = load_config()
+        .await
+        .unwrap_or_else(|why| unreachable(&kubeconfig().display().to_string(), &why));
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_owned().into()),
+        ..kube::config::AuthInfo::default()
+    };
+    let url = config.cluster_url.to_string();
+    Client::try_from(config).unwrap_or_else(|e| unreachable(&url, &e.to_string()))
+}

@@ -102,7 +102,10 @@ pub(super) async fn settle(
         .as_ref()
         .map(|s| s.settlements.clone())
         .unwrap_or_default();
-    if settlements.iter().any(|s| s.seq == settlement.seq) {
+    if settlements
+        .iter()
+        .any(|s| (s.seq, s.attempt) == (settlement.seq, settlement.attempt))
+    {
         return Ok(());
     }
     settlements.push(settlement.clone());

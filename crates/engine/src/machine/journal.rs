@@ -79,6 +79,7 @@ impl<'a> Machine<'_, 'a> {
             name: open.name,
             request_digest: open.request_digest,
             chunk: open.chunk,
+            attempt: open.attempt,
             ..JournalCall::default()
         });
         Some(text)
@@ -111,7 +112,7 @@ impl<'a> Machine<'_, 'a> {
         call.outcome = Some(outcome);
         call.response = response.clone();
         call.settled_by = Some(by.to_owned());
-        let (seq, chunk) = (call.seq, call.chunk.clone());
+        let (seq, attempt, chunk) = (call.seq, call.attempt, call.chunk.clone());
         let text = format!(
             "call {seq} ({}) settled {outcome:?} by {by}; attempt {} replays past it with the same key",
             call.call_id,
@@ -128,7 +129,7 @@ impl<'a> Machine<'_, 'a> {
         self.draft.recorded = true;
         self.draft.actions.push(Action::SettleCall {
             chunk,
-            settlement: journal::settlement(seq, outcome, response, by, now),
+            settlement: journal::settlement(seq, attempt, outcome, response, by, now),
         });
         self.event(
             EventType::Normal,
@@ -186,7 +187,7 @@ impl<'a> Machine<'_, 'a> {
         let Some(outcome) = call.outcome else {
             return; // not decided yet: the probe or a person is asked
         };
-        if j.settled.contains_key(&call.seq) {
+        if j.settled.contains_key(&(call.seq, call.attempt)) {
             if let Some(s) = self.draft.status.steps[i].journal.as_mut() {
                 s.unknown = None;
                 s.settled = j.settled.len() as i64;
@@ -197,6 +198,7 @@ impl<'a> Machine<'_, 'a> {
             chunk: call.chunk.clone(),
             settlement: journal::settlement(
                 call.seq,
+                call.attempt,
                 outcome,
                 call.response.clone(),
                 call.settled_by.as_deref().unwrap_or("verify"),

@@ -315,3 +315,23 @@ fn a_journal_past_its_cap_fails_the_step_and_stops_its_attempt() {
         events(&d)
     );
 }
+
+#[test]
+fn a_call_settled_not_applied_and_lost_again_when_called_again_is_asked_again() {
+    let mut w = evicted_after(refund(true, false), open_intent());
+    let name = cp(&w, "refund", 1).approval.clone().unwrap();
+    assert!(w.decide_approval(&name, Answer::Retry, "alice"));
+    w.settle();
+    // Attempt 2 replays calls 0-2 and calls 3 again: its own intent.
+    w.update_pod(&a(2), |p| p.running());
+    w.settle();
+    let mut e = open_intent();
+    e[3].attempt = 2;
+    w.journal("refund", 1, e);
+    w.update_pod(&a(2), |p| p.evicted(true));
+    w.settle();
+    let c = cp(&w, "refund", 1);
+    assert_eq!(c.phase, StepPhase::WaitingForApproval, "{:?}", c.message);
+    assert!(!w.pods.contains_key(&a(3)), "never called a third time unasked");
+    assert_eq!(c.journal.as_ref().unwrap().unknown.as_ref().unwrap().attempt, 2);
+}

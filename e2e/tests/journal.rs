@@ -1,0 +1,302 @@
+//! The step journal (D19, D22) on the real control plane, with the chart's
+//! admission policies, the operator and the simulated kubelet: a step Pod
+//! writes its own step's journal with a token the API server binds to it, and
+//! nobody else writes, rewrites or deletes one; a lost attempt is judged by
+//! its journal; a call that may have acted is settled in the journal before
+//! the next attempt.
+//!
+//! ```text
+//!   step Pod a1 ──TokenRequest(bound to a1)──▶ token ──▶ StepJournal <run>-<step>-<tag>-r1-journal-0
+//!        other step's chunk, other attempt, status, delete ──▶ refused (the journals policy)
+//!   namespace user with RBAC on stepjournals ──▶ refused
+//!   a1 evicted, every call answered ──▶ a2, same key, nobody asked
+//!   a1 evicted during a NonIdempotent call ──▶ probe (AGENTRUN_CALL_KEY) ──▶ settlement in status ──▶ a2
+//! ```
+
+use std::time::Duration;
+
+use agentrun_e2e::support::journal::{as_pod, chunk, entry};
+use agentrun_e2e::support::policies::{
+    Policies, assert_refused, kubectl_as, manifest, wait_enforced,
+};
+use agentrun_e2e::support::scenario::{Scenario, sim_step, status, step_checkpoint};
+use agentrun_operator::api::{CallKind, CallState, EffectOutcome, StepJournal, StepPhase};
+use agentrun_operator::engine::journal_prefix;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A scenario with the chart's policies for its namespace and an operator
+/// that binds journaled steps to the release's journal-writer role.
+async fn start(name: &str) -> (Scenario, Policies) {
+    let mut s = Scenario::start_without_operator(name).await;
+    let ns = s.namespace().to_owned();
+    let p = Policies::install(&ns, &[]).await;
+    wait_enforced(&ns, true).await;
+    s.operator_config.extra_env.push((
+        "AGENTRUN_JOURNAL_WRITER_ROLE".into(),
+        format!("{}-journal-writer", p.release),
+    ));
+    s.start_operator(None);
+    (s, p)
+}
+
+/// A journaled NonIdempotent `refund` step whose attempt 1 runs until it is
+/// stopped and whose attempt 2 succeeds; then a `notify` step.
+fn refund_run(verify: Option<Value>) -> Value {
+    let mut refund = sim_step(
+        "refund",
+        "NonIdempotent",
+        json!({"attempts": [{"runMs": 120000}, {"runMs": 50, "result": {"refundId": "rf-1"}}]}),
+    );
+    refund["journal"] = json!({});
+    refund["retry"] = json!({"limit": 1, "backoff": {"initial": "1s", "max": "1s"}});
+    if let Some(answer) = verify {
+        refund["verify"] = json!({
+            "image": "registry.example/agent-step:1",
+            "env": [{"name": "SIM_STEP", "value": answer.to_string()}],
+        });
+    }
+    json!({"steps": [refund, sim_step("notify", "Idempotent", json!({}))]})
+}
+
+fn refusal(err: kube::Error) -> String {
+    match err {
+        kube::Error::Api(s) => format!("{} {}", s.code, s.message),
+        other => panic!("expected the API server's refusal, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_step_pod_writes_only_its_own_steps_journal_as_its_own_attempt() {
+    let (s, p) = start("journal-admission").await;
+    let ns = s.namespace().to_owned();
+    s.create_run("refund", refund_run(None)).await;
+    let (run, pod) = s.wait_step_running("refund", "refund", TIMEOUT).await;
+    let uid = run.uid().unwrap();
+    let key = step_checkpoint(&run, "refund").idempotency_key;
+
+    // The operator bound the step's ServiceAccount to the journal-writer role.
+    let binding = Api::<RoleBinding>::namespaced(s.env().client(), &ns)
+        .get("agentrun-journal-writer-default")
+        .await
+        .expect("the operator binds a journaled step's ServiceAccount");
+    assert_eq!(
+        binding.role_ref.name,
+        format!("{}-journal-writer", p.release)
+    );
+
+    let client = as_pod(&s.env().client(), &ns, &pod).await;
+    let journals: Api<StepJournal> = Api::namespaced(client, &ns);
+    let own = journal_prefix("refund", &uid, "refund", 1);
+    let pp = PostParams::default();
+
+    // Its own chunk, as its own attempt: admitted, and appended to.
+    let mut c0 = chunk(&own, 0, &run, "refund", 1, vec![]);
+    let created = journals
+        .create(&pp, &c0)
+        .await
+        .expect("a step Pod writes its own journal");
+    c0.metadata.resource_version = created.resource_version();
+    c0.spec.entries = vec![entry(0, CallKind::Model, CallState::Done, &key, 1)];
+    journals
+        .replace(&c0.name_any(), &pp, &c0)
+        .await
+        .expect("and appends to it");
+
+    // Another step's journal of the same run.
+    let other = journal_prefix("refund", &uid, "notify", 1);
+    let e = journals
+        .create(&pp, &chunk(&other, 0, &run, "notify", 1, vec![]))
+        .await
+        .unwrap_err();
+    assert!(refusal(e).contains("may write only its own step's chunks"));
+    // Its own step's chunk as another attempt.
+    let e = journals
+        .create(&pp, &chunk(&own, 1, &run, "refund", 2, vec![]))
+        .await
+        .unwrap_err();
+    assert!(refusal(e).contains("is attempt 1"));
+    // A chunk not owned by its run would outlive it.
+    let mut orphan = chunk(&own, 1, &run, "refund", 1, vec![]);
+    orphan.metadata.owner_references = None;
+    let e = journals.create(&pp, &orphan).await.unwrap_err();
+    assert!(refusal(e).contains("is owned by its AgentRun refund"));
+    // Settling a call is the operator's.
+    let settle = json!({"status": {"settlements": [{"seq": 0, "attempt": 1, "outcome": "Applied", "by": "me", "at": "2026-01-01T00:00:00Z"}]}});
+    let e = journals
+        .patch_status(
+            &c0.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&settle),
+        )
+        .await
+        .unwrap_err();
+    assert!(refusal(e).contains("only the operator"));
+    // Deleting one would make a retry call again what was done.
+    let e = journals
+        .delete(&c0.name_any(), &DeleteParams::default())
+        .await
+        .unwrap_err();
+    assert!(refusal(e).contains("goes with its run"));
+
+    // A person of the namespace with every RBAC right on journals still may
+    // not plant or rewrite one (D22): admission, not RBAC alone.
+    let admin = s.env().client();
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "journal-all", "namespace": ns},
+        "rules": [{"apiGroups": ["agentrun.dev"], "resources": ["stepjournals", "stepjournals/status"], "verbs": ["*"]}],
+    });
+    agentrun_e2e::kubectl_ok([
+        "apply",
+        "-f",
+        &manifest(&format!("journal-all-{ns}"), &role),
+    ])
+    .await;
+    agentrun_e2e::kubectl_ok([
+        "-n",
+        &ns,
+        "create",
+        "rolebinding",
+        "journal-all",
+        "--role=journal-all",
+        "--user=mallory",
+    ])
+    .await;
+    let planted = serde_json::to_value(chunk(&own, 1, &run, "refund", 1, vec![])).unwrap();
+    let out = kubectl_as(
+        "mallory",
+        &[],
+        &ns,
+        &[
+            "create",
+            "-f",
+            &manifest(&format!("planted-{ns}"), &planted),
+        ],
+    )
+    .await;
+    assert_refused(&out, "writes no journal");
+    let out = kubectl_as(
+        "mallory",
+        &[],
+        &ns,
+        &["delete", "stepjournal", &c0.name_any()],
+    )
+    .await;
+    assert_refused(&out, "goes with its run");
+
+    // The fence: once a newer attempt wrote the chunk, attempt 1 may not.
+    let as_admin: Api<StepJournal> = Api::namespaced(admin, &ns);
+    let mut taken = as_admin.get(&c0.name_any()).await.unwrap();
+    taken.spec.attempt = 2;
+    as_admin.replace(&c0.name_any(), &pp, &taken).await.unwrap();
+    let mut late = journals.get(&c0.name_any()).await.unwrap();
+    late.spec.attempt = 1;
+    late.spec
+        .entries
+        .push(entry(1, CallKind::Tool, CallState::Intent, &key, 1));
+    let e = journals
+        .replace(&c0.name_any(), &pp, &late)
+        .await
+        .unwrap_err();
+    assert!(refusal(e).contains("attempt 2 has taken this journal over"));
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_lost_attempt_whose_calls_were_answered_runs_again_and_an_open_call_is_settled_first() {
+    let (s, _p) = start("journal-resume").await;
+    let ns = s.namespace().to_owned();
+    // The probe finds the refund of the open call made.
+    s.create_run(
+        "refund",
+        refund_run(Some(json!({"runMs": 50, "rawMessage": "{\"effect\": \"Applied\", \"result\": {\"refundId\": \"rf-9\"}}"}))),
+    )
+    .await;
+    let (run, pod) = s.wait_step_running("refund", "refund", TIMEOUT).await;
+    let uid = run.uid().unwrap();
+    let key = step_checkpoint(&run, "refund").idempotency_key;
+    let journals: Api<StepJournal> =
+        Api::namespaced(as_pod(&s.env().client(), &ns, &pod).await, &ns);
+    let prefix = journal_prefix("refund", &uid, "refund", 1);
+    // Attempt 1 answered three calls and started a NonIdempotent fourth.
+    let entries = vec![
+        entry(0, CallKind::Model, CallState::Done, &key, 1),
+        entry(1, CallKind::Tool, CallState::Done, &key, 1),
+        entry(2, CallKind::Model, CallState::Done, &key, 1),
+        entry(3, CallKind::Tool, CallState::Intent, &key, 1),
+    ];
+    journals
+        .create(
+            &PostParams::default(),
+            &chunk(&prefix, 0, &run, "refund", 1, entries),
+        )
+        .await
+        .expect("attempt 1 records its calls");
+    s.pods().evict(&pod, &EvictParams::default()).await.unwrap();
+
+    // The probe is asked about call 3, with the call's own key.
+    let probe = s
+        .wait_run("refund", "the probe of call 3", TIMEOUT, |r| {
+            status(r)
+                .steps
+                .iter()
+                .any(|c| c.role == agentrun_operator::api::StepRole::Verify && c.pod.is_some())
+        })
+        .await;
+    let probe_pod = status(&probe)
+        .steps
+        .iter()
+        .find(|c| c.role == agentrun_operator::api::StepRole::Verify)
+        .and_then(|c| c.pod.clone())
+        .unwrap();
+    let p = s.pods().get(&probe_pod).await.unwrap();
+    let env: Vec<(String, String)> = p.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.value.unwrap_or_default()))
+        .collect();
+    let call_key = agentrun_operator::api::call_key(&key, "call_3");
+    assert!(
+        env.contains(&("AGENTRUN_CALL_KEY".into(), call_key)),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&("AGENTRUN_CALL_SEQ".into(), "3".into())),
+        "{env:?}"
+    );
+
+    let done = s.wait_finished("refund", TIMEOUT).await;
+    let c = step_checkpoint(&done, "refund");
+    assert_eq!(
+        (c.phase, c.attempt),
+        (StepPhase::Succeeded, 2),
+        "{:?}",
+        c.message
+    );
+    // Settled in the journal, by the probe, with what it found.
+    let settled = journals.get(&format!("{prefix}0")).await.unwrap();
+    let s0 = &settled.status.expect("settled").settlements[0];
+    assert_eq!(
+        (s0.seq, s0.outcome, s0.by.as_str()),
+        (3, EffectOutcome::Applied, "verify")
+    );
+    assert_eq!(s0.response.as_deref(), Some(r#"{"refundId":"rf-9"}"#));
+    // Nobody was asked, and the journal's two model calls count once.
+    assert!(
+        s.approvals()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert_eq!(status(&done).tokens_used, 680);
+    s.finish().await;
+}
