@@ -113,18 +113,24 @@ async fn a_step_pod_writes_only_its_own_steps_journal_as_its_own_attempt() {
         .create(&pp, &chunk(&other, 0, &run, "notify", 1, vec![]))
         .await
         .unwrap_err();
-    assert!(refusal(e).contains("may write only its own step's chunks"));
+    let said = refusal(e);
+    assert!(
+        said.contains("may write only its own step's chunks"),
+        "{said}"
+    );
     // Its own step's chunk as another attempt.
     let e = journals
         .create(&pp, &chunk(&own, 1, &run, "refund", 2, vec![]))
         .await
         .unwrap_err();
-    assert!(refusal(e).contains("is attempt 1"));
+    let said = refusal(e);
+    assert!(said.contains("is attempt 1"), "{said}");
     // A chunk not owned by its run would outlive it.
     let mut orphan = chunk(&own, 1, &run, "refund", 1, vec![]);
     orphan.metadata.owner_references = None;
     let e = journals.create(&pp, &orphan).await.unwrap_err();
-    assert!(refusal(e).contains("is owned by its AgentRun refund"));
+    let said = refusal(e);
+    assert!(said.contains("is owned by its AgentRun refund"), "{said}");
     // Settling a call is the operator's.
     let settle = json!({"status": {"settlements": [{"seq": 0, "attempt": 1, "outcome": "Applied", "by": "me", "at": "2026-01-01T00:00:00Z"}]}});
     let e = journals
@@ -135,13 +141,17 @@ async fn a_step_pod_writes_only_its_own_steps_journal_as_its_own_attempt() {
         )
         .await
         .unwrap_err();
-    assert!(refusal(e).contains("only the operator"));
-    // Deleting one would make a retry call again what was done.
+    // (RBAC already: the journal-writer role has no status.)
+    let said = refusal(e);
+    assert!(said.contains("stepjournals/status"), "{said}");
+    // Deleting one would make a retry call again what was done (RBAC
+    // already; the policy below, for whoever RBAC lets through).
     let e = journals
         .delete(&c0.name_any(), &DeleteParams::default())
         .await
         .unwrap_err();
-    assert!(refusal(e).contains("goes with its run"));
+    let said = refusal(e);
+    assert!(said.contains("cannot delete"), "{said}");
 
     // A person of the namespace with every RBAC right on journals still may
     // not plant or rewrite one (D22): admission, not RBAC alone.
@@ -188,6 +198,23 @@ async fn a_step_pod_writes_only_its_own_steps_journal_as_its_own_attempt() {
     )
     .await;
     assert_refused(&out, "goes with its run");
+    let settle_doc = settle.to_string();
+    let out = kubectl_as(
+        "mallory",
+        &[],
+        &ns,
+        &[
+            "patch",
+            "stepjournal",
+            &c0.name_any(),
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &settle_doc,
+        ],
+    )
+    .await;
+    assert_refused(&out, "only the operator");
 
     // The fence: once a newer attempt wrote the chunk, attempt 1 may not.
     let as_admin: Api<StepJournal> = Api::namespaced(admin, &ns);
@@ -203,7 +230,11 @@ async fn a_step_pod_writes_only_its_own_steps_journal_as_its_own_attempt() {
         .replace(&c0.name_any(), &pp, &late)
         .await
         .unwrap_err();
-    assert!(refusal(e).contains("attempt 2 has taken this journal over"));
+    let said = refusal(e);
+    assert!(
+        said.contains("a newer attempt has taken this journal over"),
+        "{said}"
+    );
     s.finish().await;
 }
 

@@ -107,10 +107,10 @@ impl JournalSpec {
         description = "The chunk's place in the journal, from 0"
     ),
     printcolumn(
-        name = "Calls",
+        name = "Last-Seq",
         type_ = "integer",
-        json_path = ".spec.entries.size()",
-        description = "Calls recorded in this chunk"
+        json_path = ".spec.entries[-1:].seq",
+        description = "The seq of the chunk's last recorded call"
     ),
     printcolumn(
         name = "Sealed",
@@ -127,7 +127,7 @@ impl JournalSpec {
 )]
 #[x_kube(
     validation = Rule::new("!oldSelf.sealed || self == oldSelf").message("spec: a sealed journal chunk is final; the next call opens the next chunk").reason(Reason::FieldValueForbidden),
-    validation = Rule::new("self.attempt >= oldSelf.attempt").message(kube::core::Message::Expression("'spec.attempt: attempt ' + string(oldSelf.attempt) + ' has taken this journal over; an older attempt may not write it'".into())).field_path(".attempt").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("self.attempt >= oldSelf.attempt").message("spec.attempt: a newer attempt has taken this journal over; an older attempt may not write it").field_path(".attempt").reason(Reason::FieldValueForbidden),
     validation = Rule::new("self.entries.size() >= oldSelf.entries.size()").message("spec.entries: a recorded call is never removed").field_path(".entries").reason(Reason::FieldValueForbidden),
     validation = Rule::new("self.entries.size() == 0 || self.entries[0].seq == self.firstSeq").message("spec.entries: the first entry's seq is spec.firstSeq").field_path(".entries").reason(Reason::FieldValueInvalid)
 )]

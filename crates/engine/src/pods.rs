@@ -220,7 +220,12 @@ pub fn build(r: PodRequest) -> Pod {
             automount_service_account_token: Some(
                 defaults.automount_service_account_token.unwrap_or(false),
             ),
-            service_account_name: defaults.service_account_name.clone(),
+            // A projected token names its ServiceAccount: the namespace's
+            // `default` unless the run names one.
+            service_account_name: defaults
+                .service_account_name
+                .clone()
+                .or_else(|| journal.then(|| "default".to_owned())),
             node_selector: (!defaults.node_selector.is_empty())
                 .then(|| defaults.node_selector.clone()),
             tolerations: non_empty(&defaults.tolerations),

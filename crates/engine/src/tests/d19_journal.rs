@@ -113,6 +113,7 @@ fn a_journaled_step_pod_is_told_where_its_journal_is_and_gets_a_bound_token() {
     let spec = w.pod(&a(1)).spec.unwrap();
     let projected = spec
         .volumes
+        .clone()
         .unwrap()
         .into_iter()
         .find_map(|v| v.projected)
@@ -122,6 +123,8 @@ fn a_journaled_step_pod_is_told_where_its_journal_is_and_gets_a_bound_token() {
         .clone()
         .expect("a Pod-bound token");
     assert_eq!(token.path, "token");
+    // The API server refuses a projected token without a named account.
+    assert_eq!(spec.service_account_name.as_deref(), Some("default"));
     // A step without `journal` gets none of it.
     let mut plain = World::new(AgentRun::test().with_steps([step("x")]));
     plain.settle();
@@ -332,6 +335,18 @@ fn a_call_settled_not_applied_and_lost_again_when_called_again_is_asked_again() 
     w.settle();
     let c = cp(&w, "refund", 1);
     assert_eq!(c.phase, StepPhase::WaitingForApproval, "{:?}", c.message);
-    assert!(!w.pods.contains_key(&a(3)), "never called a third time unasked");
-    assert_eq!(c.journal.as_ref().unwrap().unknown.as_ref().unwrap().attempt, 2);
+    assert!(
+        !w.pods.contains_key(&a(3)),
+        "never called a third time unasked"
+    );
+    assert_eq!(
+        c.journal
+            .as_ref()
+            .unwrap()
+            .unknown
+            .as_ref()
+            .unwrap()
+            .attempt,
+        2
+    );
 }
