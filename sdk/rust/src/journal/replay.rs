@@ -102,17 +102,20 @@ mod tests {
         }
     }
 
+    /// Name, recorded entry, at the end, settlement, what replay does.
+    type Case = (
+        &'static str,
+        Option<Entry>,
+        bool,
+        Option<Settlement>,
+        Result<Decision, &'static str>,
+    );
+
     #[test]
     fn each_recorded_state_replays_calls_or_stops_as_documented() {
         use Decision::*;
         let same = asked("call_1", "d1");
-        let cases: Vec<(
-            &str,
-            Option<Entry>,
-            bool,
-            Option<Settlement>,
-            Result<Decision, &str>,
-        )> = vec![
+        let cases: Vec<Case> = vec![
             ("past the end: call", None, false, None, Ok(Call)),
             (
                 "done: replay",
