@@ -25,6 +25,9 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "journal")]
+pub mod journal;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
