@@ -1,6 +1,5 @@
 import json
 import os
-import re
 import tempfile
 import unittest
 
@@ -328,7 +327,7 @@ class Takeover(JournalTest):
         with self.assertRaises(JournalRefused) as e:
             j.model({"q": 1}, never)
         self.assertEqual(e.exception.code, 403)
-        self.assertIn(f"may write only chunks named other-step-journal-<n>", str(e.exception))
+        self.assertIn("may write only chunks named other-step-journal-<n>", str(e.exception))
 
     def test_a_status_write_between_two_calls_is_read_and_the_call_recorded(self):
         j = self.journal(1)

@@ -4,7 +4,6 @@
 it this module fails to import: it never passes by skipping."""
 
 import importlib.util
-import json
 import os
 import unittest
 
