@@ -251,8 +251,10 @@ chaos:
 # node up after the plane; e2e/tests/node.rs runs on it and fails without it.
 .PHONY: sdk-test node-up node-down images test-upgrade
 
+# The openai adapter's tests use the real openai package, pinned in
+# sdk/python/requirements-openai.txt and installed once into the cache by deps.sh.
 sdk-test:
-	cd sdk/python && python3 -m unittest -v
+	deps="$$(sdk/python/deps.sh)" && cd sdk/python && PYTHONPATH="$$deps" python3 -m unittest -v
 
 node-up: cluster-up
 	$(CLUSTER) node up

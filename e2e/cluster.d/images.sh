@@ -32,18 +32,47 @@ python_rootfs() {
   rm -rf "$PYTHON_BASE"; mv "$tmp" "$PYTHON_BASE"
 }
 
+# The official openai package and its dependencies for the refund-agent image: the wheels
+# pinned in sdk/python/requirements-openai.txt, for CPython 3.11 on linux x86_64 (the image's
+# Python and architecture), downloaded from PyPI once and installed into a directory named
+# after the pins; no interpreter of the image is needed for it.
+PYTHON_REQS="$ROOT/sdk/python/requirements-openai.txt"
+PIP_PLATFORM=(--only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.11
+  --implementation cp --abi cp311)
+python_openai() {
+  PYTHON_OPENAI="$CACHE/python-openai-$(sha256sum "$PYTHON_REQS" | cut -c1-12)"
+  [[ -f "$PYTHON_OPENAI/.complete" ]] && return 0
+  python3 -m pip --version >/dev/null 2>&1 || die "the refund-agent image's openai package is installed with pip: python3 -m pip is required"
+  log "downloading the pinned openai wheels (CPython 3.11, linux x86_64) into $PYTHON_OPENAI"
+  local tmp="$PYTHON_OPENAI.tmp.$$"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  # --no-deps: the file pins the whole closure, so nothing unpinned is resolved.
+  python3 -m pip download -q --disable-pip-version-check --root-user-action=ignore --no-deps "${PIP_PLATFORM[@]}" \
+    -d "$tmp/wheels" -r "$PYTHON_REQS" || { rm -rf "$tmp"; die "pip download of the openai wheels failed"; }
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --no-index --no-compile \
+    "${PIP_PLATFORM[@]}" --target "$tmp/site" "$tmp"/wheels/*.whl \
+    || { rm -rf "$tmp"; die "installing the openai wheels failed"; }
+  # Console scripts (openai, httpx) are not part of the library.
+  rm -rf "$tmp/site/bin" "$tmp/wheels"
+  touch "$tmp/.complete"
+  rm -rf "$PYTHON_OPENAI"; mv "$tmp" "$PYTHON_OPENAI"
+}
+
 # The step images (refund-agent, node-probe) as OCI tarballs in NODE_IMAGES_DIR, from the
 # repo's sources on every call (seconds). Needs no containerd: e2e/kind/run.sh loads the
 # same tarballs into kind (`e2e/cluster images`).
 step_images() {
   python_rootfs
+  python_openai
   mkdir -p "$NODE_IMAGES_DIR"
   local py=(python3 "$ROOT/e2e/node/images/ociimage.py")
-  local sdk="$ROOT/sdk/python/agentrun_step" site=/usr/local/lib/python3.11/dist-packages/agentrun_step
+  local packages=/usr/local/lib/python3.11/dist-packages
+  local sdk="$ROOT/sdk/python/agentrun_step" site="$packages/agentrun_step"
   "${py[@]}" python "$NODE_IMAGES_DIR/refund-agent.tar" --name "$REFUND_AGENT_IMAGE" \
-    --rootfs "$PYTHON_BASE/rootfs" --add "$sdk=$site" \
+    --rootfs "$PYTHON_BASE/rootfs" --add "$PYTHON_OPENAI/site=$packages" --add "$sdk=$site" \
     --add "$ROOT/examples/refund-agent/refund_agent.py=/app/refund_agent.py" \
     --add "$ROOT/examples/refund-agent/payments.py=/app/payments.py" \
+    --add "$ROOT/examples/mock-model/server.py=/app/mock_model.py" \
     --workdir /app -- python3 /app/refund_agent.py
   "${py[@]}" python "$NODE_IMAGES_DIR/node-probe.tar" --name "$NODE_PROBE_IMAGE" \
     --rootfs "$PYTHON_BASE/rootfs" --add "$sdk=$site" \

@@ -29,6 +29,15 @@ Expense reimbursement with parallel approvals (config/samples/agentrun_expense.y
     refund_agent.py check --policy=budget        (and --policy=compliance, each behind its gate)
     refund_agent.py reimburse
 
+The refund as one agent loop (a journaled step, docs/journal.md), with a model that calls
+tools — the official openai package against $OPENAI_BASE_URL (examples/mock-model in tests):
+
+    refund_agent.py refund-loop --order-id=4711  (lookup_order, check_policy, issue_refund,
+                                                get_refund, notify_customer; each call journaled,
+                                                each tool with its call's own key)
+    refund_agent.py verify-call                 (its verify probe: was the refund made with
+                                                $AGENTRUN_CALL_KEY?)
+
 Each reads its inputs from the step context (agentrun_step SDK), talks to the payments
 service at $PAYMENTS_API_URL with the step's idempotency key, and reports its result in the
 termination message. A failed call exits non-zero: the attempt fails and is retried with
@@ -51,7 +60,7 @@ import time
 import urllib.error
 import urllib.request
 
-from agentrun_step import Step, StepError
+from agentrun_step import NotApplied, Step, StepError
 
 
 class Refused(StepError):
@@ -233,6 +242,137 @@ def reimburse(step, a):
     return {"payoutId": out["id"], "state": out["state"], "replayed": replayed}, None
 
 
+# The refund as a tool-calling loop. A tool gets its call's own key (derived from the step's
+# key and the model's tool_call.id) and sends it as the Idempotency-Key of what it changes.
+LOOP_TOOLS = [
+    {"type": "function", "function": {
+        "name": "lookup_order", "description": "The order: amount, status, customer, note.",
+        "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                       "required": ["order_id"]}}},
+    {"type": "function", "function": {
+        "name": "check_policy", "description": "Whether the refund policy covers the order.",
+        "parameters": {"type": "object", "properties": {
+            "order_id": {"type": "string"}, "status": {"type": "string"},
+            "note": {"type": "string"}}, "required": ["order_id", "status"]}}},
+    {"type": "function", "function": {
+        "name": "issue_refund", "description": "Refund an order. Acts: call once.",
+        "parameters": {"type": "object", "properties": {
+            "order_id": {"type": "string"}, "amount": {"type": "string"}},
+            "required": ["order_id", "amount"]}}},
+    {"type": "function", "function": {
+        "name": "get_refund", "description": "A refund's state (pending, succeeded).",
+        "parameters": {"type": "object", "properties": {"refund_id": {"type": "string"}},
+                       "required": ["refund_id"]}}},
+    {"type": "function", "function": {
+        "name": "notify_customer", "description": "Tell the customer, from a template.",
+        "parameters": {"type": "object", "properties": {
+            "customer": {"type": "string"}, "template": {"type": "string"}},
+            "required": ["customer", "template"]}}},
+]
+SYSTEM = ("You handle refunds for a shop. Look the order up, check the policy, refund what it "
+          "covers, make sure the refund went through, tell the customer, then say what you did.")
+
+
+def _refund_view(r):
+    return {"refundId": r["id"], "orderId": r["orderId"], "amount": r["amount"], "state": r["state"]}
+
+
+def loop_tools(step):
+    """The loop's tools: name -> (effect, fn(args, key)). A refused request did not act."""
+    def acting(key):
+        return {**step.headers(), "Idempotency-Key": key}
+
+    def refused_is_not_applied(fn):
+        def run(args, key):
+            try:
+                return fn(args, key)
+            except Refused as e:
+                raise NotApplied(str(e)) from None
+        return run
+
+    def lookup_order(args, key):
+        order, _ = call("GET", f"{api()}/orders/{args['order_id']}")
+        return {k: order[k] for k in ("orderId", "amount", "status", "customer", "note")}
+
+    def check_policy(args, key):
+        ok = args.get("status") == "delivered" and "damaged" in args.get("note", "")
+        return {"orderId": args["order_id"], "eligible": ok, "refund": "full" if ok else "none"}
+
+    def issue_refund(args, key):
+        refund, replayed = call("POST", f"{api()}/refunds",
+                                {"orderId": args["order_id"], "amount": args["amount"]},
+                                headers=acting(key))
+        print(f"refund {refund['id']} {'replayed' if replayed else 'created'} for call key {key}",
+              flush=True)
+        return _refund_view(refund)
+
+    def get_refund(args, key):
+        refund, _ = call("GET", f"{api()}/refunds/{args['refund_id']}", timeout=5)
+        return _refund_view(refund)
+
+    def notify_customer(args, key):
+        out, _ = call("POST", f"{api()}/notifications",
+                      {"customer": args["customer"], "template": args["template"]},
+                      headers=acting(key))
+        return {"messageId": out["id"], "channel": out["channel"]}
+
+    return {name: (effect, refused_is_not_applied(fn)) for name, effect, fn in (
+        ("lookup_order", "None", lookup_order), ("check_policy", "None", check_policy),
+        ("issue_refund", "NonIdempotent", issue_refund), ("get_refund", "None", get_refund),
+        ("notify_customer", "Idempotent", notify_customer))}
+
+
+def refund_loop(step, a):
+    """The agent loop: ask the model, run the tools it calls, until it answers."""
+    try:
+        import openai
+    except ImportError:
+        raise StepError("the openai package is not installed (the refund-agent image has it)") from None
+    from agentrun_step.openai_adapter import journaled, run_tool_calls
+
+    base = os.environ.get("OPENAI_BASE_URL")
+    if not base:
+        raise StepError("OPENAI_BASE_URL is not set (examples/mock-model serves one)")
+    client = journaled(openai.OpenAI(base_url=base, api_key=os.environ.get("OPENAI_API_KEY") or "unused"),
+                       step.journal)
+    tools = loop_tools(step)
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Order {a.order_id}: the customer says the item "
+                                            "arrived damaged. Please sort it out."}]
+    for turn in range(a.max_turns):
+        try:
+            reply = client.chat.completions.create(model=a.model, messages=messages,
+                                                   tools=LOOP_TOOLS, temperature=0)
+        except openai.APIError as e:
+            raise StepError(f"the model at {base}: {e}") from None
+        msg = reply.choices[0].message
+        messages.append(msg)
+        if not msg.tool_calls:
+            j = step.journal
+            print(f"refund-loop: answered after {turn + 1} turns; {j.replayed} calls replayed, "
+                  f"{j.new} made", flush=True)
+            # The tokens are in the journal: succeed reports only those spent outside it.
+            return {"answer": msg.content, "turns": turn + 1, "replayed": j.replayed,
+                    "made": j.new}, None
+        messages += run_tool_calls(step.journal, msg, tools)
+    raise StepError(f"no answer after {a.max_turns} turns")
+
+
+def verify_call(step, a):
+    """refund-loop's verify probe, for the one call that may have acted: was a refund made
+    with that call's key? The answer has the shape issue_refund returns."""
+    c = step.unknown_call
+    if c is None:
+        raise StepError("AGENTRUN_CALL_KEY is not set: verify-call answers for one journaled call")
+    try:
+        refund, _ = call("GET", f"{api()}/refunds?idempotencyKey={c.key}", timeout=5)
+    except Refused as e:
+        if e.status != 404:
+            raise StepError(str(e)) from None  # the service cannot say: unknown
+        return ("NotApplied", {"callId": c.call_id, "key": c.key}), None
+    return ("Applied", _refund_view(refund)), None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="refund-agent")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -259,6 +399,10 @@ def main(argv=None):
     s.set_defaults(fn=prepare_expense)
     s = sub.add_parser("check"); s.add_argument("--policy", required=True); s.set_defaults(fn=check)
     s = sub.add_parser("reimburse"); s.set_defaults(fn=reimburse)
+    s = sub.add_parser("refund-loop"); s.add_argument("--order-id", default="4711")
+    s.add_argument("--model", default=os.environ.get("OPENAI_MODEL") or "mock-refund-1")
+    s.add_argument("--max-turns", type=int, default=12); s.set_defaults(fn=refund_loop)
+    s = sub.add_parser("verify-call"); s.set_defaults(fn=verify_call)
     a = p.parse_args(argv)
 
     try:

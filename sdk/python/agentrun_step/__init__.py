@@ -11,6 +11,11 @@ the context file, does its work, and writes one JSON object to its termination m
                              headers=step.headers())
     step.succeed({"refundId": refund["id"]}, tokens={"input": 820, "output": 140})
 
+A step with ``journal: {}`` records each model and tool call of its loop in its journal
+(``step.model``, ``step.tool``; docs/journal.md, ``agentrun_step.journal``), and a new
+attempt replays what was recorded; ``agentrun_step.openai_adapter`` journals an ``openai``
+client's chat completions.
+
 Standard library only. The kubelet keeps at most 4096 bytes of a termination message and
 cuts the rest, which the operator then cannot parse; ``succeed`` and ``fail`` refuse a
 message over that limit with ``MessageTooLarge`` before anything is written.
@@ -22,7 +27,9 @@ import signal
 import sys
 
 __all__ = ["Step", "StepError", "MessageTooLarge", "Terminated", "MAX_MESSAGE_BYTES",
-           "EFFECTS", "encode_message", "write_message", "exit_on_sigterm"]
+           "EFFECTS", "encode_message", "write_message", "exit_on_sigterm", "UnknownCall",
+           "Journal", "JournalError", "JournalMismatch", "JournalUnknown", "JournalTakenOver",
+           "JournalFull", "EntryTooLarge", "JournalRefused", "NotApplied", "call_key"]
 
 #: What the kubelet keeps of a termination message.
 MAX_MESSAGE_BYTES = 4096
@@ -41,6 +48,10 @@ ENV_MESSAGE_PATH = "AGENTRUN_TERMINATION_MESSAGE_PATH"
 #: W3C trace context of the run, when the operator or the platform sets one.
 ENV_TRACEPARENT = "TRACEPARENT"
 ENV_TRACESTATE = "TRACESTATE"
+#: A verify probe asked about one journaled call (docs/journal.md "A call that may have acted").
+ENV_CALL_SEQ = "AGENTRUN_CALL_SEQ"
+ENV_CALL_ID = "AGENTRUN_CALL_ID"
+ENV_CALL_KEY = "AGENTRUN_CALL_KEY"
 
 
 class StepError(Exception):
@@ -127,6 +138,16 @@ def write_message(data, path=None):
         f.write(data)
 
 
+class UnknownCall:
+    """The journaled call a verify probe is asked about: its position, id and own key."""
+
+    def __init__(self, seq, call_id, key):
+        self.seq, self.call_id, self.key = seq, call_id, key
+
+    def __repr__(self):
+        return f"UnknownCall(seq={self.seq}, call_id={self.call_id!r}, key={self.key!r})"
+
+
 class Step:
     """Who this attempt is (from the environment) and what it may use (the context file)."""
 
@@ -140,6 +161,8 @@ class Step:
         self.traceparent = env.get(ENV_TRACEPARENT) or None
         self.tracestate = env.get(ENV_TRACESTATE) or None
         self.message_path = message_path or env.get(ENV_MESSAGE_PATH) or DEFAULT_MESSAGE_PATH
+        self._env = env
+        self._journal = None
         # The context's identity duplicates the environment; the environment wins.
         self.run_uid = context.get("runUid")
         self.role = context.get("role", "step")
@@ -206,6 +229,51 @@ class Step:
                 h["tracestate"] = self.tracestate
         return h
 
+    @property
+    def journal(self):
+        """This step's journal (``journal: {}`` on the step), opened from the environment
+        on first use."""
+        if self._journal is None:
+            self._journal = Journal.from_env(self._env)
+        return self._journal
+
+    @journal.setter
+    def journal(self, journal):
+        self._journal = journal
+
+    def model(self, request, call, *, call_id=None, name=None):
+        """A journaled model call (``Journal.model``)."""
+        return self.journal.model(request, call, call_id=call_id, name=name)
+
+    def tool(self, call_id, name, args, effect, call):
+        """A journaled tool call (``Journal.tool``)."""
+        return self.journal.tool(call_id, name, args, effect, call)
+
+    def call_key(self, call_id):
+        """A tool call's own idempotency key, derived from the step's key and the call id."""
+        return call_key(self.idempotency_key, call_id)
+
+    @property
+    def unknown_call(self):
+        """For a verify probe of a journaled step: the call that may have acted, else None."""
+        key = self._env.get(ENV_CALL_KEY)
+        if not key:
+            return None
+        seq = self._env.get(ENV_CALL_SEQ)
+        return UnknownCall(int(seq) if seq and seq.isdigit() else None,
+                           self._env.get(ENV_CALL_ID), key)
+
+    def _outside_journal(self, tokens):
+        """The tokens the message reports: a journaled call's are counted from the journal,
+        so only the caller's own and those of calls the journal could not record."""
+        if self._journal is None:
+            return tokens
+        extra = self._journal.tokens_unrecorded()
+        if not (extra["input"] or extra["output"]):
+            return tokens
+        t = _tokens(tokens) or {"input": 0, "output": 0}
+        return {"input": t["input"] + extra["input"], "output": t["output"] + extra["output"]}
+
     def _write(self, data):
         if self.written:
             raise StepError("the termination message was already written (write it once, at the end)")
@@ -213,8 +281,10 @@ class Step:
         self.written = True
 
     def succeed(self, result=None, tokens=None, plan=None, summary=None):
-        """Writes the result (and token usage) to the termination message; exit 0 after it."""
-        self._write(encode_message(result, tokens, plan, summary))
+        """Writes the result (and token usage) to the termination message; exit 0 after it.
+        A journaled step passes only the tokens it spent outside the journal: journaled
+        calls are counted from the journal, once, whichever attempt made them."""
+        self._write(encode_message(result, self._outside_journal(tokens), plan, summary))
 
     @property
     def is_verify(self):
@@ -244,6 +314,7 @@ class Step:
         if exit_code == 0:
             raise StepError("fail() needs a non-zero exit code")
         effect = "NotApplied" if not_applied else None
+        tokens = self._outside_journal(tokens)
         partial = {"error": str(reason)}
         if isinstance(result, dict):
             partial.update(result)
@@ -256,3 +327,9 @@ class Step:
         self._write(data)
         print(f"step {self.step} attempt {self.attempt} failed: {reason}", file=sys.stderr)
         sys.exit(exit_code)
+
+
+# The journal needs StepError, defined above.
+from .journal import (EntryTooLarge, Journal, JournalError, JournalFull,  # noqa: E402
+                      JournalMismatch, JournalRefused, JournalTakenOver, JournalUnknown,
+                      NotApplied, call_key)
