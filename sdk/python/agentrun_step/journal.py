@@ -267,7 +267,7 @@ class Journal:
         self.loaded = False
         self._chunks = []    # the chunk objects as last read or written, in order
         self._entries = []   # every recorded entry, by seq
-        self._settled = {}   # seq -> settlement
+        self._settled = {}   # (seq, attempt of the intent) -> settlement
         self._owner = False  # this attempt has taken the journal over
         self._pos = 0
         #: Calls answered from the journal / made by this attempt.
@@ -385,7 +385,7 @@ class Journal:
             if state == "Done":
                 return self._replay(json.loads(rec["response"]))
             if state == "Intent":
-                s = self._settled.get(p)
+                s = self._settled.get((p, rec.get("attempt")))
                 if s is None:
                     raise JournalUnknown(p, rec)
                 if s.get("outcome") == "Applied":
@@ -503,7 +503,9 @@ class Journal:
                                        f"{e.get('seq')!r}, expected {len(entries)}")
                 entries.append(e)
             for s in (obj.get("status") or {}).get("settlements") or []:
-                settled[s.get("seq")] = s
+                # A settlement answers the intent of one attempt: an intent
+                # written again by a later attempt is a new question.
+                settled[(s.get("seq"), s.get("attempt"))] = s
             chunks.append(obj)
             k += 1
         self._chunks, self._entries, self._settled = chunks, entries, settled

@@ -174,14 +174,21 @@ class FakeApiServer:
         return (201 if old is None else 200), copy.deepcopy(obj)
 
     # What the operator does: settle a call (a status write bumps the resourceVersion).
-    def settle(self, name, seq, outcome, response=None, by="verify"):
+    def settle(self, name, seq, outcome, response=None, by="verify", attempt=None):
+        """Settles the intent at ``seq``, of the attempt that wrote it unless
+        ``attempt`` names another, as the operator does."""
         with self.lock:
             obj = self.objects[name]
-            s = {"seq": seq, "outcome": outcome, "by": by, "at": "2026-12-06T14:05:00Z"}
+            if attempt is None:
+                first = obj["spec"].get("firstSeq", 0)
+                attempt = obj["spec"]["entries"][seq - first]["attempt"]
+            s = {"seq": seq, "attempt": attempt, "outcome": outcome, "by": by,
+                 "at": "2026-12-06T14:05:00Z"}
             if response is not None:
                 s["response"] = response
             st = obj.setdefault("status", {})
-            st["settlements"] = [x for x in st.get("settlements", []) if x["seq"] != seq] + [s]
+            st["settlements"] = [x for x in st.get("settlements", [])
+                                 if (x["seq"], x.get("attempt")) != (seq, attempt)] + [s]
             self.rv += 1
             obj["metadata"]["resourceVersion"] = str(self.rv)
 

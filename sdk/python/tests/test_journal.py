@@ -191,6 +191,22 @@ class CallsThatMayHaveActed(JournalTest):
                          ("Done", 2, {"refundId": "re_2"}))
         self.assertEqual((j.replayed, j.new), (2, 1))
 
+    def test_a_call_called_again_after_not_applied_and_lost_again_is_not_called_a_third_time(self):
+        self.crashed_attempt()
+        self.api.settle(PREFIX + "0", 2, "NotApplied")
+        lost = {}
+
+        def refund_lost(key):
+            lost["entry"] = self.api.entries()[2]
+            raise KeyboardInterrupt("attempt 2 is lost during the call")
+
+        with self.assertRaises(KeyboardInterrupt):
+            self.loop(self.journal(2), model=never, refund=refund_lost)
+        self.assertEqual((lost["entry"]["state"], lost["entry"]["attempt"]), ("Intent", 2))
+        # Attempt 1's settlement does not answer attempt 2's intent.
+        with self.assertRaises(JournalUnknown):
+            self.loop(self.journal(3), model=never, refund=lambda key: self.fail("called a third time"))
+
     def test_a_tool_that_did_not_act_is_recorded_and_the_exception_goes_on(self):
         def refused(key):
             raise NotApplied("payments answered 503: the provider is down")

@@ -600,3 +600,31 @@ fn a_journal_of_another_run_with_the_same_name_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_call_called_again_after_not_applied_and_lost_again_is_not_called_a_third_time() {
+    let api = FakeApi::start();
+    lost_during_refund(&api);
+    api.settle(&format!("{PREFIX}0"), 0, "NotApplied", None);
+    // Attempt 2 calls it again and is lost during the call too.
+    let err = open(&api, 2)
+        .tool(
+            "call_b",
+            "refund",
+            &json!({"orderId": 4711}),
+            ToolEffect::NonIdempotent,
+            |_| Err(ToolError::Failed("connection reset".into())),
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::Call { seq: 0, .. }), "{err}");
+    let e = entry(&api, 0, 0);
+    assert_eq!(
+        (e["state"].as_str(), e["attempt"].as_i64()),
+        (Some("Intent"), Some(2))
+    );
+    // Attempt 1's settlement does not answer attempt 2's intent.
+    let calls = Cell::new(0);
+    let err = refund(&mut open(&api, 3), &calls).unwrap_err();
+    assert!(matches!(err, Error::JournalUnknown { .. }), "{err}");
+    assert_eq!(calls.get(), 0, "never called a third time unasked");
+}

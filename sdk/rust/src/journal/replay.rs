@@ -88,6 +88,7 @@ mod tests {
     fn settled(outcome: Outcome, response: Option<&str>) -> Settlement {
         Settlement {
             seq: 3,
+            attempt: 1,
             outcome,
             response: response.map(Into::into),
             by: "alice".into(),

@@ -85,13 +85,14 @@ impl Store {
 
     /// The operator's settlement of the call at `seq`, when it has one.
     pub fn settlement(&self, seq: i64) -> Option<&Settlement> {
-        let (c, _) = self.locate(seq)?;
+        let (c, i) = self.locate(seq)?;
+        let attempt = self.chunks[c].spec.entries[i].attempt;
         self.chunks[c]
             .status
             .as_ref()?
             .settlements
             .iter()
-            .find(|s| s.seq == seq && s.outcome != Outcome::Unknown)
+            .find(|s| s.seq == seq && s.attempt == attempt && s.outcome != Outcome::Unknown)
     }
 
     /// Writes this attempt's number into the last chunk (or opens the next

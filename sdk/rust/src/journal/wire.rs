@@ -72,6 +72,10 @@ pub(crate) struct ChunkStatus {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Settlement {
     pub seq: i64,
+    /// The attempt whose intent it settles: an intent written again by a
+    /// later attempt is a new question.
+    #[serde(default)]
+    pub attempt: i32,
     pub outcome: Outcome,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<String>,

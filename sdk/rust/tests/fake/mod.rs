@@ -89,8 +89,11 @@ impl FakeApi {
         st.version += 1;
         let rv = st.version.to_string();
         let obj = st.objects.get_mut(name).expect("chunk to settle");
-        let mut s = json!({"seq": seq, "outcome": outcome, "by": "alice@example.com",
-                           "at": "2026-01-01T00:00:00Z"});
+        // The operator settles the intent of the attempt that wrote it.
+        let first = obj["spec"]["firstSeq"].as_i64().unwrap_or(0);
+        let attempt = obj["spec"]["entries"][(seq - first) as usize]["attempt"].clone();
+        let mut s = json!({"seq": seq, "attempt": attempt, "outcome": outcome,
+                           "by": "alice@example.com", "at": "2026-01-01T00:00:00Z"});
         if let Some(r) = response {
             s["response"] = json!(r);
         }
