@@ -16,6 +16,9 @@ what makes a rerun of an agent step with the same key harmless.
     POST /payouts                     {"expenseId", "employee", "amount"}: an expense reimbursed
     GET  /ledger                      everything that happened: refunds, payouts and, per key,
                                       how many requests carried it (what tests count)
+    PUT  /stall                       {"paths": ["/refunds"]}: a change under these paths is
+                                      made, and its answer held until the next PUT /stall (a
+                                      call that acted and was lost before its caller heard)
     PUT  /outage                      {"paths": ["/notifications"]}: requests under these
                                       paths answer 503 until the next PUT (a provider that is
                                       down, for demos and tests; [] ends it)
@@ -48,6 +51,8 @@ class Ledger:
         self.notifications = []
         self.payouts = []
         self.outage = []  # path prefixes answering 503
+        self.stalled = []  # path prefixes whose answers are held
+        self.release = threading.Event()
 
     def snapshot(self):
         with self.lock:
@@ -113,11 +118,27 @@ class Handler(BaseHTTPRequestHandler):
     def do_PUT(self):
         body = self._body()
         paths = body.get("paths") if isinstance(body, dict) else None
-        if self.path != "/outage" or not isinstance(paths, list):
-            return self._send(400, {"error": 'PUT /outage {"paths": [...]}'})
+        if self.path not in ("/outage", "/stall") or not isinstance(paths, list):
+            return self._send(400, {"error": 'PUT /outage or /stall {"paths": [...]}'})
+        led = self.server.ledger
+        with led.lock:
+            if self.path == "/outage":
+                led.outage = [str(p) for p in paths]
+            else:
+                # Answers held so far go out; new ones are held under `paths`.
+                led.release.set()
+                led.release = threading.Event()
+                led.stalled = [str(p) for p in paths]
+        self._send(200, {self.path.strip("/"): paths})
+
+    def _hold(self):
+        """Holds the answer of a change under a stalled path until released."""
+        path = self.path.partition("?")[0]
         with self.server.ledger.lock:
-            self.server.ledger.outage = [str(p) for p in paths]
-        self._send(200, {"outage": paths})
+            held = any(path.startswith(p) for p in self.server.ledger.stalled)
+            release = self.server.ledger.release
+        if held:
+            release.wait(timeout=600)
 
     def do_GET(self):
         if self._down():
@@ -173,6 +194,7 @@ class Handler(BaseHTTPRequestHandler):
             if replayed and "id" in out:
                 with led.lock:
                     out = led._view(led.refunds[out["id"]])
+            self._hold()
             return self._send(status, out, replayed)
 
         if len(parts) == 3 and parts[0] == "refunds" and parts[2] == "reversal":

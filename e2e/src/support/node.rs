@@ -155,18 +155,88 @@ impl Payments {
     /// Takes the provider down for requests under `paths` (503), or brings
     /// it back (`&[]`).
     pub async fn outage(&self, paths: &[&str]) {
+        self.put("/outage", paths).await
+    }
+
+    /// Changes under `paths` are made and their answers held until the next
+    /// call (`&[]` releases them): a call that acted and whose caller was
+    /// lost before it heard.
+    pub async fn stall(&self, paths: &[&str]) {
+        self.put("/stall", paths).await
+    }
+
+    async fn put(&self, path: &str, paths: &[&str]) {
         let addr = SocketAddr::new(GATEWAY.parse().expect("an IPv4 address"), self.port);
         let body = serde_json::json!({ "paths": paths }).to_string();
         let answer = tokio::time::timeout(
             Duration::from_secs(5),
-            super::http::http_request(addr, "PUT", "/outage", Some(&body)),
+            super::http::http_request(addr, "PUT", path, Some(&body)),
         )
         .await;
         assert!(
             matches!(answer, Ok(Ok((200, _)))),
-            "PUT /outage: {answer:?}\n{}",
+            "PUT {path}: {answer:?}\n{}",
             self.process.log_tail(20)
         );
+    }
+
+    async fn get(&self, path: &str) -> Result<String, String> {
+        let addr = SocketAddr::new(GATEWAY.parse().expect("an IPv4 address"), self.port);
+        match tokio::time::timeout(Duration::from_secs(5), http_get(addr, path)).await {
+            Ok(Ok((200, body))) => Ok(body),
+            Ok(Ok((code, body))) => Err(format!("HTTP {code}: {body}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within 5 s".into()),
+        }
+    }
+}
+
+/// The example's scripted OpenAI-compatible model (examples/mock-model) on the bridge
+/// gateway, on a port of its own: it logs every request it answers.
+pub struct MockModel {
+    pub process: Process,
+    pub port: u16,
+}
+
+impl MockModel {
+    /// Starts `examples/mock-model/server.py` with its refund scenario.
+    pub async fn start(namespace: &str) -> MockModel {
+        let port = std::net::TcpListener::bind((GATEWAY, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("binding {GATEWAY} (is the node's bridge up? {HOW}): {e}"));
+        let mut cmd = Command::new("python3");
+        cmd.arg(repo_root().join("examples/mock-model/server.py"))
+            .arg("--listen")
+            .arg(format!("{GATEWAY}:{port}"))
+            .args(["--scenario", "refund"]);
+        let process = Process::start("mock-model", cmd, log_dir(namespace).join("mock-model.log"))
+            .unwrap_or_else(|e| panic!("starting the mock model: {e}"));
+        let m = MockModel { process, port };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while m.get("/healthz").await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the mock model did not start\n{}",
+                m.process.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        m
+    }
+
+    /// The base URL step Pods use (`OPENAI_BASE_URL`).
+    pub fn url(&self) -> String {
+        format!("http://{GATEWAY}:{}/v1", self.port)
+    }
+
+    /// Every chat request it answered, oldest first: `{n, at, body, reply}`.
+    pub async fn requests(&self) -> Vec<Value> {
+        let body = self
+            .get("/requests")
+            .await
+            .unwrap_or_else(|e| panic!("GET /requests: {e}\n{}", self.process.log_tail(20)));
+        serde_json::from_str(&body).expect("the request log is JSON")
     }
 
     async fn get(&self, path: &str) -> Result<String, String> {
