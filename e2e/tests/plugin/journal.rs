@@ -1,8 +1,8 @@
 //! A journaled step's calls as people see them: StepJournal chunks created
 //! with the test's admin client (the operator's and the step SDKs' part is
 //! theirs), read by `describe` and `logs` as the users they run as. The
-//! chart's viewer role reads journals; a signaler (a machine that sends
-//! events) does not, and the API server says so.
+//! chart's viewer and approver roles read journals; a signaler (a machine
+//! that sends events) does not, and the API server says so.
 
 use std::time::Duration;
 
@@ -82,13 +82,14 @@ fn chunk(
 /// Applied by alice), attempt 2 replayed those, asked again and was in the
 /// middle of a refund. describe shows exactly that to a viewer, with the
 /// refund prominent as Unknown with its key; logs show each attempt's own
-/// calls; a signaler may not read the chunks at all.
+/// calls; an approver may read the chunks too, a signaler may not.
 #[tokio::test]
 async fn describe_shows_a_journaled_steps_calls_to_a_viewer_and_a_signaler_may_not_read_them() {
     let s = Scenario::start("plugin-journal").await;
     let ns = s.namespace().to_owned();
     let policies = Policies::install(&ns, &[]).await;
     policies.grant_role(&ns, "viewer", &["vera"]).await;
+    policies.grant_role(&ns, "approver", &["alice"]).await;
     policies.grant_role(&ns, "signaler", &["ci-bot"]).await;
     // describe lists the run's Events too, which the viewer role does not grant.
     kubectl_ok([
@@ -119,7 +120,13 @@ async fn describe_shows_a_journaled_steps_calls_to_a_viewer_and_a_signaler_may_n
     );
     step["retry"] = json!({"limit": 2, "backoff": {"initial": "1s", "max": "1s"}});
     step["journal"] = json!({"maxBytes": 4096});
-    s.create_run("agent", json!({"steps": [step]})).await;
+    // A journaled step's Pod gets a token bound to it, which names its
+    // ServiceAccount.
+    s.create_run(
+        "agent",
+        json!({"steps": [step], "podTemplate": {"serviceAccountName": "default"}}),
+    )
+    .await;
     let r = s
         .wait_run(
             "agent",
@@ -195,7 +202,7 @@ async fn describe_shows_a_journaled_steps_calls_to_a_viewer_and_a_signaler_may_n
 
     let out = plugin(&ns, Some("vera"), &[], &["describe", "agent"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let want = "  ▶ agent  r1 attempt 2  Running  effect -\n      key ";
+    let want = "  ▶ agent  r1 attempt 2  Running  effect ";
     assert!(out.stdout.contains(want), "{}", out.stdout);
     // The block follows the step's own lines (its Pod, then what it says).
     let block = out.stdout.find(JOURNAL_BLOCK);
@@ -210,6 +217,11 @@ async fn describe_shows_a_journaled_steps_calls_to_a_viewer_and_a_signaler_may_n
     assert_admitted(
         &kubectl_as("vera", &[], &ns, &["get", "stepjournals"]).await,
         "a viewer reading the journals",
+    );
+    // Who answers a Reconcile question about call 4 reads what the step did.
+    assert_admitted(
+        &kubectl_as("alice", &[], &ns, &["get", "stepjournals"]).await,
+        "an approver reading the journals",
     );
 
     // Each attempt's own calls after its (simulated Pods': absent) log.
