@@ -3,6 +3,9 @@
 //! what it says, as the impersonated user it runs as, and says why when it
 //! does not.
 
+#[path = "plugin/journal.rs"]
+mod journal;
+
 use std::time::Duration;
 
 use agentrun_e2e::kubeconfig;

@@ -85,7 +85,8 @@ pub enum Command {
         #[arg(short = 'y', long)]
         yes: bool,
     },
-    /// The logs of a run's step Pods, every attempt in order.
+    /// The logs of a run's step Pods, every attempt in order, each with the
+    /// model and tool calls it replayed and recorded in its journal.
     Logs {
         run: String,
         step: Option<String>,
@@ -95,6 +96,9 @@ pub enum Command {
         /// Follow the last Pod's log.
         #[arg(short = 'f', long)]
         follow: bool,
+        /// Each journaled call's recorded response and error, whole.
+        #[arg(long)]
+        journal: bool,
     },
     /// Follow one run until it finishes.
     Watch { run: String },
@@ -184,7 +188,14 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             step,
             attempt,
             follow,
-        } => logs::logs(&client, &ns, &run, step.as_deref(), attempt, follow).await?,
+            journal,
+        } => {
+            let opts = logs::LogOptions {
+                follow,
+                responses: journal,
+            };
+            logs::logs(&client, &ns, &run, step.as_deref(), attempt, opts).await?
+        }
         Command::Watch { run } => watch::watch(&client, &ns, &run).await?,
         Command::Retry(args) => retry::retry(&client, &ns, &args).await?,
         Command::Signal(args) => signal::signal(&client, &ns, &args).await?,

@@ -1,10 +1,10 @@
 //! The plugin's ground floor: the client and the namespace from the
 //! kubeconfig (or the Pod's ServiceAccount), the error every command returns,
 //! and the reads every view needs: who the user is, a run with its
-//! approvals, its Events and its Signals.
+//! approvals, its Events, its Signals and its steps' journals.
 
 use agentrun_api::labels;
-use agentrun_api::{AgentRun, Approval, Signal};
+use agentrun_api::{AgentRun, Approval, Signal, StepJournal};
 use clap::Args;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::events::v1::Event;
@@ -204,4 +204,32 @@ pub async fn signals_of(client: &Client, ns: &str, run: &AgentRun) -> Vec<Signal
         .into_iter()
         .filter(|s| s.spec.run_uid == uid)
         .collect()
+}
+
+/// The journal chunks of run `run`'s steps (`StepJournal`, by the run's
+/// label and UID), for the views; none where the API server serves no
+/// StepJournals (an operator from before journals). A refusal is the
+/// caller's to show: a missing journal hides a call that may have acted.
+pub async fn journals_of(
+    client: &Client,
+    ns: &str,
+    run: &AgentRun,
+) -> Result<Vec<StepJournal>, Error> {
+    let selector = format!("{}={}", labels::RUN, run.name_any());
+    let uid = run.metadata.uid.clone().unwrap_or_default();
+    match Api::<StepJournal>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+    {
+        Ok(l) => Ok(l
+            .items
+            .into_iter()
+            .filter(|j| j.spec.run_uid == uid)
+            .collect()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(api(format!(
+            "listing the StepJournals of run {}",
+            run.name_any()
+        ))(e)),
+    }
 }

@@ -6,6 +6,10 @@
 
 #[path = "console/history.rs"]
 mod history;
+#[path = "console/journal.rs"]
+mod journal;
+#[path = "support/journal_fixtures.rs"]
+mod journal_fixtures;
 #[path = "console/retry.rs"]
 mod retry;
 
@@ -108,7 +112,7 @@ fn evicted_run() -> (AgentRun, Vec<Event>) {
 #[test]
 fn an_evicted_and_rerun_step_has_two_attempts_the_first_disrupted() {
     let (run, events) = evicted_run();
-    let tl = timeline::build(&run, &[], &events, at(30));
+    let tl = timeline::build(&run, &[], &events, &[], at(30));
     assert_eq!(tl.lanes.len(), 1);
     let lane = &tl.lanes[0];
     assert_eq!(lane.label, "crawl r1");
@@ -130,7 +134,7 @@ fn an_evicted_and_rerun_step_has_two_attempts_the_first_disrupted() {
 #[test]
 fn the_axis_spans_the_run_plus_a_quarter_for_a_long_freshness_window() {
     let (run, events) = evicted_run();
-    let tl = timeline::build(&run, &[], &events, at(30));
+    let tl = timeline::build(&run, &[], &events, &[], at(30));
     // A finished run's axis ends with it (20 s), plus 5 s of the fresh window.
     assert_eq!((tl.from, tl.to), (at(0), at(25)));
     // 820 units of axis from x = 170: 32.8 per second.
@@ -163,7 +167,7 @@ fn a_running_attempt_reaches_now_and_a_replan_is_marked() {
         "Replanned",
         "plan revision 2 from planner plan: 3 steps",
     ));
-    let tl = timeline::build(&run, &[], &events, at(40));
+    let tl = timeline::build(&run, &[], &events, &[], at(40));
     let last = tl.lanes[0].bars.last().unwrap();
     assert_eq!(
         (last.kind, last.start, last.end),
@@ -179,6 +183,7 @@ fn the_approval_wait_is_a_bar_naming_who_decided() {
     let tl = timeline::build(
         &run,
         &approvals,
+        &[],
         &[],
         "2026-12-02T01:17:39Z".parse().unwrap(),
     );
@@ -304,7 +309,17 @@ fn the_run_page_shows_steps_decider_and_events() {
         sign_out: false,
         namespace: None,
     };
-    let html = run_page::run_page(&frame, &run, &approvals, &[], &[], true, now).into_string();
+    let html = run_page::run_page(
+        &frame,
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        true,
+        now,
+    )
+    .into_string();
     for want in [
         r#"sse-connect="/events/ns/plugin-approve-uyx3za/runs/refund""#,
         r#"<tr data-step="refund">"#,
@@ -325,7 +340,17 @@ fn the_run_page_shows_steps_decider_and_events() {
         sign_out: true,
         namespace: None,
     };
-    let html = run_page::run_page(&signed_in, &run, &approvals, &[], &[], true, now).into_string();
+    let html = run_page::run_page(
+        &signed_in,
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        true,
+        now,
+    )
+    .into_string();
     assert!(
         html.contains(r#"<form class="signout" method="post" action="/logout"><button type="submit">Sign out</button></form>"#),
         "{html}"
@@ -357,7 +382,7 @@ fn parallel_branches_get_lanes_of_their_own_and_a_skipped_step_a_mark() {
         }
     }))
     .unwrap();
-    let tl = timeline::build(&run, &[], &[], at(10));
+    let tl = timeline::build(&run, &[], &[], &[], at(10));
     let labels: Vec<&str> = tl.lanes.iter().map(|l| l.label.as_str()).collect();
     assert_eq!(
         labels,
@@ -408,7 +433,16 @@ fn queued_runs_and_wait_steps_say_when_they_move() {
         table.contains(r#"<small class="queue">#3 in queue</small>"#),
         "{table}"
     );
-    let page = run_page::run_detail(&run, &approvals, &[], &[], true, now).into_string();
+    let page = run_page::run_detail(
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        true,
+        now,
+    )
+    .into_string();
     assert!(
         page.contains("Waiting for a place to start: queued at position 3: 2 of 2 runs active"),
         "{page}"
@@ -425,7 +459,16 @@ fn queued_runs_and_wait_steps_say_when_they_move() {
         wake_at: Some(Time(now + SignedDuration::from_hours(3))),
         ..StepCheckpoint::default()
     });
-    let page = run_page::run_detail(&run, &approvals, &[], &[], true, now).into_string();
+    let page = run_page::run_detail(
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        true,
+        now,
+    )
+    .into_string();
     assert!(
         page.contains(r#"Step <strong>cool-off</strong> wakes at <time datetime="2026-12-02T04:17:39Z">2026-12-02T04:17:39Z</time> (in 3h)"#),
         "{page}"
@@ -440,7 +483,17 @@ fn a_signal_wait_shows_how_to_send_it_and_then_who_sent_what() {
     let (run, approvals) = fixture("signal-waiting");
     let now: Timestamp = "2026-12-04T06:26:55Z".parse().unwrap();
     let signals = fixture_signals("signal-waiting");
-    let page = run_page::run_detail(&run, &approvals, &signals, &[], true, now).into_string();
+    let page = run_page::run_detail(
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            signals: &signals,
+            ..Default::default()
+        },
+        true,
+        now,
+    )
+    .into_string();
     for want in [
         r#"<div class="waiting signal" data-signal="pay-settle-3329c0-r1-signal">"#,
         r#"Step <strong>settle</strong> waits for a signal: <span class="signal-what">payment settled</span>"#,
@@ -460,14 +513,24 @@ fn a_signal_wait_shows_how_to_send_it_and_then_who_sent_what() {
 
     let (run, approvals) = fixture("signal-received");
     let signals = fixture_signals("signal-received");
-    let page = run_page::run_detail(&run, &approvals, &signals, &[], true, now).into_string();
+    let page = run_page::run_detail(
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            signals: &signals,
+            ..Default::default()
+        },
+        true,
+        now,
+    )
+    .into_string();
     assert!(
         page.contains(r#"<div class="decided signal-received">signal <code>pay-1</code> from <strong>ci-bot</strong></div>"#),
         "{page}"
     );
     assert!(!page.contains("Send it with"), "{page}");
     assert!(!page.contains("released by"), "{page}");
-    let tl = timeline::build(&run, &approvals, &[], now);
+    let tl = timeline::build(&run, &approvals, &[], &[], now);
     let settle = &tl.lanes[0];
     assert_eq!(settle.label, "settle r1");
     assert_eq!(

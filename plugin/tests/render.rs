@@ -4,6 +4,11 @@
 //! deliberate change of the output: `UPDATE_GOLDEN=1 cargo test -p kubectl-agentrun`,
 //! then read the diff.
 
+#[path = "render/journal.rs"]
+mod journal;
+#[path = "support/journal_fixtures.rs"]
+mod journal_fixtures;
+
 use std::path::PathBuf;
 
 use agentrun_api::{AgentRun, Approval, Signal};
@@ -119,9 +124,10 @@ fn describe_a_run_waiting_for_approval() {
     let (run, approvals) = fixture("refund-waiting");
     let out = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style::default(),
@@ -136,9 +142,10 @@ fn describe_an_approved_run_names_the_decider() {
     let (run, approvals) = fixture("refund-approved");
     let out = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style::default(),
@@ -153,9 +160,10 @@ fn describe_a_rejected_run_shows_its_compensation() {
     let (run, approvals) = fixture("charge-rejected");
     let out = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style::default(),
@@ -194,9 +202,10 @@ fn colour_only_when_asked() {
     let (run, approvals) = fixture("refund-approved");
     let plain = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style { color: false },
@@ -204,9 +213,10 @@ fn colour_only_when_asked() {
     assert!(!plain.contains('\x1b'));
     let coloured = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style { color: true },
@@ -226,9 +236,10 @@ fn describe_says_whether_the_approvers_were_told() {
     .unwrap()];
     let out = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style::default(),
@@ -246,9 +257,10 @@ fn describe_says_whether_the_approvers_were_told() {
     .unwrap()];
     let out = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style::default(),
@@ -274,9 +286,10 @@ fn describe_shows_why_a_result_was_refused() {
     );
     let out = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style::default(),
@@ -296,9 +309,10 @@ fn describe_shows_why_a_result_was_refused() {
     );
     let full = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         true,
         Style::default(),
@@ -335,7 +349,16 @@ fn describe_shows_when_a_wait_wakes() {
         )),
         ..StepCheckpoint::default()
     });
-    let out = render::describe(&run, &approvals, &[], &[], now, false, Style::default());
+    let out = render::describe(
+        &run,
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        now,
+        false,
+        Style::default(),
+    );
     fits_80_columns(&out);
     let wake = now + SignedDuration::from_mins(90);
     assert!(out.contains("◷ cool-off"), "{out}");
@@ -360,7 +383,16 @@ fn describe_says_where_a_queued_run_waits() {
         c.reason = "Queued".into();
         c.message = "queued at position 2: 5 of 5 runs active in namespace payments (maxActiveRunsPerNamespace)".into();
     }
-    let out = render::describe(&run, &approvals, &[], &[], now, false, Style::default());
+    let out = render::describe(
+        &run,
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        now,
+        false,
+        Style::default(),
+    );
     fits_80_columns(&out);
     let text = out.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
@@ -378,9 +410,11 @@ fn describe_a_run_waiting_for_a_signal() {
     assert_eq!(sigs.len(), 1, "the fixture holds the run's Signal");
     let out = render::describe(
         &run,
-        &approvals,
-        &sigs,
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            signals: &sigs,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style::default(),
@@ -421,9 +455,11 @@ fn describe_a_received_signal_names_its_id_and_sender() {
     let sigs = signals("signal-received");
     let out = render::describe(
         &run,
-        &approvals,
-        &sigs,
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            signals: &sigs,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style::default(),
@@ -439,9 +475,10 @@ fn describe_a_received_signal_names_its_id_and_sender() {
 
     let bare = render::describe(
         &run,
-        &approvals,
-        &[],
-        &[],
+        &render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
         now(&run),
         false,
         Style::default(),

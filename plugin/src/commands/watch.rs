@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use kube::Client;
 
 use super::style;
-use crate::client::{Error, run_and_approvals, signals_of};
+use crate::client::{Error, journals_of, run_and_approvals, signals_of};
 use crate::render;
 
 pub async fn watch(client: &Client, ns: &str, run: &str) -> Result<(), Error> {
@@ -24,7 +24,14 @@ pub async fn watch(client: &Client, ns: &str, run: &str) -> Result<(), Error> {
             .is_some_and(RunPhase::is_terminal);
         if tty {
             let signals = signals_of(client, ns, &r).await;
-            let view = render::describe(&r, &approvals, &signals, &[], now, false, style());
+            let journals = journals_of(client, ns, &r).await.unwrap_or_default();
+            let related = render::Related {
+                approvals: &approvals,
+                signals: &signals,
+                journals: &journals,
+                events: &[],
+            };
+            let view = render::describe(&r, &related, now, false, style());
             print!("\x1b[2J\x1b[H{view}");
             std::io::stdout().flush()?;
         } else {

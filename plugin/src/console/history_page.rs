@@ -226,7 +226,7 @@ fn as_run(r: &RunRecordSpec) -> AgentRun {
 /// The timeline of a record: each checkpoint's last attempt, on the axis
 /// from the run's creation to its end.
 pub fn record_timeline(r: &RunRecordSpec) -> timeline::Timeline {
-    timeline::build(&as_run(r), &[], &[], r.outcome.completed_at.0)
+    timeline::build(&as_run(r), &[], &[], &[], r.outcome.completed_at.0)
 }
 
 /// One record's page. `live`: the run it records still exists (same UID),

@@ -55,8 +55,9 @@ use kube::{Api, Client};
 use maud::Markup;
 use serde::Deserialize;
 
-use crate::client::{Error, events_of, signals_of};
+use crate::client::{Error, events_of, journals_of, signals_of};
 use crate::decision::send_decision;
+use crate::render;
 use auth::{Auth, Mode, Sessions};
 use filter::{HistoryFilter, RunFilter};
 use namespace::Scope;
@@ -391,12 +392,22 @@ async fn run_page(User(c): User, Path((ns, name)): Path<(String, String)>) -> Re
         Vec::new()
     });
     let signals = signals_of(&c.client, &ns, &run).await;
+    let journals = journals_of(&c.client, &ns, &run).await.unwrap_or_else(|e| {
+        if render::journal::journaled(&run) {
+            frame.warnings.push(e.to_string());
+        }
+        Vec::new()
+    });
+    let related = render::Related {
+        approvals: &approvals,
+        signals: &signals,
+        journals: &journals,
+        events: &events,
+    };
     page(run_page::run_page(
         &frame,
         &run,
-        &approvals,
-        &signals,
-        &events,
+        &related,
         c.decide,
         Timestamp::now(),
     ))

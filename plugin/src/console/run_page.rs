@@ -21,9 +21,7 @@ use crate::render;
 pub fn run_page(
     frame: &Frame<'_>,
     run: &AgentRun,
-    approvals: &[Approval],
-    signals: &[Signal],
-    events: &[Event],
+    related: &render::Related<'_>,
     decide: bool,
     now: Timestamp,
 ) -> Markup {
@@ -36,7 +34,7 @@ pub fn run_page(
             span aria-current="page" { (name) }
         }
         div id="run" hx-ext="sse" sse-connect=(format!("/events/ns/{ns}/runs/{name}")) sse-swap="run" {
-            (run_detail(run, approvals, signals, events, decide, now))
+            (run_detail(run, related, decide, now))
         }
     };
     layout(&name, frame, "run", body)
@@ -95,23 +93,37 @@ fn lineage(run: &AgentRun, ns: &str) -> Option<Markup> {
 }
 
 /// Everything below the breadcrumbs (the fragment the stream sends again).
-/// `signals` are the run's Signals where they could be read; `decide`: the
-/// console offers writes (the retry form).
+/// `related`: the run's Approvals, Signals, journal chunks and Events where
+/// they could be read; `decide`: the console offers writes (the retry form).
 pub fn run_detail(
     run: &AgentRun,
-    approvals: &[Approval],
-    signals: &[Signal],
-    events: &[Event],
+    related: &render::Related<'_>,
     decide: bool,
     now: Timestamp,
 ) -> Markup {
+    let render::Related {
+        approvals,
+        signals,
+        journals,
+        events,
+    } = *related;
     let status = run.status.clone().unwrap_or_default();
-    let tl = timeline::build(run, approvals, events, now);
+    let tl = timeline::build(run, approvals, events, journals, now);
+    let calls = tl.lanes.iter().any(|l| !l.calls.is_empty());
     html! {
         (run_head(run, &status, approvals, signals, now))
         section aria-labelledby="tl-h" {
             h2 id="tl-h" { "Timeline" }
             div class="timeline-wrap" { (tl.svg()) }
+            @if calls {
+                p class="call-legend" {
+                    "Journaled calls inside a step's bar: "
+                    span class="call-key call-model" {} " model (upper) "
+                    span class="call-key call-tool" {} " tool (lower) "
+                    span class="call-key call-tool call-nonidempotent" {} " NonIdempotent "
+                    span class="call-key call-tool call-unknown" {} " may have acted, not settled"
+                }
+            }
         }
         (steps_section(run, &status, signals, now))
         (retry::section(run, decide))

@@ -18,7 +18,7 @@ use super::filter::RunFilter;
 use super::user::User;
 use super::view::View;
 use super::{pages, run_page};
-use crate::client::{events_of, signals_of};
+use crate::client::{events_of, journals_of, signals_of};
 
 /// Bursts of changes (a status write and its Events) render once.
 const SETTLE: Duration = Duration::from_millis(100);
@@ -90,14 +90,14 @@ pub async fn run(
                 Some((r, approvals)) => {
                     let events = events_of(&c.client, &ns, &name).await.unwrap_or_default();
                     let signals = signals_of(&c.client, &ns, &r).await;
-                    run_page::run_detail(
-                        &r,
-                        &approvals,
-                        &signals,
-                        &events,
-                        c.decide,
-                        Timestamp::now(),
-                    )
+                    let journals = journals_of(&c.client, &ns, &r).await.unwrap_or_default();
+                    let related = crate::render::Related {
+                        approvals: &approvals,
+                        signals: &signals,
+                        journals: &journals,
+                        events: &events,
+                    };
+                    run_page::run_detail(&r, &related, c.decide, Timestamp::now())
                 }
                 None => {
                     maud::html! { p class="empty" { "The run is gone (deleted, or its TTL passed)." } }

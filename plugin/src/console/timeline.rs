@@ -11,16 +11,25 @@
 //!   lane "charge r1"            ⟦approval: alice⟧[attempt 1 ██]
 //!   lane "notify r1"            [attempt 1 ██]       (a branch beside charge)
 //!   lane "spam r1"              ◇ skipped: when … is false
+//!   lane "agent r1"     [attempt 1 █▮▮█▮▮!]     (journaled calls inside the bar)
 //!                        |r2 re-plan
 //! ```
+//!
+//! A journaled step's model and tool calls (its `StepJournal` chunks, D19)
+//! are marks inside its bar, from when each call started to when its answer
+//! was recorded: model and tool calls apart, a NonIdempotent call outlined,
+//! a call that may have acted and nobody settled in the colour of failure.
 
 use agentrun_api::{
-    AgentRun, AgentRunStatus, Approval, CompensationCheckpoint, StepCheckpoint, StepPhase,
+    AgentRun, AgentRunStatus, Approval, CallKind, CompensationCheckpoint, StepCheckpoint,
+    StepJournal, StepPhase,
 };
 use agentrun_engine::reasons::Reason;
 use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 use maud::{Markup, html};
+
+use crate::render::journal::{self, Call, StepCalls};
 
 /// How an attempt (or wait) went, each drawn in its own style.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +91,89 @@ pub struct Lane {
     pub bars: Vec<Bar>,
     /// The freshness window: from when the result was recorded until `freshUntil`.
     pub fresh: Option<(Timestamp, Timestamp)>,
+    /// The step's journaled calls that carry a time, in seq order.
+    pub calls: Vec<CallMark>,
+}
+
+/// One journaled model or tool call on its step's lane.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallMark {
+    pub seq: i64,
+    pub start: Timestamp,
+    /// When its answer was recorded; `start` for a call with none.
+    pub end: Timestamp,
+    pub kind: CallKind,
+    pub non_idempotent: bool,
+    /// An intent with no answer nobody has settled: it may have acted.
+    pub unknown: bool,
+    /// The tooltip: `#3 tool charge (call_x), NonIdempotent: Unknown …`.
+    pub label: String,
+}
+
+impl CallMark {
+    pub fn class(&self) -> String {
+        let mut c = match self.kind {
+            CallKind::Model => "call call-model".to_owned(),
+            CallKind::Tool => "call call-tool".to_owned(),
+        };
+        if self.non_idempotent {
+            c.push_str(" call-nonidempotent");
+        }
+        if self.unknown {
+            c.push_str(" call-unknown");
+        }
+        c
+    }
+}
+
+/// The marks of a step's journaled calls; a call with no time (an SDK that
+/// records none) has no place on the axis and is left to the step table.
+fn call_marks(j: &StepCalls<'_>) -> Vec<CallMark> {
+    j.calls
+        .iter()
+        .filter_map(|c| {
+            let e = c.entry;
+            let start = e.started_at.as_ref().or(e.finished_at.as_ref())?.0;
+            let end = e.finished_at.as_ref().map_or(start, |t| t.0).max(start);
+            Some(CallMark {
+                seq: e.seq,
+                start,
+                end,
+                kind: e.kind,
+                non_idempotent: c.non_idempotent(),
+                unknown: c.standing() == journal::Standing::Unknown,
+                label: call_label(c),
+            })
+        })
+        .collect()
+}
+
+fn call_label(c: &Call<'_>) -> String {
+    let e = c.entry;
+    let mut s = format!(
+        "#{} {} {} ({})",
+        e.seq,
+        c.kind_word(),
+        e.name.as_deref().unwrap_or("-"),
+        e.call_id
+    );
+    if e.kind == CallKind::Tool {
+        s.push_str(&format!(", {}", c.effect_word()));
+    }
+    s.push_str(&format!(": {}", c.state_word()));
+    match c.standing() {
+        journal::Standing::Unknown => s.push_str(" (may have acted; nobody has settled it)"),
+        journal::Standing::Settled { by, .. } => s.push_str(&format!(" (settled by {by})")),
+        _ => {}
+    }
+    if let Some(t) = c.tokens() {
+        s.push_str(&format!(", {t} tokens"));
+    }
+    if let Some(k) = &e.key {
+        s.push_str(&format!(", key {k}"));
+    }
+    s.push_str(&format!("; recorded by attempt {}", e.attempt));
+    s
 }
 
 /// The whole picture: lanes, re-plan marks, and the axis.
@@ -197,13 +289,31 @@ fn attempts(r: &Record<'_>, events: &[Event], now: Timestamp) -> Vec<Bar> {
     bars
 }
 
-/// The timeline of `run`, as of `now`.
-pub fn build(run: &AgentRun, approvals: &[Approval], events: &[Event], now: Timestamp) -> Timeline {
+/// The timeline of `run`, as of `now`, with its steps' journaled calls
+/// (`journals`: the run's `StepJournal` chunks).
+pub fn build(
+    run: &AgentRun,
+    approvals: &[Approval],
+    events: &[Event],
+    journals: &[StepJournal],
+    now: Timestamp,
+) -> Timeline {
     let status = run.status.clone().unwrap_or_default();
+    let journals = journal::journals_of(run, journals);
     let mut lanes: Vec<Lane> = status
         .steps
         .iter()
-        .map(|cp| step_lane(cp, approvals, events, now))
+        .map(|cp| {
+            let mut lane = step_lane(cp, approvals, events, now);
+            if cp.role == agentrun_api::StepRole::Step
+                && let Some(j) = journals
+                    .iter()
+                    .find(|j| j.step == cp.name && j.plan_revision == cp.plan_revision)
+            {
+                lane.calls = call_marks(j);
+            }
+            lane
+        })
         .collect();
     lanes.extend(
         status
@@ -302,6 +412,7 @@ fn step_lane(
         label: rec.label.clone(),
         bars,
         fresh,
+        calls: Vec::new(),
     }
 }
 
@@ -350,6 +461,7 @@ fn compensation_lane(c: &CompensationCheckpoint, events: &[Event], now: Timestam
         label: rec.label.clone(),
         bars: attempts(&rec, events, now),
         fresh: None,
+        calls: Vec::new(),
     }
 }
 
@@ -471,6 +583,16 @@ impl Timeline {
                                 width=(fmt((x1 - x0).max(3.0))) height=(fmt(LANE - 2.0 * inset)) rx="2"
                                 data-kind=(bar.kind.word()) {
                                 title { (lane.label) ": " (bar.label) " (" (bar.start) " – " (bar.end) ")" }
+                            }
+                        }
+                        @for call in &lane.calls {
+                            @let (x0, x1) = (self.x(call.start), self.x(call.end));
+                            // Model calls in the bar's upper half, tool calls in its lower.
+                            @let top = match call.kind { CallKind::Model => y + 8.0, CallKind::Tool => y + LANE - 14.0 };
+                            rect class=(call.class()) x=(fmt(x0)) y=(fmt(top))
+                                width=(fmt((x1 - x0).max(2.0))) height="6" rx="1"
+                                data-seq=(call.seq) data-call=(if call.kind == CallKind::Model { "model" } else { "tool" }) {
+                                title { (lane.label) ": " (call.label) " (" (call.start) " – " (call.end) ")" }
                             }
                         }
                     }

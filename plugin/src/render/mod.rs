@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use agentrun_api::{
     AgentRun, AgentRunStatus, Approval, ApprovalKind, EffectOutcome, RunPhase, Signal,
-    StepCheckpoint, StepPhase, StepRole,
+    StepCheckpoint, StepJournal, StepPhase, StepRole,
 };
 use agentrun_engine::human_duration;
 use jiff::Timestamp;
@@ -13,6 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 
 mod approval;
 mod history;
+pub mod journal;
 mod plan;
 mod signal;
 mod text;
@@ -287,22 +288,38 @@ pub fn run_duration(status: &AgentRunStatus, now: Timestamp) -> String {
     }
 }
 
-/// `kubectl agentrun describe RUN`: a readable tree of the run. `signals`
-/// are the run's Signals where they could be read (none: what its status says).
+/// The objects around a run that `describe` shows, each where it could be
+/// read (none: what the run's status says).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Related<'a> {
+    pub approvals: &'a [Approval],
+    pub signals: &'a [Signal],
+    /// Its steps' journal chunks (`StepJournal`).
+    pub journals: &'a [StepJournal],
+    pub events: &'a [Event],
+}
+
+/// `kubectl agentrun describe RUN`: a readable tree of the run.
 pub fn describe(
     run: &AgentRun,
-    approvals: &[Approval],
-    signals: &[Signal],
-    events: &[Event],
+    related: &Related<'_>,
     now: Timestamp,
     full: bool,
     style: Style,
 ) -> String {
+    let Related {
+        approvals,
+        signals,
+        journals,
+        events,
+    } = *related;
     let status = run.status.clone().unwrap_or_default();
     let mut s = head_lines(run, &status, style);
     s.push_str(&waiting_lines(run, &status, approvals, signals, now));
     s.push_str(&graph_lines(run, &status));
-    s.push_str(&step_lines(run, &status, signals, now, full, style));
+    s.push_str(&step_lines(
+        run, &status, signals, journals, now, full, style,
+    ));
     s.push_str(&approval_section(run, approvals));
     s.push_str(&event_lines(events, now));
     s
@@ -414,20 +431,40 @@ fn waiting_lines(
     s
 }
 
-/// `Steps:` and, if any ran, `Compensations:`.
+/// `Steps:` (each with its journal, if it has one) and, if any ran,
+/// `Compensations:`.
 fn step_lines(
     run: &AgentRun,
     status: &AgentRunStatus,
     signals: &[Signal],
+    journals: &[StepJournal],
     now: Timestamp,
     full: bool,
     style: Style,
 ) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "Steps:");
+    let mut journals = journal::journals_of(run, journals);
     for cp in &status.steps {
         let sig = signal_step(run, cp, signals);
         s.push_str(&step_line(cp, sig.as_ref(), now, full, style));
+        if cp.role != StepRole::Step {
+            continue;
+        }
+        if let Some(i) = journals
+            .iter()
+            .position(|j| j.step == cp.name && j.plan_revision == cp.plan_revision)
+        {
+            let j = journals.remove(i);
+            let max = journal::max_bytes(run, j.step);
+            s.push_str(&journal::journal_block(&j, cp.attempt, max, full, style));
+        }
+    }
+    // Chunks of a (step, revision) the status has no checkpoint of.
+    for j in &journals {
+        let _ = writeln!(s, "  · {}  r{}  (no checkpoint)", j.step, j.plan_revision);
+        let max = journal::max_bytes(run, j.step);
+        s.push_str(&journal::journal_block(j, j.attempt, max, full, style));
     }
     if !status.compensations.is_empty() {
         let _ = writeln!(s, "Compensations:");

@@ -30,6 +30,10 @@ impl Style {
     pub(super) fn dim(&self, s: &str) -> String {
         self.paint("2", s)
     }
+    /// What needs a person's eye: bold red.
+    pub(super) fn warn(&self, s: &str) -> String {
+        self.paint("1;31", s)
+    }
 }
 
 /// `5s`, `2m`, `3h`, `4d`, as `kubectl get` prints ages.

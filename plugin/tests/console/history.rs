@@ -495,13 +495,31 @@ fn the_filters_map_to_the_query_the_cli_asks() {
 #[test]
 fn the_run_page_links_its_record_or_says_it_already_ran_nothing() {
     let (mut run, approvals) = fixture("refund-approved");
-    let html = run_page::run_detail(&run, &approvals, &[], &[], true, now()).into_string();
+    let html = run_page::run_detail(
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        true,
+        now(),
+    )
+    .into_string();
     assert!(
         !html.contains("record-link"),
         "no record named yet:\n{html}"
     );
     run.status.as_mut().unwrap().record = Some("refund-968c6877".into());
-    let html = run_page::run_detail(&run, &approvals, &[], &[], true, now()).into_string();
+    let html = run_page::run_detail(
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        true,
+        now(),
+    )
+    .into_string();
     assert!(
         html.contains(r#"<p class="recorded">Recorded: <a class="record-link" href="/ns/plugin-approve-uyx3za/history/refund-968c6877">refund-968c6877</a>"#),
         "{html}"
@@ -517,7 +535,16 @@ fn the_run_page_links_its_record_or_says_it_already_ran_nothing() {
             "2026-12-01T09:00:00Z".parse().unwrap(),
         ),
     }));
-    let html = run_page::run_detail(&run, &approvals, &[], &[], true, now()).into_string();
+    let html = run_page::run_detail(
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        true,
+        now(),
+    )
+    .into_string();
     for want in [
         r#"<div class="notice already-ran" role="status"><p><strong>This run ran nothing.</strong> A run refund with the same spec already ran in plugin-approve-uyx3za (UID <code>0ld0a1d0-2222</code>) and ended <span class="phase phase-failed">Failed</span> at <time datetime="2026-12-01T09:00:00Z">2026-12-01T09:00:00Z</time>. Its record: <a class="record-link" href="/ns/plugin-approve-uyx3za/history/refund-0ld0a1d0">refund-0ld0a1d0</a>.</p>"#,
         "<code>agentrun.dev/rerun</code> set to a new value.",

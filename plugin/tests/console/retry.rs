@@ -12,7 +12,16 @@ use super::{at, fixture};
 
 fn detail(run: &AgentRun, decide: bool) -> String {
     let (_, approvals) = fixture("charge-rejected");
-    run_page::run_detail(run, &approvals, &[], &[], decide, at(60)).into_string()
+    run_page::run_detail(
+        run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        decide,
+        at(60),
+    )
+    .into_string()
 }
 
 #[test]
@@ -38,7 +47,16 @@ fn a_failed_run_offers_a_retry_from_each_step_starting_at_the_one_that_failed() 
 #[test]
 fn a_run_that_has_not_ended_says_when_retry_is_offered() {
     let (run, approvals) = fixture("refund-waiting");
-    let html = run_page::run_detail(&run, &approvals, &[], &[], true, at(60)).into_string();
+    let html = run_page::run_detail(
+        &run,
+        &kubectl_agentrun::render::Related {
+            approvals: &approvals,
+            ..Default::default()
+        },
+        true,
+        at(60),
+    )
+    .into_string();
     assert!(
         html.contains(r#"<p class="retry-absent note">Retry is offered once the run has ended (it is WaitingForApproval).</p>"#),
         "{html}"
