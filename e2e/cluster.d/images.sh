@@ -47,9 +47,9 @@ python_openai() {
   local tmp="$PYTHON_OPENAI.tmp.$$"
   rm -rf "$tmp"; mkdir -p "$tmp"
   # --no-deps: the file pins the whole closure, so nothing unpinned is resolved.
-  python3 -m pip download -q --disable-pip-version-check --root-user-action=ignore --no-deps "${PIP_PLATFORM[@]}" \
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip download -q --disable-pip-version-check --no-deps "${PIP_PLATFORM[@]}" \
     -d "$tmp/wheels" -r "$PYTHON_REQS" || { rm -rf "$tmp"; die "pip download of the openai wheels failed"; }
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --no-index --no-compile \
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --no-index --no-compile \
     "${PIP_PLATFORM[@]}" --target "$tmp/site" "$tmp"/wheels/*.whl \
     || { rm -rf "$tmp"; die "installing the openai wheels failed"; }
   # Console scripts (openai, httpx) are not part of the library.

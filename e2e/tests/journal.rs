@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use agentrun_e2e::support::journal::{as_pod, chunk, entry};
+use agentrun_e2e::support::journal::{JOURNAL_WRITER_ENV, as_pod, chunk, entry};
 use agentrun_e2e::support::policies::{
     Policies, assert_refused, kubectl_as, manifest, wait_enforced,
 };
@@ -37,7 +37,7 @@ async fn start(name: &str) -> (Scenario, Policies) {
     let p = Policies::install(&ns, &[]).await;
     wait_enforced(&ns, true).await;
     s.operator_config.extra_env.push((
-        "AGENTRUN_JOURNAL_WRITER_ROLE".into(),
+        JOURNAL_WRITER_ENV.into(),
         format!("{}-journal-writer", p.release),
     ));
     s.start_operator(None);

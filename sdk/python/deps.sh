@@ -13,7 +13,7 @@ if [[ ! -f "$dir/.complete" ]]; then
   echo "sdk/python/deps.sh: installing $(grep -c '==' "$reqs") pinned packages into $dir" >&2
   rm -rf "$dir.tmp"
   # --no-deps: the file pins the whole closure; the host's own packages play no part.
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --only-binary=:all: \
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --only-binary=:all: \
     --target "$dir.tmp" -r "$reqs" >&2
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
   touch "$dir/.complete"

@@ -23,6 +23,9 @@ pub struct StepReport {
     pub summary: Option<String>,
     /// What the step says it did to the outside world (`"effect"`), if it says.
     pub effect: Option<EffectOutcome>,
+    /// A journaled step: the tokens of every model call its journal holds,
+    /// each once (`"journalTokens"`), as the attempt saw the journal at its end.
+    pub journal_tokens: Option<TokenUsage>,
 }
 
 /// Parses a termination message. An empty or absent message is a null result.
@@ -86,12 +89,22 @@ pub fn parse(message: Option<&str>) -> Result<StepReport, String> {
             )
         })?),
     };
+    let journal_tokens = match fields.remove("journalTokens") {
+        None | Some(Value::Null) => None,
+        Some(t) => Some(parse_tokens(&t).ok_or_else(|| {
+            format!(
+                "termination message field journalTokens must be {{\"input\": n, \"output\": n}} with non-negative integers, got {}",
+                quote(&t.to_string())
+            )
+        })?),
+    };
     Ok(StepReport {
         result: fields.remove("result").unwrap_or(Value::Null),
         tokens,
         plan,
         summary,
         effect,
+        journal_tokens,
     })
 }
 
@@ -134,6 +147,13 @@ pub fn failure_reason(message: Option<&str>) -> Option<String> {
         }
         Err(_) => Some(quote(m)),
     }
+}
+
+/// A journaled step's `journalTokens` from a message that may be malformed.
+pub fn journal_tokens_best_effort(message: Option<&str>) -> Option<TokenUsage> {
+    message
+        .and_then(|m| serde_json::from_str::<Value>(m.trim()).ok())
+        .and_then(|v| parse_tokens(v.get("journalTokens")?))
 }
 
 /// Tokens from a message that may be malformed: failed and disrupted attempts

@@ -12,6 +12,11 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 use crate::kubectl_ok;
+
+/// The operator's setting of the ClusterRole it binds a journaled step's
+/// ServiceAccount to (`--journal-writer-role`): a test's policies render it
+/// as `<release>-journal-writer`.
+pub const JOURNAL_WRITER_ENV: &str = "AGENTRUN_JOURNAL_WRITER_ROLE";
 use crate::support::env::client_with_token;
 
 /// A client that is step Pod `pod` of namespace `ns`: a token the API

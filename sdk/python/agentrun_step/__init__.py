@@ -111,7 +111,8 @@ def _tokens(tokens):
 EFFECTS = ("Applied", "NotApplied", "Unknown")
 
 
-def encode_message(result=None, tokens=None, plan=None, summary=None, effect=None):
+def encode_message(result=None, tokens=None, plan=None, summary=None, effect=None,
+                   journal_tokens=None):
     """The termination message as bytes, checked against the 4096-byte limit."""
     if effect is not None and effect not in EFFECTS:
         raise StepError(f"effect must be one of {', '.join(EFFECTS)}, got {effect!r}")
@@ -125,6 +126,8 @@ def encode_message(result=None, tokens=None, plan=None, summary=None, effect=Non
         msg["plan"] = plan
     if summary is not None:
         msg["summary"] = summary
+    if journal_tokens is not None:
+        msg["journalTokens"] = journal_tokens
     data = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageTooLarge(len(data))
@@ -274,6 +277,15 @@ class Step:
         t = _tokens(tokens) or {"input": 0, "output": 0}
         return {"input": t["input"] + extra["input"], "output": t["output"] + extra["output"]}
 
+    def _journal_tokens(self):
+        """The journal's tokens (all its model calls, each once), if this attempt used it."""
+        if self._journal is None:
+            return None
+        try:
+            return self._journal.tokens_total()
+        except Exception:  # a journal that could not be read reports nothing
+            return None
+
     def _write(self, data):
         if self.written:
             raise StepError("the termination message was already written (write it once, at the end)")
@@ -284,7 +296,8 @@ class Step:
         """Writes the result (and token usage) to the termination message; exit 0 after it.
         A journaled step passes only the tokens it spent outside the journal: journaled
         calls are counted from the journal, once, whichever attempt made them."""
-        self._write(encode_message(result, self._outside_journal(tokens), plan, summary))
+        self._write(encode_message(result, self._outside_journal(tokens), plan, summary,
+                                   journal_tokens=self._journal_tokens()))
 
     @property
     def is_verify(self):
@@ -320,10 +333,12 @@ class Step:
             partial.update(result)
         elif result is not None:
             partial["partial"] = result
+        jt = self._journal_tokens()
         try:
-            data = encode_message(partial, tokens, effect=effect)
+            data = encode_message(partial, tokens, effect=effect, journal_tokens=jt)
         except MessageTooLarge:
-            data = encode_message({"error": str(reason)[:1024]}, tokens, effect=effect)
+            data = encode_message({"error": str(reason)[:1024]}, tokens, effect=effect,
+                                  journal_tokens=jt)
         self._write(data)
         print(f"step {self.step} attempt {self.attempt} failed: {reason}", file=sys.stderr)
         sys.exit(exit_code)

@@ -322,6 +322,17 @@ class Journal:
         """Tokens this attempt's model calls spent (replayed calls spend none)."""
         return dict(self._spent)
 
+    def tokens_total(self):
+        """Tokens of every model call the journal holds, each once, whichever attempt made
+        it: the step reports this (``journalTokens``) so the run counts the journal whole
+        even when the attempt ends before the operator has seen its last entries."""
+        t = {"input": 0, "output": 0}
+        for e in self._entries:
+            got = e.get("tokens") or {}
+            t["input"] += int(got.get("input") or 0)
+            t["output"] += int(got.get("output") or 0)
+        return t
+
     def tokens_unrecorded(self):
         """Tokens spent on calls whose answer could not be recorded (refused as too large,
         or the journal was taken over): the step reports these itself."""

@@ -407,6 +407,8 @@ class StepTokens(JournalTest):
                 msg = json.load(f)
         # 10/1 the step's own, 9/4 the call the journal could not record; never the 500/50.
         self.assertEqual(msg["tokens"], {"input": 19, "output": 5})
+        # The journal's own, whole, for the operator to count once.
+        self.assertEqual(msg["journalTokens"], {"input": 500, "output": 50})
 
     def test_a_step_derives_call_keys_and_names_the_call_a_probe_asks_about(self):
         with tempfile.TemporaryDirectory() as d:

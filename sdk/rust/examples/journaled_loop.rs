@@ -84,7 +84,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         messages.push(reply.clone());
         messages.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
     };
-    // Journaled model calls are counted from the journal: report none here.
-    step.succeed(&json!({"answer": answer}), Some(Tokens::default()))?;
+    // Journaled model calls are counted from the journal, once: report the
+    // journal's whole and nothing outside it.
+    step.succeed_journaled(
+        &json!({"answer": answer}),
+        Some(Tokens::default()),
+        &journal,
+    )?;
     Ok(())
 }

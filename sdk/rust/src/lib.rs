@@ -167,6 +167,8 @@ struct Message<'a> {
     tokens: Option<Tokens>,
     #[serde(skip_serializing_if = "Option::is_none")]
     effect: Option<Effect>,
+    #[serde(rename = "journalTokens", skip_serializing_if = "Option::is_none")]
+    journal_tokens: Option<Tokens>,
 }
 
 /// The termination message as bytes, checked against the 4096-byte limit.
@@ -180,10 +182,22 @@ pub fn encode_report(
     tokens: Option<Tokens>,
     effect: Option<Effect>,
 ) -> Result<Vec<u8>> {
+    encode_full(result, tokens, effect, None)
+}
+
+/// The termination message of a journaled step: `journal_tokens` are its
+/// journal's (every model call once), `tokens` only those spent outside it.
+pub fn encode_full(
+    result: &Value,
+    tokens: Option<Tokens>,
+    effect: Option<Effect>,
+    journal_tokens: Option<Tokens>,
+) -> Result<Vec<u8>> {
     let data = serde_json::to_vec(&Message {
         result,
         tokens,
         effect,
+        journal_tokens,
     })
     .expect("JSON values serialize");
     if data.len() > MAX_MESSAGE_BYTES {
@@ -305,6 +319,29 @@ impl Step {
     /// Writes the result and token usage, once; exit 0 after it.
     pub fn succeed(&self, result: &Value, tokens: Option<Tokens>) -> Result<()> {
         let data = encode_message(result, tokens)?;
+        self.write(&data)
+    }
+
+    /// A journaled step's result: `tokens` are those spent outside the
+    /// journal; the journal's own are reported whole (`journalTokens`), and
+    /// the operator counts each model call once.
+    #[cfg(feature = "journal")]
+    pub fn succeed_journaled(
+        &self,
+        result: &Value,
+        tokens: Option<Tokens>,
+        journal: &journal::Journal,
+    ) -> Result<()> {
+        let t = journal.tokens_total();
+        let data = encode_full(
+            result,
+            tokens,
+            None,
+            Some(Tokens {
+                input: t.input.max(0) as u64,
+                output: t.output.max(0) as u64,
+            }),
+        )?;
         self.write(&data)
     }
 

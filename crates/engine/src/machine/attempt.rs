@@ -397,6 +397,10 @@ impl<'a> Machine<'_, 'a> {
                 message,
             } => {
                 let tokens = result::tokens_best_effort(message.as_deref());
+                if let Slot::Step(i) = slot {
+                    let journal = result::journal_tokens_best_effort(message.as_deref());
+                    self.count_journal_at_end(plan, i, journal);
+                }
                 // What the step said about it, where it said something.
                 let said = result::failure_reason(message.as_deref())
                     .map(|t| format!(": {t}"))

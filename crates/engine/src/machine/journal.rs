@@ -208,27 +208,64 @@ impl<'a> Machine<'_, 'a> {
     }
 
     fn count_journal(&mut self, i: usize, j: &Journal) {
+        self.count_journal_tokens(i, j.tokens);
+        let summary = self.draft.status.steps[i]
+            .journal
+            .get_or_insert_with(Box::<JournalSummary>::default);
+        summary.calls = summary.calls.max(j.calls);
+        summary.bytes = summary.bytes.max(j.bytes);
+        summary.settled = j.settled.len() as i64;
+    }
+
+    /// Counts a journal's tokens into its step's once: what `total` holds
+    /// beyond what was counted before.
+    fn count_journal_tokens(&mut self, i: usize, total: TokenUsage) {
         let counted = self.draft.status.steps[i]
             .journal
             .as_ref()
             .and_then(|s| s.tokens)
             .unwrap_or_default();
         let more = TokenUsage {
-            input: (j.tokens.input - counted.input).max(0),
-            output: (j.tokens.output - counted.output).max(0),
+            input: (total.input - counted.input).max(0),
+            output: (total.output - counted.output).max(0),
         };
+        if more.total() == 0 {
+            return;
+        }
         self.add_tokens(Slot::Step(i), more);
-        let summary = self.draft.status.steps[i]
+        self.draft.status.steps[i]
             .journal
-            .get_or_insert_with(Box::<JournalSummary>::default);
-        summary.calls = j.calls;
-        summary.bytes = j.bytes;
-        summary.settled = j.settled.len() as i64;
-        if j.tokens.total() > 0 {
-            summary.tokens = Some(TokenUsage {
-                input: counted.input.max(j.tokens.input),
-                output: counted.output.max(j.tokens.output),
-            });
+            .get_or_insert_with(Box::<JournalSummary>::default)
+            .tokens = Some(TokenUsage {
+            input: counted.input + more.input,
+            output: counted.output + more.output,
+        });
+    }
+
+    /// A journaled step's attempt ended with a report: its journal is
+    /// counted now, whole — as the cache shows it, or as the attempt saw it
+    /// at its end when the cache has not caught up (the run may finish in
+    /// this decision and never look again).
+    pub(super) fn count_journal_at_end(
+        &mut self,
+        plan: &Plan<'_>,
+        i: usize,
+        reported: Option<TokenUsage>,
+    ) {
+        let cp = &self.draft.status.steps[i];
+        if cp.role != StepRole::Step || self.journal_spec(plan, &cp.name).is_none() {
+            return;
+        }
+        let j = self.journal(&cp.name, cp.plan_revision);
+        self.count_journal(i, &j);
+        if let Some(r) = reported {
+            self.count_journal_tokens(
+                i,
+                TokenUsage {
+                    input: r.input.max(j.tokens.input),
+                    output: r.output.max(j.tokens.output),
+                },
+            );
         }
     }
 

@@ -150,6 +150,7 @@ impl<'a> Machine<'_, 'a> {
                 return self.attempt_failed(plan, Slot::Step(i), why, tokens, Acted::Maybe);
             }
         };
+        self.count_journal_at_end(plan, i, report.journal_tokens);
         let role = self.draft.status.steps[i].role;
         if let Some(why) = self.result_refused(plan, i, &report) {
             let acted = match (role, report.effect) {

@@ -350,3 +350,26 @@ fn a_call_settled_not_applied_and_lost_again_when_called_again_is_asked_again() 
         2
     );
 }
+
+#[test]
+fn the_journal_an_attempt_reports_at_its_end_counts_when_the_cache_has_not_caught_up() {
+    // The cache shows two model calls; the attempt ended having seen four.
+    let mut w = refund(true, false);
+    w.settle();
+    w.update_pod(&a(1), |p| p.running());
+    w.settle();
+    w.journal("refund", 1, answered());
+    w.succeed(
+        &a(1),
+        r#"{"result": {"refundId": "rf-1"}, "effect": "Applied", "journalTokens": {"input": 400, "output": 80}}"#,
+    );
+    assert_eq!(cp(&w, "refund", 1).phase, StepPhase::Succeeded);
+    assert_eq!(w.status().tokens_used, 480);
+    // The cache catches up: nothing is counted twice.
+    let mut more = answered();
+    more.push(journal_entry(3, CallKind::Model, CallState::Done));
+    more.push(journal_entry(4, CallKind::Model, CallState::Done));
+    w.journal("refund", 1, more);
+    w.settle();
+    assert_eq!(w.status().tokens_used, 480);
+}

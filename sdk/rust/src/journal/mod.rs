@@ -165,6 +165,22 @@ impl Journal {
         self.store.len()
     }
 
+    /// The tokens of every model call the journal holds, each once,
+    /// whichever attempt made it: what [`crate::Step::succeed_journaled`]
+    /// reports as `journalTokens`, so the run counts the whole journal even
+    /// when the attempt ends before the operator has seen its last entries.
+    pub fn tokens_total(&self) -> CallTokens {
+        let mut t = CallTokens::default();
+        for seq in 0..self.store.len() {
+            if let Some(got) = self.store.entry(seq).and_then(|e| e.tokens) {
+                t.input += got.input;
+                t.output += got.output;
+                t.cached += got.cached;
+            }
+        }
+        t
+    }
+
     /// The tokens this attempt spent on journaled model calls (replayed
     /// calls cost nothing).
     pub fn spent(&self) -> CallTokens {
