@@ -157,7 +157,13 @@ pub async fn run(
         .reflect(journals_writer)
         .inspect_ok({
             let journal_index = journal_index.clone();
-            move |event| journal_index.apply(event)
+            let metrics = metrics.clone();
+            move |event| {
+                if matches!(event, watcher::Event::Apply(_)) {
+                    metrics.journal_writes.inc();
+                }
+                journal_index.apply(event)
+            }
         })
         .inspect_ok(mark_synced(synced_tx.clone(), SYNCED_JOURNALS))
         .cached_objects(journals.clone());

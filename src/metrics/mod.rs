@@ -124,6 +124,14 @@ pub struct Metrics {
     pub checkpoint_write_duration: Histogram,
     pub status_conflicts: Counter,
     pub replans: Counter,
+    /// Journal chunk writes the operator saw (each a step's append, D19).
+    pub journal_writes: Counter,
+    /// Journaled calls found started and never answered.
+    pub journal_unknown_calls: Counter,
+    /// Journaled calls settled by a verify probe or a person.
+    pub journal_settled_calls: Counter,
+    /// Steps failed because their journal passed its cap.
+    pub journal_over_cap: Counter,
     pub tokens: Family<NamespaceLabel, Counter>,
     pub duplicate_creates_suppressed: Counter,
     /// Finished runs whose record was stored (D18).
@@ -170,6 +178,10 @@ impl Metrics {
             checkpoint_write_duration: Histogram::new(exponential_buckets(0.001, 2.0, 12)),
             status_conflicts: Counter::default(),
             replans: Counter::default(),
+            journal_writes: Counter::default(),
+            journal_unknown_calls: Counter::default(),
+            journal_settled_calls: Counter::default(),
+            journal_over_cap: Counter::default(),
             tokens: Family::default(),
             duplicate_creates_suppressed: Counter::default(),
             history_records: Counter::default(),
@@ -239,6 +251,26 @@ impl Metrics {
             "replans",
             "Plan revisions created after a stale input",
             m.replans.clone(),
+        );
+        r.register(
+            "journal_writes",
+            "Step journal chunk writes seen (appends by step Pods, D19)",
+            m.journal_writes.clone(),
+        );
+        r.register(
+            "journal_unknown_calls",
+            "Journaled calls found started and never answered (they may have acted)",
+            m.journal_unknown_calls.clone(),
+        );
+        r.register(
+            "journal_settled_calls",
+            "Journaled calls that may have acted, settled by a verify probe or a person",
+            m.journal_settled_calls.clone(),
+        );
+        r.register(
+            "journal_over_cap",
+            "Steps failed because their journal passed journal.maxBytes",
+            m.journal_over_cap.clone(),
         );
         r.register(
             "tokens",
@@ -368,6 +400,9 @@ impl Metrics {
         self.steps_failed.inc_by(tally.failed);
         self.steps_disrupted.inc_by(tally.disrupted);
         self.replans.inc_by(tally.replans);
+        self.journal_unknown_calls.inc_by(tally.calls_unknown);
+        self.journal_settled_calls.inc_by(tally.calls_settled);
+        self.journal_over_cap.inc_by(tally.journals_over_cap);
         if tally.tokens > 0 {
             self.tokens
                 .get_or_create(&NamespaceLabel {

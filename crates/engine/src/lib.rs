@@ -206,6 +206,12 @@ pub struct Tally {
     pub replans: u64,
     /// Tokens newly recorded (D9).
     pub tokens: u64,
+    /// Journaled calls found started and never answered (D19).
+    pub calls_unknown: u64,
+    /// Journaled calls settled, by the verify probe or a person.
+    pub calls_settled: u64,
+    /// Steps failed because their journal passed its cap.
+    pub journals_over_cap: u64,
 }
 
 /// One effect on the cluster.

@@ -69,6 +69,7 @@ impl<'a> Machine<'_, 'a> {
             open.call_id,
             open.key
         );
+        self.draft.tally.calls_unknown += 1;
         let summary = self.draft.status.steps[c]
             .journal
             .get_or_insert_with(Default::default);
@@ -127,6 +128,7 @@ impl<'a> Machine<'_, 'a> {
         cp.message = Some(text.clone());
         let name = cp.name.clone();
         self.draft.recorded = true;
+        self.draft.tally.calls_settled += 1;
         self.draft.actions.push(Action::SettleCall {
             chunk,
             settlement: journal::settlement(seq, attempt, outcome, response, by, now),
@@ -291,6 +293,7 @@ impl<'a> Machine<'_, 'a> {
             self.record_effect(plan, i, EffectOutcome::Unknown);
         }
         let name = self.draft.status.steps[i].name.clone();
+        self.draft.tally.journals_over_cap += 1;
         self.event(
             EventType::Warning,
             Reason::JournalOverCap,

@@ -267,6 +267,7 @@ fn each_decision_tallies_what_it_did() {
         disrupted,
         replans: 0,
         tokens,
+        ..Tally::default()
     };
     let mut w = World::new(AgentRun::test().with_steps([
         step("a"),

@@ -186,6 +186,7 @@ fn a_call_left_open_is_asked_of_the_probe_with_its_key_and_settled_before_the_ne
         })
         .collect();
     assert_eq!(settled.len(), 1, "{:?}", d.actions);
+    assert_eq!(d.tally.calls_settled, 1, "the metrics count the settlement");
     assert_eq!(settled[0].0, "run-refund-d5e7dc-r1-journal-0");
     assert_eq!(
         (
