@@ -15,9 +15,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use agentrun_e2e::support::journal::JOURNAL_WRITER_ENV;
 use agentrun_e2e::support::node::{
     NODE_NAME, e2e_dir, node_scenario, place_namespace_on_node, require_node, run_probe,
 };
+use agentrun_e2e::support::policies::{Policies, wait_enforced};
 use agentrun_e2e::support::scenario::{phase, step_checkpoint};
 use agentrun_e2e::{TestEnv, kubectl_ok, repo_root, wait_for};
 use agentrun_operator::api::RunPhase;
@@ -197,6 +199,59 @@ async fn refund_sample_reaches_the_payments_service_by_name() {
             json!({"refundId": "re_0001", "orderId": 4711, "amount": "23.90 EUR",
                     "state": "succeeded", "replayed": false})
         )
+    );
+    s.finish().await;
+}
+
+/// The journaled refund loop sample as its comment tells a user to run it: deploy.yaml
+/// (payments and the mock model, by Service name), then
+/// config/samples/agentrun_refund_loop.yaml, with the chart's policies and roles in the
+/// namespace: the operator binds the sample's ServiceAccount to the journal-writer role,
+/// the `openai` loop journals its calls, and the money moves once.
+#[tokio::test]
+async fn refund_loop_sample_journals_its_calls_and_reaches_the_mock_model_by_name() {
+    let _node = NODE.read().await;
+    let mut s = node_scenario("node-svc-loop").await;
+    let client = s.env.as_ref().expect("a scenario has its env").client();
+    let ns = s.namespace().to_owned();
+    let p = Policies::install(&ns, &[]).await;
+    wait_enforced(&ns, true).await;
+    s.kill_operator().await;
+    s.operator_config.extra_env.push((
+        JOURNAL_WRITER_ENV.into(),
+        format!("{}-journal-writer", p.release),
+    ));
+    s.start_operator(None);
+    place_namespace_on_node(&client, &ns).await;
+    deploy_payments(&client, &ns).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    wait_for(
+        &deployments,
+        "mock-model",
+        |d: Option<&Deployment>| {
+            d.and_then(|d| d.status.as_ref())
+                .and_then(|s| s.available_replicas)
+                == Some(1)
+        },
+        POD_TIMEOUT,
+    )
+    .await;
+    apply(
+        &ns,
+        &repo_root().join("config/samples/agentrun_refund_loop.yaml"),
+    )
+    .await;
+    let run = s.wait_finished("refund-loop-4711", RUN_TIMEOUT).await;
+    assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:#?}", run.status);
+    let c = step_checkpoint(&run, "refund");
+    let journal = c.journal.expect("the step's journal summary");
+    // Six model turns and six tool calls (examples/mock-model's refund scenario).
+    assert_eq!(journal.calls, 12, "{journal:?}");
+    assert!(journal.tokens.is_some_and(|t| t.input > 0), "{journal:?}");
+    assert_eq!(
+        run.status.as_ref().map(|s| s.tokens_used),
+        journal.tokens.map(|t| t.input + t.output),
+        "the step's tokens are its journal's"
     );
     s.finish().await;
 }
