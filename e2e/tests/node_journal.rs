@@ -244,5 +244,25 @@ async fn an_agent_loop_killed_during_its_refund_resumes_from_its_journal_without
             .is_empty(),
         "nobody was asked"
     );
+    // The run's record keeps what its calls came to after the run is gone (D18).
+    let uid = done.metadata.uid.clone().unwrap();
+    let record = Api::<agentrun_operator::api::RunRecord>::namespaced(s.env().client(), &ns)
+        .get(&format!("refund-{}", &uid[..8]))
+        .await
+        .expect("the run's record");
+    let step = record
+        .spec
+        .steps
+        .iter()
+        .find(|c| c.name == "refund")
+        .unwrap();
+    assert_eq!(
+        step.journal,
+        Some(agentrun_operator::api::RecordedJournal {
+            calls: 12,
+            settled: 1
+        })
+    );
+    assert_eq!(step.tokens, billed);
     s.finish().await;
 }

@@ -179,6 +179,20 @@ pub struct RecordedStep {
     /// MarkSucceeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
+    /// A journaled step (D19): its model and tool calls recorded, and how
+    /// many of them were settled after they may have acted (its tokens are
+    /// the journal's, in `tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<RecordedJournal>,
+}
+
+/// What a journaled step's calls came to.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedJournal {
+    pub calls: i64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub settled: i64,
 }
 
 fn is_step(role: &StepRole) -> bool {

@@ -367,6 +367,10 @@ pub fn build(
         started_at: c.started_at.clone(),
         finished_at: c.finished_at.clone(),
         decided_by: c.decided_by.clone(),
+        journal: c.journal.as_deref().map(|j| agentrun_api::RecordedJournal {
+            calls: j.calls,
+            settled: j.settled,
+        }),
     };
     let mut approvals: Vec<&Approval> = approvals.iter().collect();
     approvals.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -421,6 +425,7 @@ pub fn build(
                 started_at: c.started_at.clone(),
                 finished_at: c.finished_at.clone(),
                 decided_by: None,
+                journal: None,
             })
             .collect(),
         approvals: approvals
