@@ -482,8 +482,8 @@ async fn without_the_mutating_policies_separation_holds_for_a_planners_steps() {
     assert!(of_kind(&docs, "MutatingAdmissionPolicy").is_empty());
     assert_eq!(
         of_kind(&docs, "ValidatingAdmissionPolicy").len(),
-        5,
-        "approvals, runs, signals, records and the fence"
+        6,
+        "approvals, runs, signals, records, journals and the fence"
     );
 
     let s = Scenario::start("authz-no-mutating").await;

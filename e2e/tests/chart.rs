@@ -172,15 +172,21 @@ fn chart_watching_one_namespace_grants_a_role_there_only() {
         "agentrun-system",
         &["--set", "watchNamespace=team-a"],
     );
-    // Only the people's roles are cluster-wide (bound per namespace by
-    // whoever grants them); the operator's own are not.
+    // Only the people's roles and the journal writer's are cluster-wide
+    // (bound per namespace by whoever grants them, the operator for a
+    // journaled step's ServiceAccount); the operator's own are not.
     let cluster_roles: Vec<&str> = of_kind(&docs, "ClusterRole")
         .iter()
         .filter_map(|r| r["metadata"]["name"].as_str())
         .collect();
     assert_eq!(
         cluster_roles,
-        ["agentrun-viewer", "agentrun-approver", "agentrun-signaler"],
+        [
+            "agentrun-viewer",
+            "agentrun-approver",
+            "agentrun-signaler",
+            "agentrun-journal-writer"
+        ],
         "operator ClusterRole rendered for one namespace"
     );
     // The policies apply in the watched namespace only.
@@ -313,6 +319,7 @@ fn chart_deployment_is_restricted_probed_and_leader_elected() {
             "--metrics-addr=0.0.0.0:8080",
             "--health-addr=0.0.0.0:8081",
             "--step-events=true",
+            "--journal-writer-role=agentrun-journal-writer",
             "--history-store=api",
             "--history-retention=720h",
             "--history-max-per-namespace=1000",

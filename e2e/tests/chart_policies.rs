@@ -70,8 +70,8 @@ fn chart_policies_name_the_operator_and_can_leave_out_the_mutating_half() {
     assert!(of_kind(&validating_only, "MutatingAdmissionPolicyBinding").is_empty());
     assert_eq!(
         of_kind(&validating_only, "ValidatingAdmissionPolicy").len(),
-        5,
-        "approvals, runs, signals, records and the fence"
+        6,
+        "approvals, runs, signals, records, journals and the fence"
     );
 
     let none = render(

@@ -99,6 +99,15 @@ impl Release {
         }
     }
 
+    /// The release's `roles.prefix`: its people's and journal writer's
+    /// ClusterRoles are named after it.
+    fn roles_prefix(&self) -> String {
+        format!(
+            "agentrun-{}",
+            self.namespace.rsplit('-').next().unwrap_or("x")
+        )
+    }
+
     async fn install(&mut self, extra: &[&str]) -> String {
         let mut cmd = helm_cmd();
         // The CRDs are cluster-wide and already installed (server-side apply,
@@ -115,10 +124,7 @@ impl Release {
         // Releases side by side: their people's ClusterRoles get their own
         // names, and their admission policies apply to their own namespace.
         .arg("--set")
-        .arg(format!(
-            "roles.prefix=agentrun-{}",
-            self.namespace.rsplit('-').next().unwrap_or("x")
-        ))
+        .arg(format!("roles.prefix={}", self.roles_prefix()))
         .arg("--set-json")
         .arg(format!(
             r#"admissionPolicies.namespaceSelector={{"matchLabels":{{"kubernetes.io/metadata.name":"{}"}}}}"#,
@@ -230,6 +236,13 @@ const NEVER: &[(&str, &str, &str)] = &[
     ("update", "agentrun.dev", "runrecords"),
     ("patch", "agentrun.dev", "runrecords"),
     ("delete", "events.k8s.io", "events"),
+    // Step Pods write their journals; the operator only reads them and settles calls.
+    ("create", "agentrun.dev", "stepjournals"),
+    ("update", "agentrun.dev", "stepjournals"),
+    ("delete", "agentrun.dev", "stepjournals"),
+    // It binds the journal writer's role; it never removes or rewrites a binding.
+    ("delete", "rbac.authorization.k8s.io", "rolebindings"),
+    ("update", "rbac.authorization.k8s.io", "rolebindings"),
 ];
 
 async fn assert_operator_permissions(client: &Client, user: &str, namespace: &str, expect: bool) {
@@ -305,7 +318,7 @@ async fn helm_install_creates_every_object_with_least_privilege() {
         .unwrap_or_else(|e| panic!("ClusterRole {name}: {e}"));
     assert_eq!(
         grants_of(&serde_json::to_value(&cluster_role).unwrap()),
-        operator_grants(),
+        operator_grants_for(&release.roles_prefix()),
         "the ClusterRole on the server"
     );
     let binding = cluster_role_bindings
@@ -406,7 +419,7 @@ async fn helm_install_watching_one_namespace_grants_nothing_elsewhere() {
         .unwrap_or_else(|e| panic!("Role {name} in the watched namespace: {e}"));
     assert_eq!(
         grants_of(&serde_json::to_value(&role).unwrap()),
-        operator_grants()
+        operator_grants_for(&release.roles_prefix())
     );
     let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
         .get(&name)

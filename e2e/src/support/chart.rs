@@ -65,6 +65,15 @@ pub const OPERATOR_RULES: &[(&str, &str, &[&str])] = &[
     ),
     // kube-runtime's Recorder: create an Event, patch its series
     ("events.k8s.io", "events", &["create", "patch"]),
+    // step journals (D19): watched and read; a call that may have acted settled in the status
+    ("agentrun.dev", "stepjournals", &["get", "list", "watch"]),
+    ("agentrun.dev", "stepjournals/status", &["patch"]),
+    // a journaled step's ServiceAccount bound to the journal-writer role (server-side apply)
+    (
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        &["get", "create", "patch"],
+    ),
 ];
 
 /// What kube-lease-manager does with its Lease: get it, create it when absent,
@@ -91,14 +100,28 @@ pub fn grant(group: &str, resource: &str, verb: &str, name: Option<&str>) -> Gra
 }
 
 pub fn operator_grants() -> BTreeSet<Grant> {
-    OPERATOR_RULES
+    operator_grants_for("agentrun")
+}
+
+/// The operator's grants in a release whose `roles.prefix` is `prefix`
+/// (the one role it may bind is `<prefix>-journal-writer`).
+pub fn operator_grants_for(prefix: &str) -> BTreeSet<Grant> {
+    let mut grants: BTreeSet<Grant> = OPERATOR_RULES
         .iter()
         .flat_map(|(group, resource, verbs)| {
             verbs
                 .iter()
                 .map(move |verb| grant(group, resource, verb, None))
         })
-        .collect()
+        .collect();
+    let role = format!("{prefix}-journal-writer");
+    grants.insert(grant(
+        "rbac.authorization.k8s.io",
+        "clusterroles",
+        "bind",
+        Some(&role),
+    ));
+    grants
 }
 
 /// Flattens a Role's or ClusterRole's `rules`, refusing wildcards, nonResourceURLs

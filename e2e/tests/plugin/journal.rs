@@ -174,7 +174,7 @@ async fn describe_shows_a_journaled_steps_calls_to_a_viewer_and_a_signaler_may_n
             &format!("{prefix}-journal-0"),
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {"settlements": [{
-                "seq": 2, "outcome": "Applied", "response": r#"{"paid":1}"#,
+                "seq": 2, "attempt": 1, "outcome": "Applied", "response": r#"{"paid":1}"#,
                 "by": "alice", "at": "2026-12-02T01:02:00Z",
             }]}})),
         )

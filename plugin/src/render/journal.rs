@@ -165,7 +165,11 @@ pub fn journals_of<'a>(run: &AgentRun, chunks: &'a [StepJournal]) -> Vec<StepCal
                 .flat_map(|j| j.spec.entries.iter())
                 .map(|entry| Call {
                     entry,
-                    settlement: settlements.iter().copied().find(|s| s.seq == entry.seq),
+                    // A settlement answers the intent of the attempt it names.
+                    settlement: settlements
+                        .iter()
+                        .copied()
+                        .find(|s| s.seq == entry.seq && s.attempt == entry.attempt),
                 })
                 .collect();
             calls.sort_by_key(|c| c.entry.seq);

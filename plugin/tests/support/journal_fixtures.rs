@@ -73,7 +73,8 @@ pub fn chunk(
 }
 
 pub fn settled(seq: i64, outcome: &str, by: &str, response: Option<&str>) -> Value {
-    let mut s = json!({"seq": seq, "outcome": outcome, "by": by, "at": t(120)});
+    // Every intent the fixtures settle was written by attempt 1.
+    let mut s = json!({"seq": seq, "attempt": 1, "outcome": outcome, "by": by, "at": t(120)});
     if let Some(r) = response {
         s["response"] = json!(r);
     }
