@@ -30,6 +30,9 @@
 #                      e.g. make bench BENCH_ARGS='--concurrency 1,50 --repeats 1'
 #   make bench-fanout  runs of 50 steps as a sequence, then as a fan-out: steps/s of
 #                      each on a plane of its own (target/e2e-fanout)
+#   make bench-journal the step journal through the Python SDK as a step Pod writes it:
+#                      append latency and kube-apiserver CPU against status writes,
+#                      replay, bytes per loop, on a plane of its own (target/e2e-journal)
 #   make bench-peers   AgentRuns against chains of Jobs (kube-controller-manager with its
 #                      default client QPS, then raised) and Argo Workflows (its
 #                      workflow-controller, built by `e2e/cluster argo`: defaults, raised
@@ -205,6 +208,21 @@ bench-fanout:
 	  $(FANOUT) --label sequence --report $(FANOUT_E2E_DIR)/sequence.md; \
 	  $(FANOUT) --fan-out --label 'fan-out (1 then 49 in parallel)' --report $(FANOUT_E2E_DIR)/fan-out.md; \
 	  cat $(FANOUT_E2E_DIR)/sequence.md $(FANOUT_E2E_DIR)/fan-out.md
+
+# The step journal (docs/journal.md) as a step writes it: the Python SDK's Journal
+# with a token bound to a Pending step Pod, under the chart's journals policy,
+# against status merge patches of the same run (no operator, no node; see
+# docs/performance.md, "The step journal"). JOURNAL_ARGS passes flags to
+# e2e/bench/journal.py, e.g. JOURNAL_ARGS='--calls 200 --rounds 5'.
+JOURNAL_E2E_DIR ?= $(CURDIR)/target/e2e-journal
+JOURNAL_ARGS ?=
+
+.PHONY: bench-journal
+bench-journal:
+	$(CLUSTER) build
+	export AGENTRUN_E2E_DIR=$(JOURNAL_E2E_DIR); unset KUBECONFIG; \
+	  trap '$(CLUSTER) down' EXIT; $(CLUSTER) up; \
+	  python3 e2e/bench/journal.py --report $(JOURNAL_E2E_DIR)/journal.md $(JOURNAL_ARGS)
 
 bench-peers:
 	$(CARGO) build --release --locked -p agentrun-operator -p agentrun-e2e --bins
