@@ -99,6 +99,7 @@ pub fn started(uid: &str, key: &str, start: &str) -> LedgerEntry {
         finished_at: None,
         reported_effect: None,
         acted: None,
+        call: None,
     }
 }
 
