@@ -171,7 +171,11 @@ pub(super) fn check(f: &Facts<'_>) -> Calls {
     for r in e.final_runs {
         let run = r.name_any();
         for c in r.status.iter().flat_map(|s| s.steps.iter()) {
-            if c.phase != StepPhase::Succeeded || c.checkpoint != CheckpointState::Committed {
+            // The step's own checkpoint, not its probe's.
+            if !c.role.is_step()
+                || c.phase != StepPhase::Succeeded
+                || c.checkpoint != CheckpointState::Committed
+            {
                 continue;
             }
             let Some(declared) = e.declared_calls.get(&(run.clone(), c.name.clone())) else {
@@ -436,6 +440,25 @@ mod tests {
             "{:?}",
             v.findings
         );
+        // Only the step's own success asks for every call: its probe's
+        // committed answer does not (a step superseded mid-loop).
+        let mut probe_only = journaled_run();
+        let cps = &mut probe_only.status.as_mut().unwrap().steps;
+        cps[0].role = agentrun_operator::api::StepRole::Verify;
+        let mut j = journal(EffectOutcome::Applied);
+        j.spec.entries.truncate(2);
+        let mut o = Observer::default();
+        saw_finish(&mut o);
+        let v = judge_journaled(
+            &o,
+            &[probe_only],
+            &[],
+            ledger(clean_calls()[..2].to_vec()),
+            &["k"],
+            &[j],
+            &[("r", "a", CALLS)],
+        );
+        assert_eq!(v.calls_lost, 0, "{:?}", v.findings);
         // An intent with no Applied settlement is no answer either.
         let mut j = journal(EffectOutcome::Applied);
         j.status = None;
