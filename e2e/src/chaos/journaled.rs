@@ -7,8 +7,8 @@
 //!
 //! ```text
 //!   j-agent: Model ─ Tool ─ Model ─ Tool(slow) [─ Model ─ Tool]   (simkubelet's SIM_STEP.journal)
-//!   hunter (every 100 ms): the Pod of attempt 1 (and of attempt 2, every
-//!          other step) killed a drawn 0.1–3 s after it runs; evicted or deleted
+//!   hunter (every 100 ms): the Pods of attempts 1 and 2 killed a drawn
+//!          0.1–1.5 s after they run (during the fault phase); evicted or deleted
 //!   referee: verdict/journal_calls.rs, per (run, step, call id)
 //! ```
 
@@ -147,13 +147,14 @@ pub(super) async fn hunt(
 ) {
     // (run, attempt) → how long after it runs its Pod is killed; drawn up front.
     let mut due: BTreeMap<(String, u32), Duration> = BTreeMap::new();
-    for (i, p) in plans.iter().enumerate() {
+    for p in &plans {
         if !p.steps.iter().any(|s| s.journal.is_some()) {
             continue;
         }
-        let attempts = if i % 8 == 1 { 2 } else { 1 };
-        for a in 1..=attempts {
-            let at = rng.duration(Duration::from_millis(100), Duration::from_millis(3000));
+        // Attempts 1 and 2, inside the first 1.5 s of a loop of 2.5 s or
+        // more: mostly while its slow tool call is open.
+        for a in 1..=2 {
+            let at = rng.duration(Duration::from_millis(100), Duration::from_millis(1500));
             due.insert((p.name.clone(), a), at);
         }
     }
