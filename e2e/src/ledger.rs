@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! Pod reaches Running  ──▶ {"event":"started",  "uid":…, "idempotencyKey":…, "startedAt":…}
+//! journaled call made  ──▶ {"event":"callExecuted", "uid":…, "attempt":…,
+//!                            "call":{"seq":…,"id":…,"kind":…,"key":…,"at":…}}
 //! Pod's step ends      ──▶ {"event":"finished", "uid":…, "idempotencyKey":…, "exitCode":…,
 //!                            "outcome":"Succeeded|Failed|Killed", "startedAt":…, "finishedAt":…,
 //!                            "reportedEffect":"NotApplied",   (when the step said so)
@@ -12,7 +14,10 @@
 //! A `started` line is one execution (one side effect performed); a `finished` line with
 //! outcome `Succeeded` is one successful execution. The unit the contract protects is the
 //! step's effect, (run, step name), across plan revisions and keys:
-//! [`Ledger::executions_of`] lists them. The format is documented in e2e/README.md.
+//! [`Ledger::executions_of`] lists them. A journaled step's effects are its calls (D19): a
+//! `callExecuted` line is one call really made (a model asked, a tool's side effect
+//! performed), counted per (run, step, call id) by [`Ledger::calls`]. The format is
+//! documented in e2e/README.md.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -66,6 +71,26 @@ pub enum LedgerEvent {
     Started,
     /// The step ended (normally, or killed).
     Finished,
+    /// A journaled step's attempt made one call (`call`): the model was
+    /// asked, or the tool performed its effect.
+    CallExecuted,
+}
+
+/// The call a `callExecuted` line records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallExecution {
+    /// Its position in the step's journal.
+    pub seq: i64,
+    /// Its call id.
+    pub id: String,
+    /// `Model` or `Tool`.
+    pub kind: String,
+    /// A tool call's key (`call_key(step key, id)`): what its verify probe asks about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// When it was made.
+    pub at: Timestamp,
 }
 
 /// How a step execution ended.
@@ -118,6 +143,9 @@ pub struct LedgerEntry {
     /// the simulated system it changes records it (a probe reads the same).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acted: Option<bool>,
+    /// Only on `callExecuted` lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<CallExecution>,
 }
 
 impl LedgerEntry {
@@ -133,6 +161,15 @@ impl LedgerEntry {
             exit_code: Some(exit_code),
             outcome: Some(outcome),
             finished_at: Some(finished_at),
+            ..self.clone()
+        }
+    }
+
+    /// The `callExecuted` line of this Pod's call `call`.
+    pub fn executed(&self, call: CallExecution) -> Self {
+        Self {
+            event: LedgerEvent::CallExecuted,
+            call: Some(call),
             ..self.clone()
         }
     }
@@ -222,6 +259,14 @@ impl Ledger {
         self.entries
             .iter()
             .filter(|e| e.event == LedgerEvent::Finished)
+    }
+
+    /// The `callExecuted` lines: one per call really made.
+    pub fn calls(&self) -> impl Iterator<Item = (&LedgerEntry, &CallExecution)> {
+        self.entries
+            .iter()
+            .filter(|e| e.event == LedgerEvent::CallExecuted)
+            .filter_map(|e| e.call.as_ref().map(|c| (e, c)))
     }
 
     /// How many times `role`'s Pods (`step`, `compensate`, `verify`, …) of
@@ -345,7 +390,30 @@ mod tests {
             finished_at: None,
             reported_effect: None,
             acted: None,
+            call: None,
         }
+    }
+
+    #[test]
+    fn a_call_line_names_its_pod_and_call_and_is_no_execution_of_the_step() {
+        let s = started("1", "a");
+        let call = CallExecution {
+            seq: 2,
+            id: "call_2".into(),
+            kind: "Tool".into(),
+            key: Some("0ed9ffc913f10948baf0d9ce47391e7f".into()),
+            at: Timestamp::UNIX_EPOCH,
+        };
+        let line = serde_json::to_value(s.executed(call.clone())).expect("encodes");
+        assert_eq!(line["event"], "callExecuted");
+        assert_eq!(line["call"]["id"], "call_2");
+        assert_eq!(line["call"]["key"], "0ed9ffc913f10948baf0d9ce47391e7f");
+        let ledger = Ledger {
+            entries: vec![s.clone(), s.executed(call.clone())],
+        };
+        assert_eq!(ledger.executions().count(), 1);
+        let calls: Vec<_> = ledger.calls().map(|(e, c)| (e.uid.as_str(), c)).collect();
+        assert_eq!(calls, [("1", &call)]);
     }
 
     #[test]

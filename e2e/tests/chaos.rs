@@ -2,8 +2,9 @@
 //! under injected API faults (410 Gone on watches among them), two operators
 //! with leader election SIGKILLed, paused past their lease and aborted right
 //! after status writes, a kube-apiserver restart, bulk evictions and Pod
-//! deletes, on the standard e2e plane in a namespace of its own. Fails on any
-//! duplicate or unapproved execution, lost, stuck or unobserved run, watch
+//! deletes, journaled agent loops killed mid-loop (judged per call), on the
+//! standard e2e plane in a namespace of its own. Fails on any
+//! duplicate or unapproved execution or journaled call, lost, stuck or unobserved run, watch
 //! failure, unexpected Reconcile approval, result finalizer left behind, a
 //! repeated signal refused, too few faults, or no re-plan and no repeat
 //! approval to judge.
@@ -34,6 +35,12 @@ async fn short_chaos_run_has_no_duplicates_lost_or_stuck_runs() {
     // step that had acted was asked about before it acted again.
     assert!(report.verdict.replans >= 1, "{}", report.summary());
     assert!(report.verdict.repeat_approvals >= 1, "{}", report.summary());
+    // The per-call referee judges something: journaled calls made, and
+    // calls settled after a loop was killed during one.
+    assert!(v.calls_executed >= 1, "{}", report.details());
+    assert!(v.calls_settled >= 1, "{}", report.details());
+    assert_eq!(v.call_duplicates, 0, "{}", report.details());
+    assert_eq!(v.calls_lost, 0, "{}", report.details());
     assert_eq!(v.duplicates, 0, "{}", report.summary());
     assert_eq!(v.unapproved, 0, "{}", report.summary());
     assert_eq!(v.lost, 0, "{}", report.summary());

@@ -18,7 +18,8 @@
 //! ```
 //!
 //! One module per peer and per fault: `operators` (the processes), `proxy`
-//! (API faults), `disruptions` (Pod evictions and deletes), `edits` (steps
+//! (API faults), `disruptions` (Pod evictions and deletes), `journaled`
+//! (journaled agent loops, and their Pods killed mid-loop), `edits` (steps
 //! changed during their backoff), `probes` (operator kills while a verify
 //! probe runs), `workload` (the runs, and the faults that live in them),
 //! `approver` (the person), `verdict` (the referee), `report`.
@@ -29,6 +30,8 @@
 mod approver;
 mod disruptions;
 pub mod edits;
+mod finalizers;
+pub mod journaled;
 pub mod operators;
 mod probes;
 pub mod proxy;
@@ -42,11 +45,10 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentrun_operator::api::{AgentRun, Approval};
-use agentrun_operator::labels;
+use agentrun_operator::api::{AgentRun, Approval, StepJournal};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -58,6 +60,7 @@ use crate::support::processes::{OperatorConfig, log_dir, start_simkubelet};
 use crate::support::test_env::TestEnv;
 use disruptions::{Hound, disrupt};
 use edits::Editor;
+use finalizers::{release_finalizers, wait_finalizers_released};
 use operators::Operators;
 use probes::ProbeKiller;
 use proxy::{FaultProxy, ProxyConfig};
@@ -84,6 +87,10 @@ pub struct ChaosConfig {
     /// Runs whose status must hold archived checkpoints at the end (the
     /// workload's long runs, `workload::LONG_STEPS`).
     pub archived_runs_min: u64,
+    /// Journaled calls made, and calls settled after a loop was killed
+    /// during one (`journaled.rs`), the per-call referee must have judged.
+    pub journal_calls_min: u64,
+    pub settled_calls_min: u64,
     /// Longest fault phase; then the faults stop whatever the count.
     pub duration_limit: Duration,
     /// How long runs get to finish once the faults stop.
@@ -130,6 +137,8 @@ impl ChaosConfig {
             failpoint_crashes_min: 5,
             probe_kills_min: 3,
             archived_runs_min: 3,
+            journal_calls_min: 100,
+            settled_calls_min: 3,
             duration_limit: Duration::from_secs(900),
             settle: Duration::from_secs(180),
             seed,
@@ -166,6 +175,8 @@ impl ChaosConfig {
             failpoint_crashes_min: 1,
             probe_kills_min: 1,
             archived_runs_min: 1,
+            journal_calls_min: 1,
+            settled_calls_min: 1,
             duration_limit: Duration::from_secs(120),
             settle: Duration::from_secs(60),
             kill_every: (Duration::from_secs(5), Duration::from_secs(10)),
@@ -198,6 +209,8 @@ struct Shared {
     signals_repeated: Mutex<u64>,
     /// A repeat of a signal (same id and data) the API server refused.
     signal_repeats_refused: Mutex<u64>,
+    /// Journaled loops' Pods killed mid-loop (`journaled::hunt`).
+    journal_kills: Mutex<u64>,
     /// While kube-apiserver restarts (and a little after), watch errors are expected.
     apiserver_unsettled: Mutex<Option<Instant>>,
 }
@@ -291,6 +304,12 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         .map(|i| workload::generate(&mut workload_rng, i))
         .collect();
     let mut created: Vec<String> = Vec::new();
+    let hunter_task = tokio::spawn(journaled::hunt(
+        pods_api.clone(),
+        shared.clone(),
+        plans.clone(),
+        rng.fork(4),
+    ));
     let mut hound = Hound::new(&plans);
     let mut editor = Editor::new(&plans);
 
@@ -330,7 +349,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         let faults = faults_now(
             &proxy,
             &operators,
-            evictions + repeated_evictions + editor.edits,
+            evictions + repeated_evictions + editor.edits + *lock(&shared.journal_kills),
             deletions,
             apiserver_restarts,
         );
@@ -411,13 +430,14 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let fault_phase = start.elapsed();
+    hunter_task.abort();
     proxy.set_enabled(false);
     operators.resume_due(true).await;
     info!(
         faults = faults_now(
             &proxy,
             &operators,
-            evictions + repeated_evictions + editor.edits,
+            evictions + repeated_evictions + editor.edits + *lock(&shared.journal_kills),
             deletions,
             apiserver_restarts,
         ),
@@ -470,6 +490,12 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         .expect("chaos: listing the approvals")
         .items;
     let archived = archived_counts(&client, &ns).await;
+    let journals = Api::<StepJournal>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .expect("chaos: listing the step journals")
+        .items;
+    let declared_calls = journaled::declared(&plans);
     let ledger = Ledger::read(&ledger_path).expect("chaos: reading the ledger");
     let observer = std::mem::take(&mut *lock(&shared.observer));
     let disrupted_keys = lock(&shared.disrupted_keys).clone();
@@ -480,6 +506,8 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         ledger: &ledger,
         observer: &observer,
         disrupted_keys: &disrupted_keys,
+        journals: &journals,
+        declared_calls: &declared_calls,
     });
     let report = Report {
         namespace: ns.clone(),
@@ -490,6 +518,7 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         evictions,
         deletions,
         repeated_evictions,
+        journal_kills: *lock(&shared.journal_kills),
         edits: editor.edits,
         edits_missed: std::mem::take(&mut editor.missed),
         clock_skew: cfg.clock_skew.clone().filter(|_| cfg.operators > 1),
@@ -513,6 +542,8 @@ pub async fn run(cfg: ChaosConfig) -> Report {
         archived_runs: archived.len() as u64,
         archived_checkpoints: archived.iter().sum(),
         archived_runs_min: cfg.archived_runs_min,
+        journal_calls_min: cfg.journal_calls_min,
+        settled_calls_min: cfg.settled_calls_min,
     };
     if report.passed() {
         release_finalizers(&pods_api).await;
@@ -635,47 +666,4 @@ async fn watch_runs(runs: Api<AgentRun>, shared: Arc<Shared>) {
         }
     }
     lock(&shared.observer).watch_ended(jiff::Timestamp::now());
-}
-
-/// Waits until no step Pod holds the result finalizer (every run is finished,
-/// so every result is committed and every finalizer due for release, D5);
-/// returns how many still hold it at the deadline. A Pod list that fails is
-/// an error: nothing was counted. Operators that exit meanwhile come back.
-async fn wait_finalizers_released(
-    pods: &Api<Pod>,
-    operators: &mut Operators,
-    rng: &mut Rng,
-    timeout: Duration,
-) -> Result<usize, String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        operators.tick(rng, false);
-        let held = pods
-            .list(&ListParams::default().labels(labels::RUN))
-            .await
-            .map_err(|e| format!("listing step Pods: {e}"))?
-            .items
-            .iter()
-            .filter(|p| p.finalizers().iter().any(|f| f == labels::RESULT_FINALIZER))
-            .count();
-        if held == 0 || Instant::now() >= deadline {
-            return Ok(held);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// Step Pods hold the result finalizer; release them so the namespace can go.
-async fn release_finalizers(pods: &Api<Pod>) {
-    if let Ok(list) = pods.list(&ListParams::default()).await {
-        for pod in list {
-            let _ = pods
-                .patch(
-                    &pod.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
-                )
-                .await;
-        }
-    }
 }

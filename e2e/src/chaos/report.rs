@@ -22,6 +22,8 @@ pub struct Report {
     pub deletions: u64,
     /// Evictions of the Pods of the steps marked to be evicted again and again.
     pub repeated_evictions: u64,
+    /// Journaled loops' Pods killed mid-loop.
+    pub journal_kills: u64,
     /// Gated steps whose args the driver edited during their retry backoff,
     /// and those it meant to edit but found past their backoff.
     pub edits: u64,
@@ -58,6 +60,10 @@ pub struct Report {
     pub archived_runs: u64,
     pub archived_checkpoints: u64,
     pub archived_runs_min: u64,
+    /// Journaled calls the run must see made, and settled after a loop was
+    /// killed during one: without them the per-call referee judged nothing.
+    pub journal_calls_min: u64,
+    pub settled_calls_min: u64,
 }
 
 impl Report {
@@ -73,13 +79,14 @@ impl Report {
             + self.evictions
             + self.deletions
             + self.repeated_evictions
+            + self.journal_kills
             + self.edits
     }
 
     /// The one summary line.
     pub fn summary(&self) -> String {
         format!(
-            "faults={} runs={} executions={} duplicates={} lost={} stuck={} reconcile_approvals={} paused_leaders={} replans={} repeat_approvals={}",
+            "faults={} runs={} executions={} duplicates={} lost={} stuck={} reconcile_approvals={} paused_leaders={} replans={} repeat_approvals={} calls_executed={} calls_settled={}",
             self.faults(),
             self.verdict.runs,
             self.verdict.executions,
@@ -90,6 +97,8 @@ impl Report {
             self.operators.paused_leaders,
             self.verdict.replans,
             self.verdict.repeat_approvals,
+            self.verdict.calls_executed,
+            self.verdict.calls_settled,
         )
     }
 
@@ -102,7 +111,7 @@ impl Report {
             Err(e) => format!("unknown ({e})"),
         };
         let mut out = format!(
-            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} signals_sent={} (again {}, refused {}) status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nprobes={} (applied {}, not_applied {}) probe_kills={} archived_runs={} (checkpoints {})\nduplicates: after_commit={} after_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={} early_probes={} unlabelled={}",
+            "namespace={} wall={:.0}s fault_phase={:.0}s\nproxy: {}\nkills={} paused_leaders={} takeovers_during_pause={} failpoint_crashes={} (armed starts {}) self_exits={} apiserver_restarts={} evictions={} deletions={} repeated_evictions={} edits_in_backoff={} (missed {}) clock_skew={}\napprovals_answered={} signals_sent={} (again {}, refused {}) status_versions_seen={} watch_errors={} (expected {}) finalizers_held={}\nexecutions={} successful_executions={} phases={:?}\nprobes={} (applied {}, not_applied {}) probe_kills={} archived_runs={} (checkpoints {})\njournaled: loops_killed={} calls_executed={} calls_settled={} (applied {}) call_duplicates={} calls_lost={}\nduplicates: after_commit={} after_success={} overlapping={} blind_reruns={} repeated_effects={}; unapproved={} unobserved={} watch_failures={} reconcile_unexpected={} early_wakes={} early_probes={} unlabelled={}",
             self.namespace,
             self.wall_time.as_secs_f64(),
             self.fault_phase.as_secs_f64(),
@@ -137,6 +146,12 @@ impl Report {
             self.probe_kills,
             self.archived_runs,
             self.archived_checkpoints,
+            self.journal_kills,
+            v.calls_executed,
+            v.calls_settled,
+            v.calls_settled_applied,
+            v.call_duplicates,
+            v.calls_lost,
             v.after_commit,
             v.after_success,
             v.overlapping,
@@ -173,7 +188,7 @@ impl Report {
         }
         if !self.enough_of_each_fault() {
             out.push_str(&format!(
-                "\ntoo few of a kind: paused_leaders={} (min {}), apiserver_restarts={} (min {}), failpoint_crashes={} (min {}), probe_kills={} (min {}), archived_runs={} (min {})",
+                "\ntoo few of a kind: paused_leaders={} (min {}), apiserver_restarts={} (min {}), failpoint_crashes={} (min {}), probe_kills={} (min {}), archived_runs={} (min {}), calls_executed={} (min {}), calls_settled={} (min {})",
                 o.paused_leaders,
                 self.paused_leaders_min,
                 self.apiserver_restarts,
@@ -183,7 +198,11 @@ impl Report {
                 self.probe_kills,
                 self.probe_kills_min,
                 self.archived_runs,
-                self.archived_runs_min
+                self.archived_runs_min,
+                v.calls_executed,
+                self.journal_calls_min,
+                v.calls_settled,
+                self.settled_calls_min,
             ));
         }
         for f in &v.findings {
@@ -221,6 +240,8 @@ impl Report {
             && self.operators.failpoint_crashes >= self.failpoint_crashes_min
             && self.probe_kills >= self.probe_kills_min
             && self.archived_runs >= self.archived_runs_min
+            && self.verdict.calls_executed as u64 >= self.journal_calls_min
+            && self.verdict.calls_settled as u64 >= self.settled_calls_min
     }
 }
 
@@ -261,6 +282,8 @@ mod tests {
             verdict: Verdict {
                 replans: 2,
                 repeat_approvals: 1,
+                calls_executed: 12,
+                calls_settled: 2,
                 ..Verdict::default()
             },
             faults_min: 300,
@@ -272,6 +295,9 @@ mod tests {
             archived_runs: 1,
             archived_checkpoints: 50,
             archived_runs_min: 1,
+            journal_calls_min: 1,
+            settled_calls_min: 1,
+            journal_kills: 0,
         }
     }
 
@@ -281,7 +307,7 @@ mod tests {
         assert!(r.passed(), "{}", r.details());
         assert_eq!(
             r.summary(),
-            "faults=304 runs=0 executions=0 duplicates=0 lost=0 stuck=0 reconcile_approvals=0 paused_leaders=2 replans=2 repeat_approvals=1"
+            "faults=304 runs=0 executions=0 duplicates=0 lost=0 stuck=0 reconcile_approvals=0 paused_leaders=2 replans=2 repeat_approvals=1 calls_executed=12 calls_settled=2"
         );
     }
 
@@ -349,6 +375,8 @@ mod tests {
             |r: &mut Report| r.apiserver_restarts = 0,
             |r: &mut Report| r.operators.failpoint_crashes = 0,
             |r: &mut Report| r.proxy.error_500 = 200,
+            |r: &mut Report| r.verdict.calls_executed = 0,
+            |r: &mut Report| r.verdict.calls_settled = 0,
         ] {
             let mut r = report();
             f(&mut r);

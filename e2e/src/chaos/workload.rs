@@ -29,6 +29,8 @@
 //!                LONG_STEPS quick steps of every effect: past 50 checkpoints the oldest
 //!                are stored in status.archivedSteps, batch by batch, while the faults
 //!                go on (a checkpoint moved into the archive is never run again)
+//!   journal      every fourth run (index 1, 5, …) ends with a journaled agent loop
+//!                (`journaled.rs`): its calls are killed mid-loop and judged per call
 //! ```
 //!
 //! Every step's result is `{"run": <run>, "step": <step>}` on every attempt, so
@@ -36,6 +38,7 @@
 
 use serde_json::{Value, json};
 
+use super::journaled::{self, CallPlan};
 use super::rng::Rng;
 
 /// One step of a generated run.
@@ -76,6 +79,8 @@ pub struct StepPlan {
     /// A verify probe, and how it behaves; the step's attempts then act
     /// halfway through their run, not as they start.
     pub verify: Option<Probe>,
+    /// A journaled agent loop and its calls (`journaled.rs`).
+    pub journal: Option<Vec<CallPlan>>,
 }
 
 /// How a step's verify probe behaves.
@@ -220,6 +225,12 @@ pub fn generate(rng: &mut Rng, index: usize) -> RunPlan {
     if index % 10 == 7 && !graph {
         steps.extend((0..LONG_STEPS).map(long_step));
     }
+    // Every fourth run ends with a journaled loop: by the run's index and
+    // after every draw, like the long runs.
+    if journaled::journals(index) {
+        let last = graph.then(|| steps[steps.len() - 1].name.clone());
+        steps.push(journaled::step(index, last.as_deref()));
+    }
     RunPlan {
         name: format!("c{index:03}"),
         steps,
@@ -244,7 +255,7 @@ fn long_step(j: usize) -> StepPlan {
 impl StepPlan {
     /// A step that succeeds on its first attempt after `run_ms`: no gate, no
     /// fault of its own.
-    fn quick(name: String, effect: &'static str, run_ms: u64) -> StepPlan {
+    pub(super) fn quick(name: String, effect: &'static str, run_ms: u64) -> StepPlan {
         StepPlan {
             name,
             effect,
@@ -264,6 +275,7 @@ impl StepPlan {
             wait_ms: None,
             signal: false,
             verify: None,
+            journal: None,
         }
     }
 }
@@ -398,6 +410,9 @@ pub fn spec(plan: &RunPlan) -> Value {
         .steps
         .iter()
         .map(|s| {
+            if let Some(calls) = &s.journal {
+                return journaled::spec_step(&plan.name, s, calls);
+            }
             if let Some(w) = s.wait_ms {
                 let wait = if s.signal {
                     json!({"signal": {"description": "an event the chaos driver sends"}})
@@ -463,7 +478,8 @@ mod tests {
     #[test]
     fn generated_specs_deserialize_and_stay_in_bounds() {
         for plan in plans(200) {
-            let n = plan.steps.len();
+            // A journaled loop adds one step to every fourth run.
+            let n = plan.steps.len() - plan.steps.iter().filter(|s| s.journal.is_some()).count();
             assert!((3..=8).contains(&n) || (3 + LONG_STEPS..=8 + LONG_STEPS).contains(&n));
             let spec: AgentRunSpec =
                 serde_json::from_value(spec(&plan)).expect("spec deserializes");

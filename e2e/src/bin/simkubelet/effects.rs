@@ -24,6 +24,8 @@ use serde_json::{Value, json};
 #[derive(Debug, Default)]
 pub(crate) struct Effects {
     applied: Mutex<HashSet<String>>,
+    /// Keys of the journaled calls made (docs/journal.md's call keys).
+    calls: Mutex<HashSet<String>>,
 }
 
 impl Effects {
@@ -34,8 +36,10 @@ impl Effects {
             .filter(|f| f.acted == Some(true))
             .map(|f| f.key().to_owned())
             .collect();
+        let calls = ledger.calls().filter_map(|(_, c)| c.key.clone()).collect();
         Self {
             applied: Mutex::new(applied),
+            calls: Mutex::new(calls),
         }
     }
 
@@ -50,10 +54,31 @@ impl Effects {
         }
     }
 
+    /// A journaled call under `call_key` was made.
+    pub(crate) fn record_call(&self, call_key: &str) {
+        self.calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(call_key.to_owned());
+    }
+
     /// The termination message of a probe asking about `key`: `Applied` with
-    /// `result` if an attempt under it acted, else `NotApplied`.
-    pub(crate) fn answer(&self, key: Option<&str>, result: &Value) -> String {
-        let applied = key.is_some_and(|k| self.applied().contains(k));
+    /// `result` if an attempt under it acted, else `NotApplied`. A probe
+    /// asked about one journaled call (`call_key`) answers about that call.
+    pub(crate) fn answer(
+        &self,
+        key: Option<&str>,
+        call_key: Option<&str>,
+        result: &Value,
+    ) -> String {
+        let applied = match call_key {
+            Some(c) => self
+                .calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(c),
+            None => key.is_some_and(|k| self.applied().contains(k)),
+        };
         if applied {
             json!({"effect": "Applied", "result": result}).to_string()
         } else {
@@ -78,14 +103,44 @@ mod tests {
         let result = json!({"paid": 1});
         effects.record(Some("k1"), false);
         assert_eq!(
-            effects.answer(Some("k1"), &result),
+            effects.answer(Some("k1"), None, &result),
             r#"{"effect":"NotApplied","result":{}}"#
         );
         effects.record(Some("k1"), true);
-        let applied: Value = serde_json::from_str(&effects.answer(Some("k1"), &result)).unwrap();
+        let applied: Value =
+            serde_json::from_str(&effects.answer(Some("k1"), None, &result)).unwrap();
         assert_eq!(applied, json!({"effect": "Applied", "result": {"paid": 1}}));
-        assert!(effects.answer(Some("k2"), &result).contains("NotApplied"));
-        assert!(effects.answer(None, &result).contains("NotApplied"));
+        assert!(
+            effects
+                .answer(Some("k2"), None, &result)
+                .contains("NotApplied")
+        );
+        assert!(effects.answer(None, None, &result).contains("NotApplied"));
+    }
+
+    #[test]
+    fn a_probe_asked_about_a_journaled_call_answers_from_the_calls_made() {
+        let effects = Effects::default();
+        let r = json!({"call": "call_1"});
+        // The step's own key acted, but the call asked about was not made.
+        effects.record(Some("k1"), true);
+        assert!(
+            effects
+                .answer(Some("k1"), Some("c1"), &r)
+                .contains("NotApplied")
+        );
+        effects.record_call("c1");
+        let applied: Value =
+            serde_json::from_str(&effects.answer(Some("k1"), Some("c1"), &r)).unwrap();
+        assert_eq!(
+            applied,
+            json!({"effect": "Applied", "result": {"call": "call_1"}})
+        );
+        assert!(
+            effects
+                .answer(Some("k1"), Some("c2"), &r)
+                .contains("NotApplied")
+        );
     }
 
     #[test]
@@ -107,10 +162,17 @@ mod tests {
             "\n",
             r#"{"event":"finished","pod":"p2","namespace":"n","uid":"u2","run":"r","step":"t","idempotencyKey":"k2","attempt":1,"role":"step","startedAt":"2026-01-01T00:00:00Z","exitCode":137,"outcome":"Killed","finishedAt":"2026-01-01T00:00:01Z","acted":false}"#,
             "\n",
+            r#"{"event":"callExecuted","pod":"p3","namespace":"n","uid":"u3","run":"r","step":"j","idempotencyKey":"k3","attempt":1,"role":"step","startedAt":"2026-01-01T00:00:00Z","call":{"seq":1,"id":"call_1","kind":"Tool","key":"c1","at":"2026-01-01T00:00:01Z"}}"#,
+            "\n",
         );
         let effects = Effects::from_ledger(&Ledger::parse(text).unwrap());
+        assert!(
+            effects
+                .answer(Some("k3"), Some("c1"), &json!({}))
+                .contains("\"Applied\"")
+        );
         let r = json!({});
-        assert!(effects.answer(Some("k1"), &r).contains("\"Applied\""));
-        assert!(effects.answer(Some("k2"), &r).contains("NotApplied"));
+        assert!(effects.answer(Some("k1"), None, &r).contains("\"Applied\""));
+        assert!(effects.answer(Some("k2"), None, &r).contains("NotApplied"));
     }
 }

@@ -13,6 +13,7 @@ use kube::ResourceExt;
 
 use crate::argo::{ArgoTask, step_container};
 use crate::effects;
+use crate::journal_store::JournalId;
 use crate::sim_step::{Behaviour, SimStep};
 use crate::{SIGKILL_EXIT, SIM_STEP};
 
@@ -36,6 +37,10 @@ pub(crate) struct PodFacts {
     /// The task result this Pod's Argo `wait` sidecar writes (`--argo-task-results`).
     pub(crate) argo: Option<ArgoTask>,
     pub(crate) behaviour: std::result::Result<Behaviour, String>,
+    /// A journaled step's journal (env `AGENTRUN_JOURNAL` and the rest).
+    pub(crate) journal: Option<JournalId>,
+    /// A verify probe asked about one journaled call: its key (`AGENTRUN_CALL_KEY`).
+    pub(crate) call_key: Option<String>,
 }
 
 impl PodFacts {
@@ -89,6 +94,29 @@ impl PodFacts {
         .and_then(|s| s.for_run(labels.get(labels::RUN).map(String::as_str)))
         .and_then(|s| s.for_attempt(attempt.unwrap_or(1)))
         .map(|s| s.behaviour(default_run));
+        let journal = env_value(labels::env::JOURNAL)
+            .flatten()
+            .map(|prefix| JournalId {
+                prefix,
+                run: labels.get(labels::RUN).cloned().unwrap_or_default(),
+                run_uid: env_value(labels::env::RUN_UID)
+                    .flatten()
+                    .unwrap_or_default(),
+                step: labels.get(labels::STEP).cloned().unwrap_or_default(),
+                plan_revision: env_value(labels::env::PLAN_REVISION)
+                    .flatten()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(1),
+                attempt: attempt.unwrap_or(1) as i32,
+                step_key: idempotency_key.clone().unwrap_or_default(),
+            });
+        let behaviour = behaviour.and_then(|b| match (&b.journal, &journal) {
+            (Some(_), None) => Err(format!(
+                "{SIM_STEP}.journal needs a journaled step (env {})",
+                labels::env::JOURNAL
+            )),
+            _ => Ok(b),
+        });
         Self {
             name: pod.name_any(),
             namespace: pod.namespace().unwrap_or_default(),
@@ -104,6 +132,8 @@ impl PodFacts {
             init_containers,
             argo,
             behaviour,
+            journal,
+            call_key: env_value(labels::env::CALL_KEY).flatten(),
         }
     }
 
@@ -137,6 +167,7 @@ impl PodFacts {
             finished_at: None,
             reported_effect: None,
             acted: None,
+            call: None,
         }
     }
 }

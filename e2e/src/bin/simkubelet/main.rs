@@ -26,6 +26,8 @@
 mod argo;
 mod effects;
 mod facts;
+mod journal;
+mod journal_store;
 mod pod;
 mod sim_step;
 mod status;

@@ -2,6 +2,7 @@
 //! drives it from Pending to terminated, writing its status and the ledger.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use agentrun_e2e::ledger::Outcome;
@@ -17,6 +18,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::argo::{ArgoTask, TaskResultWriter};
 use crate::facts::{Ending, PodFacts};
+use crate::journal;
 use crate::sim_step::{Behaviour, reported_effect, truncate_message};
 use crate::status::{running_status, terminated_status};
 use crate::{BAD_SIM_STEP_EXIT, Context, FIELD_MANAGER, SIGKILL_EXIT};
@@ -122,6 +124,7 @@ pub(crate) async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<b
                 message: truncate_message(format!("simkubelet: {problem}")),
                 act_at: Duration::ZERO,
                 probe: None,
+                journal: None,
             }
         }
     };
@@ -169,14 +172,41 @@ pub(crate) async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<b
         std::time::Duration::try_from(ends.duration_since(Timestamp::now()))
             .unwrap_or(Duration::ZERO)
     });
-    let ending = match wait(&mut rx, run_for).await {
+    // A journaled loop runs until its last call, and stops where it stands
+    // when the Pod is being deleted (the loop's future is dropped).
+    let calls_made = AtomicU32::new(0);
+    let mut loop_failed = None;
+    let wake = match (&behaviour.journal, &facts.journal) {
+        (Some(sim), Some(id)) => tokio::select! {
+            ran = journal::run(&ctx, &facts, id, sim, &calls_made) => {
+                match ran {
+                    Ok(ran) => info!(pod = %facts.name, made = calls_made.load(Ordering::SeqCst),
+                        replayed = ran.replayed, "journaled loop done"),
+                    Err(e) => {
+                        warn!(pod = %facts.name, error = %e, "journaled loop stopped");
+                        loop_failed = Some(e.to_string());
+                    }
+                }
+                Wake::Elapsed
+            }
+            wake = wait(&mut rx, None) => wake,
+        },
+        _ => wait(&mut rx, run_for).await,
+    };
+    // A journaled attempt acted if it made a call; any other as `facts.acts` says.
+    let acts = |ran: Duration, said_not_applied: bool| match &behaviour.journal {
+        Some(_) => calls_made.load(Ordering::SeqCst) > 0,
+        None => facts.acts(&behaviour, ran, said_not_applied),
+    };
+    let ending = match wake {
+        Wake::Elapsed if loop_failed.is_some() => Ending::Exited(1),
         Wake::Elapsed => Ending::Exited(behaviour.exit_code),
         Wake::Deleting => Ending::Killed,
         Wake::Gone => {
             // Vanished while running (force-deleted): the process died with it.
             info!(pod = %facts.name, namespace = %facts.namespace, "gone while running");
             let now = Timestamp::now();
-            let acted = facts.acts(&behaviour, ran(started_at, now), false);
+            let acted = acts(ran(started_at, now), false);
             ctx.effects.record(facts.idempotency_key.as_deref(), acted);
             ctx.record(
                 &facts
@@ -194,9 +224,15 @@ pub(crate) async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<b
     let finished_at = Timestamp::now();
     let message = match (ending, &behaviour.probe) {
         // A probe reads the effects record as it answers.
-        (Ending::Exited(0), Some(result)) => {
-            Some(ctx.effects.answer(facts.idempotency_key.as_deref(), result))
-        }
+        (Ending::Exited(0), Some(result)) => Some(ctx.effects.answer(
+            facts.idempotency_key.as_deref(),
+            facts.call_key.as_deref(),
+            result,
+        )),
+        // The loop stopped as the SDK stops it: the step fails and says why.
+        (Ending::Exited(_), _) if loop_failed.is_some() => Some(truncate_message(
+            json!({"result": {}, "error": loop_failed}).to_string(),
+        )),
         (Ending::Exited(_), _) => Some(behaviour.message.clone()),
         (Ending::Killed, _) => None,
     };
@@ -204,7 +240,7 @@ pub(crate) async fn drive(ctx: Arc<Context>, pod: Pod, mut rx: watch::Receiver<b
     let reported = message.as_deref().and_then(reported_effect);
     // The effect happened (or not) before anyone can see the attempt ended.
     let said_not_applied = reported == Some(EffectOutcome::NotApplied);
-    let acted = facts.acts(&behaviour, ran(started_at, finished_at), said_not_applied);
+    let acted = acts(ran(started_at, finished_at), said_not_applied);
     ctx.effects.record(facts.idempotency_key.as_deref(), acted);
     let status = terminated_status(&facts, Some(started_at), finished_at, ending, message);
     let written = pods.write(&mut rx, status).await;

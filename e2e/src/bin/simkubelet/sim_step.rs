@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use crate::journal::JournalSim;
 use crate::{MAX_TERMINATION_MESSAGE, SIM_STEP};
 
 /// What the step does, from `SIM_STEP` (camelCase JSON). Unknown fields are an error so a
@@ -34,6 +35,9 @@ pub(crate) struct SimStep {
     /// the Pod's idempotency key acted (the effects record), with this
     /// `result` when one did.
     probe: Option<Probe>,
+    /// A journaled agent loop (journal.rs): its calls, made before the step
+    /// exits (in place of `runMs`). The Pod must carry `AGENTRUN_JOURNAL`.
+    journal: Option<JournalSim>,
     /// Per-attempt behaviour: attempt N uses entry N-1, the last entry repeats.
     attempts: Option<Vec<SimStep>>,
     /// Per-run behaviour: the entry for the Pod's run (label `agentrun.dev/run`)
@@ -62,6 +66,8 @@ pub(crate) struct Behaviour {
     pub(crate) act_at: Duration,
     /// A probe: the result it reports for an applied effect.
     pub(crate) probe: Option<Value>,
+    /// A journaled loop, run in place of `run`.
+    pub(crate) journal: Option<JournalSim>,
 }
 
 impl SimStep {
@@ -112,6 +118,7 @@ impl SimStep {
             message: truncate_message(self.message()),
             act_at: Duration::from_millis(self.act_at_ms.unwrap_or(0)),
             probe: self.probe.as_ref().map(|p| p.result.clone()),
+            journal: self.journal.clone(),
         }
     }
 

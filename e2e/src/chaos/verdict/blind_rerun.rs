@@ -16,7 +16,9 @@ pub(super) fn check(f: &Facts<'_>) -> Vec<Breach> {
         let Some(first) = xs.first().map(|&i| &f.executions[i]) else {
             continue;
         };
+        // A journaled step's attempts replay; its calls are judged one by one.
         if !first.is_step()
+            || f.journaled(first.run, first.step)
             || f.effect(first.run, first.step)
                 .unwrap_or(Effect::NonIdempotent)
                 != Effect::NonIdempotent

@@ -137,6 +137,8 @@ mod tests {
             ledger: &ledger,
             observer: &observer,
             disrupted_keys: &BTreeSet::new(),
+            journals: &[],
+            declared_calls: &Default::default(),
         };
         check(&Facts::new(&e))
     }

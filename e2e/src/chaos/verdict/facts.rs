@@ -9,7 +9,7 @@
 //!   final runs ──▶ effect of (run, step)       Approvals ──▶ Retry decisions, approved repeats
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use agentrun_operator::api::{
     Approval, ApprovalKind, ApprovalPhase, Decision, Effect, EffectOutcome,
@@ -145,6 +145,8 @@ pub(super) struct Facts<'a> {
     pub by_step: BTreeMap<(&'a str, &'a str), Vec<usize>>,
     effects: BTreeMap<(&'a str, &'a str), Effect>,
     timeouts: BTreeMap<(&'a str, &'a str), SignedDuration>,
+    /// Steps that journal their calls (`journal: {}`).
+    journaled: BTreeSet<(&'a str, &'a str)>,
 }
 
 impl<'a> Facts<'a> {
@@ -195,6 +197,7 @@ impl<'a> Facts<'a> {
         }
         let mut effects = BTreeMap::new();
         let mut timeouts = BTreeMap::new();
+        let mut journaled = BTreeSet::new();
         for run in e.final_runs {
             let name = run.metadata.name.as_deref().unwrap_or("");
             let planned = run
@@ -205,6 +208,9 @@ impl<'a> Facts<'a> {
                 .unwrap_or_default();
             for s in run.spec.steps.iter().chain(planned) {
                 effects.insert((name, s.name.as_str()), s.effect);
+                if s.journal.is_some() {
+                    journaled.insert((name, s.name.as_str()));
+                }
                 if let Some(t) = s.timeout.as_ref().and_then(|t| t.parse().ok()) {
                     timeouts.insert((name, s.name.as_str()), t);
                 }
@@ -218,7 +224,15 @@ impl<'a> Facts<'a> {
             by_step,
             effects,
             timeouts,
+            journaled,
         }
+    }
+
+    /// Whether step `step` of run `run` journals its calls: its effects are
+    /// its calls, judged one by one (`journal_calls`), and a new attempt
+    /// after a lost one replays instead of acting again.
+    pub fn journaled(&self, run: &str, step: &str) -> bool {
+        self.journaled.contains(&(run, step))
     }
 
     /// The execution ran past its step's `timeout` (or never ended). The

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use agentrun_operator::api::{
     AgentRun, AgentRunStatus, Approval, CheckpointState, Effect, RunPhase, StepCheckpoint,
-    StepPhase,
+    StepJournal, StepPhase,
 };
 use agentrun_operator::labels;
 use jiff::Timestamp;
@@ -99,6 +99,7 @@ pub fn started(uid: &str, key: &str, start: &str) -> LedgerEntry {
         finished_at: None,
         reported_effect: None,
         acted: None,
+        call: None,
     }
 }
 
@@ -245,8 +246,31 @@ pub fn judge_disrupted(
     ledger: Vec<LedgerEntry>,
     disrupted: &[&str],
 ) -> Verdict {
+    judge_journaled(observer, finals, approvals, ledger, disrupted, &[], &[])
+}
+
+/// The verdict with the step journals at the end and the calls each
+/// journaled step declares.
+pub fn judge_journaled(
+    observer: &Observer,
+    finals: &[AgentRun],
+    approvals: &[Approval],
+    ledger: Vec<LedgerEntry>,
+    disrupted: &[&str],
+    journals: &[StepJournal],
+    declared: &[(&str, &str, &[&str])],
+) -> Verdict {
     let ledger = Ledger { entries: ledger };
     let disrupted: BTreeSet<String> = disrupted.iter().map(|k| (*k).to_owned()).collect();
+    let declared = declared
+        .iter()
+        .map(|(run, step, calls)| {
+            (
+                ((*run).to_owned(), (*step).to_owned()),
+                calls.iter().map(|c| (*c).to_owned()).collect(),
+            )
+        })
+        .collect();
     verdict(&Evidence {
         created: &["r".to_owned()],
         final_runs: finals,
@@ -254,6 +278,8 @@ pub fn judge_disrupted(
         ledger: &ledger,
         observer,
         disrupted_keys: &disrupted,
+        journals,
+        declared_calls: &declared,
     })
 }
 

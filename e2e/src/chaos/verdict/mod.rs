@@ -24,10 +24,16 @@
 //! | a Reconcile question no injected fault explains (D6) | `reconcile_unexpected` | unexpected |
 //! | a step after a wait step started before the wait's `wakeAt` (D10) | `early_wake` | early |
 //! | a verify probe started while an execution of its key was live (D2) | `early_probe` | early probes |
+//! | a journaled call made again, unless settled `NotApplied` (a tool) or never answered (a model) (D19) | `journal_calls` | duplicate |
+//! | a journaled call's answer or `Applied` settlement no making stands behind, or a succeeded step's declared call missing from its journal (D19) | `journal_calls` | lost runs |
 //! | a step execution whose Pod lacks the run or step label | (here) | unlabelled |
 //!
 //! The first five judge executions: one execution counts once as a duplicate
-//! however many of them name it, and each rule's own count is kept. The unit
+//! however many of them name it, and each rule's own count is kept. A
+//! journaled step (`journal: {}`) is re-run after a lost attempt by design
+//! — its new attempt replays what its journal recorded — so `blind_rerun`
+//! and `repeated_effect` leave it to `journal_calls`, which counts its
+//! effects, the calls, one by one. The unit
 //! the contract protects is the step's effect, (run, step name), across plan
 //! revisions and keys: the per-key rules catch a key run twice, and
 //! `repeated_effect` catches a step run again under a new key. A verify
@@ -47,6 +53,7 @@ mod blind_rerun;
 mod early_probe;
 mod early_wake;
 mod facts;
+mod journal_calls;
 mod lost;
 mod observer;
 mod overlapping;
@@ -61,7 +68,7 @@ mod fixtures;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use agentrun_operator::api::{AgentRun, Approval};
+use agentrun_operator::api::{AgentRun, Approval, StepJournal};
 
 use crate::ledger::Ledger;
 use facts::Facts;
@@ -78,6 +85,10 @@ pub struct Evidence<'a> {
     pub observer: &'a Observer,
     /// Idempotency keys of Pods the driver evicted or deleted.
     pub disrupted_keys: &'a BTreeSet<String>,
+    /// Every StepJournal chunk, as listed after the settle phase.
+    pub journals: &'a [StepJournal],
+    /// The call ids each journaled step declares, by (run, step).
+    pub declared_calls: &'a BTreeMap<(String, String), Vec<String>>,
 }
 
 /// The judgement.
@@ -113,6 +124,13 @@ pub struct Verdict {
     pub probes_not_applied: usize,
     /// Step executions whose Pod lacked the run or step label.
     pub unlabelled: usize,
+    /// Journaled calls made (the ledger), settled after a lost attempt (of
+    /// them `Applied`), made again without leave, and lost.
+    pub calls_executed: usize,
+    pub calls_settled: usize,
+    pub calls_settled_applied: usize,
+    pub call_duplicates: usize,
+    pub calls_lost: usize,
     /// Runs that re-planned (final plan revision past 1), and Approvals that
     /// asked to let a step act again (`spec.context.repeats`): what the
     /// repeated-effect rule has to judge. A run with none of either proves
@@ -207,6 +225,14 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
             reasons.join("; ")
         ));
     }
+    let calls = journal_calls::check(&f);
+    v.calls_executed = calls.executed;
+    v.calls_settled = calls.settled;
+    v.calls_settled_applied = calls.settled_applied;
+    v.call_duplicates = calls.duplicates.len();
+    v.duplicates += calls.duplicates.len();
+    v.findings.extend(calls.duplicates);
+    v.calls_lost = calls.lost.len();
 
     for x in f.executions.iter().filter(|x| x.unlabelled()) {
         v.unlabelled += 1;
@@ -220,7 +246,8 @@ pub fn verdict(e: &Evidence<'_>) -> Verdict {
     v.unapproved = unapproved.len();
     v.findings.extend(unapproved);
 
-    let lost = lost::check(&f);
+    let mut lost = lost::check(&f);
+    lost.extend(calls.lost);
     v.lost = lost
         .iter()
         .map(|(run, _)| run)

@@ -117,11 +117,30 @@ impl Observer {
             phase,
         };
         let mut current: BTreeMap<String, Value> = BTreeMap::new();
+        // A journaled step's probe answers one call at a time (D19): each
+        // answer is committed into the journal's settlements, and the
+        // checkpoint asks about the next call as its next attempt. Its
+        // answers are judged per attempt; an answer gives way only to a new
+        // question (the same attempt reset to ask, or a later one).
+        let journaled = |step: &str| {
+            run.spec
+                .steps
+                .iter()
+                .any(|s| s.name == step && s.journal.is_some())
+        };
+        let mut questions: BTreeMap<String, (i32, bool)> = BTreeMap::new();
         for c in &status.steps {
             if c.checkpoint != CheckpointState::Committed {
                 continue;
             }
-            let id = format!("step {:?}/{}/r{}", c.role, c.name, c.plan_revision);
+            let mut id = format!("step {:?}/{}/r{}", c.role, c.name, c.plan_revision);
+            if c.role == StepRole::Verify && journaled(&c.name) {
+                questions.insert(id.clone(), (c.attempt, c.phase.is_terminal()));
+                if !c.phase.is_terminal() {
+                    continue;
+                }
+                id = format!("{id} a{}", c.attempt);
+            }
             current.insert(
                 id,
                 json!({"phase": c.phase, "key": c.idempotency_key, "attempt": c.attempt,
@@ -148,8 +167,18 @@ impl Observer {
                 .entry(c.idempotency_key.clone())
                 .or_insert(commit(c.phase));
         }
+        let asked_again = |id: &str| {
+            let Some((question, answered)) = id.rsplit_once(" a") else {
+                return false;
+            };
+            let answered: i32 = answered.parse().unwrap_or(i32::MAX);
+            questions.get(question).is_some_and(|&(attempt, terminal)| {
+                attempt > answered || (attempt == answered && !terminal)
+            })
+        };
         for (id, before) in &seen.committed {
             match current.get(id) {
+                None if asked_again(id) => {}
                 None => self.violations.push((
                     name.clone(),
                     format!("committed checkpoint {id} disappeared at resourceVersion {rv} (was {before})"),
@@ -290,6 +319,64 @@ mod tests {
             o.violations,
             [("r".to_owned(), "the run was deleted".to_owned())]
         );
+    }
+
+    #[test]
+    fn a_journaled_steps_probe_may_ask_about_the_next_call_but_never_rewrite_an_answer() {
+        let probe = |attempt: i32, phase: StepPhase, effect: &str| {
+            let mut v = committed("a", "k", "r");
+            v.role = StepRole::Verify;
+            v.attempt = attempt;
+            v.phase = phase;
+            v.result = None;
+            v.effect = serde_json::from_value(json!(effect)).unwrap();
+            v
+        };
+        let journaled = |rv: u64, probe| {
+            let mut r = run("r", rv, vec![probe], RunPhase::Running);
+            r.spec.steps[0].journal = Some(Default::default());
+            r
+        };
+        let t = Timestamp::from_second(20).unwrap();
+        let mut o = Observer::default();
+        o.observe(
+            &journaled(5, probe(1, StepPhase::Succeeded, "NotApplied")),
+            t,
+        );
+        // The next call's question: attempt 1 reset, then attempt 2 answers.
+        o.observe(&journaled(6, probe(1, StepPhase::Pending, "NotApplied")), t);
+        o.observe(&journaled(7, probe(2, StepPhase::Succeeded, "Applied")), t);
+        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        // Attempt 2's answer rewritten in place is a changed checkpoint.
+        o.observe(
+            &journaled(8, probe(2, StepPhase::Succeeded, "NotApplied")),
+            t,
+        );
+        assert_eq!(o.violations.len(), 1, "{:?}", o.violations);
+        assert!(
+            o.violations[0]
+                .1
+                .starts_with("committed checkpoint step Verify/a/r1 a2 changed"),
+            "{:?}",
+            o.violations
+        );
+        // A step that does not journal keeps one probe answer per revision.
+        let mut o = Observer::default();
+        let mut plain = run(
+            "r",
+            5,
+            vec![probe(1, StepPhase::Succeeded, "NotApplied")],
+            RunPhase::Running,
+        );
+        o.observe(&plain, t);
+        plain = run(
+            "r",
+            6,
+            vec![probe(2, StepPhase::Succeeded, "Applied")],
+            RunPhase::Running,
+        );
+        o.observe(&plain, t);
+        assert_eq!(o.violations.len(), 1, "{:?}", o.violations);
     }
 
     #[test]
