@@ -22,8 +22,8 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use tracing::info;
 
+use super::plan::{CallPlan, RunPlan, StepPlan, expected_result};
 use super::rng::Rng;
-use super::workload::{RunPlan, StepPlan, expected_result};
 use super::{Shared, lock};
 
 /// The journaled step's name.
@@ -31,17 +31,6 @@ pub const STEP: &str = "j-agent";
 
 /// How long the step's verify probe runs.
 const PROBE_MS: u64 = 800;
-
-/// One call of a journaled loop.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CallPlan {
-    pub id: String,
-    /// `Model` or `Tool` (a NonIdempotent tool).
-    pub kind: &'static str,
-    /// Slow to act after its intent and to record its answer: a wide
-    /// window for a kill to leave the call open.
-    pub slow: bool,
-}
 
 /// Whether the `index`th run gets a journaled step.
 pub fn journals(index: usize) -> bool {

@@ -33,6 +33,7 @@ pub mod edits;
 mod finalizers;
 pub mod journaled;
 pub mod operators;
+pub mod plan;
 mod probes;
 pub mod proxy;
 mod report;

@@ -27,6 +27,7 @@ mod argo;
 mod effects;
 mod facts;
 mod journal;
+mod journal_calls;
 mod journal_store;
 mod pod;
 mod sim_step;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::journal::JournalSim;
+use crate::journal_calls::JournalSim;
 use crate::{MAX_TERMINATION_MESSAGE, SIM_STEP};
 
 /// What the step does, from `SIM_STEP` (camelCase JSON). Unknown fields are an error so a
