@@ -88,29 +88,15 @@ pub struct Payments {
 impl Payments {
     /// Starts `examples/refund-agent/payments.py`; new refunds stay pending `settle_seconds`.
     pub async fn start(namespace: &str, settle_seconds: f64) -> Payments {
-        let port = std::net::TcpListener::bind((GATEWAY, 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("binding {GATEWAY} (is the node's bridge up? {HOW}): {e}"));
-        let mut cmd = Command::new("python3");
-        cmd.arg(repo_root().join("examples/refund-agent/payments.py"))
-            .arg("--listen")
-            .arg(format!("{GATEWAY}:{port}"))
-            .arg("--settle-seconds")
-            .arg(settle_seconds.to_string());
-        let process = Process::start("payments", cmd, log_dir(namespace).join("payments.log"))
-            .unwrap_or_else(|e| panic!("starting payments.py: {e}"));
-        let p = Payments { process, port };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while p.get("/healthz").await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "payments service did not start\n{}",
-                p.process.log_tail(20)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        p
+        let settle = settle_seconds.to_string();
+        let (process, port) = start_on_gateway(
+            namespace,
+            "payments",
+            "examples/refund-agent/payments.py",
+            &["--settle-seconds", &settle],
+        )
+        .await;
+        Payments { process, port }
     }
 
     /// The URL step Pods use.
@@ -181,13 +167,50 @@ impl Payments {
     }
 
     async fn get(&self, path: &str) -> Result<String, String> {
-        let addr = SocketAddr::new(GATEWAY.parse().expect("an IPv4 address"), self.port);
-        match tokio::time::timeout(Duration::from_secs(5), http_get(addr, path)).await {
-            Ok(Ok((200, body))) => Ok(body),
-            Ok(Ok((code, body))) => Err(format!("HTTP {code}: {body}")),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("no answer within 5 s".into()),
-        }
+        gateway_get(self.port, path).await
+    }
+}
+
+/// Starts `script` (Python, from the repo) listening on the bridge gateway on
+/// a port of its own, with `args`, and waits (up to 20 s) until it answers
+/// `GET /healthz`: a service the node's Pods reach at `GATEWAY`.
+async fn start_on_gateway(
+    namespace: &str,
+    name: &str,
+    script: &str,
+    args: &[&str],
+) -> (Process, u16) {
+    let port = std::net::TcpListener::bind((GATEWAY, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("binding {GATEWAY} (is the node's bridge up? {HOW}): {e}"));
+    let mut cmd = Command::new("python3");
+    cmd.arg(repo_root().join(script))
+        .arg("--listen")
+        .arg(format!("{GATEWAY}:{port}"))
+        .args(args);
+    let process = Process::start(name, cmd, log_dir(namespace).join(format!("{name}.log")))
+        .unwrap_or_else(|e| panic!("starting {script}: {e}"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while gateway_get(port, "/healthz").await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} did not start\n{}",
+            process.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (process, port)
+}
+
+/// `GET path` of a service on the bridge gateway: the body of a 200, else why not.
+async fn gateway_get(port: u16, path: &str) -> Result<String, String> {
+    let addr = SocketAddr::new(GATEWAY.parse().expect("an IPv4 address"), port);
+    match tokio::time::timeout(Duration::from_secs(5), http_get(addr, path)).await {
+        Ok(Ok((200, body))) => Ok(body),
+        Ok(Ok((code, body))) => Err(format!("HTTP {code}: {body}")),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 5 s".into()),
     }
 }
 
@@ -201,28 +224,14 @@ pub struct MockModel {
 impl MockModel {
     /// Starts `examples/mock-model/server.py` with its refund scenario.
     pub async fn start(namespace: &str) -> MockModel {
-        let port = std::net::TcpListener::bind((GATEWAY, 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("binding {GATEWAY} (is the node's bridge up? {HOW}): {e}"));
-        let mut cmd = Command::new("python3");
-        cmd.arg(repo_root().join("examples/mock-model/server.py"))
-            .arg("--listen")
-            .arg(format!("{GATEWAY}:{port}"))
-            .args(["--scenario", "refund"]);
-        let process = Process::start("mock-model", cmd, log_dir(namespace).join("mock-model.log"))
-            .unwrap_or_else(|e| panic!("starting the mock model: {e}"));
-        let m = MockModel { process, port };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while m.get("/healthz").await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the mock model did not start\n{}",
-                m.process.log_tail(20)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        m
+        let (process, port) = start_on_gateway(
+            namespace,
+            "mock-model",
+            "examples/mock-model/server.py",
+            &["--scenario", "refund"],
+        )
+        .await;
+        MockModel { process, port }
     }
 
     /// The base URL step Pods use (`OPENAI_BASE_URL`).
@@ -240,13 +249,7 @@ impl MockModel {
     }
 
     async fn get(&self, path: &str) -> Result<String, String> {
-        let addr = SocketAddr::new(GATEWAY.parse().expect("an IPv4 address"), self.port);
-        match tokio::time::timeout(Duration::from_secs(5), http_get(addr, path)).await {
-            Ok(Ok((200, body))) => Ok(body),
-            Ok(Ok((code, body))) => Err(format!("HTTP {code}: {body}")),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("no answer within 5 s".into()),
-        }
+        gateway_get(self.port, path).await
     }
 }
 

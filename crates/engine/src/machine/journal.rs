@@ -150,6 +150,11 @@ impl<'a> Machine<'_, 'a> {
     /// their tokens (D9), sees a settlement written (and writes it again
     /// until it is), and fails a step whose journal passed its cap.
     pub(super) fn observe_journals(&mut self, plan: &Plan<'_>) {
+        // A run with no journal chunk has nothing to count, settle or cap:
+        // every decision of a run without journaled steps stops here.
+        if self.view.journals.is_empty() {
+            return;
+        }
         let budgeted = self
             .view
             .run
