@@ -1,35 +1,48 @@
 //! *Journaled calls* (D19): a journaled step's effects are its calls, so
-//! the referee counts per (run, step, call id), from the ledger's
-//! `callExecuted` lines (what was really made) and the journals as the API
-//! server holds them at the end (what was recorded and settled).
+//! the referee counts per call, from the ledger's `callExecuted` lines (what
+//! was really made) and the journals as the API server holds them at the
+//! end (what was recorded and settled). A journal belongs to one (run, step,
+//! plan revision), whose step key the ledger names, so a call is
+//! (run, step, step key, call id); the same call id at another revision is
+//! the same call asked under a new key.
 //!
 //! ```text
 //!   ledger callExecuted ──┐
-//!   StepJournal entries ──┼─▶ per (run, step, call id) ─▶ duplicates, lost calls
-//!   chunks' settlements ──┘
+//!   StepJournal entries ──┼─▶ per (run, step, step key, call id) ─▶ duplicates, lost calls
+//!   chunks' settlements ──┘                  └─ per (run, step, call id) across keys ─▶ duplicates
 //!   declared calls of each journaled step (the workload) + committed checkpoints
 //! ```
 //!
-//! - **duplicate**: a call made again. A NonIdempotent tool call may be made
-//!   again only after its earlier making was settled `NotApplied` for the
-//!   attempt that made it (which a truthful probe never says of a call that
-//!   was made: any repeat is a duplicate); any other call (a model asked)
-//!   only when the attempt that made it never recorded its answer — a
-//!   recorded answer is replayed, never asked again.
+//! - **duplicate** under one key: a call made again. A NonIdempotent tool
+//!   call may be made again only after its earlier making was settled
+//!   `NotApplied` for the attempt that made it (which a truthful probe never
+//!   says of a call that was made: any repeat is a duplicate); any other
+//!   call (a model asked) only when the attempt that made it never recorded
+//!   its answer — a recorded answer is replayed, never asked again.
+//! - **duplicate** under another key (a re-plan gave the step a new key and
+//!   a new journal): a tool call with an effect that an earlier revision
+//!   made, and no settlement says `NotApplied`, needs a person's leave given
+//!   before it is made again, as a step's effect does (`repeated_effect`): a
+//!   `Retry` or an approved repeat for a `NonIdempotent` call, an approved
+//!   repeat for an `Idempotent` one (the new key defeats the tool's dedup).
+//!   A model may be asked again under a new key: the new revision's journal
+//!   starts empty by design (docs/journal.md).
 //! - **lost**: a `Done` entry no making of the call by its attempt stands
 //!   behind (a made-up answer), an `Applied` settlement of a call its
 //!   attempt never made, or a step committed `Succeeded` whose journal lacks
 //!   a call the workload declared, answered (`Done`, or settled `Applied`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use agentrun_operator::api::{
-    CallState, CheckpointState, Effect, EffectOutcome, JournalEntry, StepPhase,
+    CallState, CheckpointState, Effect, EffectOutcome, JournalEntry, StepJournal, StepPhase,
+    StepRole,
 };
+use agentrun_operator::engine::{PodRole, idempotency_key};
 use jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::facts::Facts;
+use super::facts::{Facts, LeaveKind};
 
 /// What the per-call referee found.
 #[derive(Debug, Default)]
@@ -46,12 +59,93 @@ pub(super) struct Calls {
 
 /// One making of a call, from the ledger.
 struct Made<'a> {
+    /// The step key it was made under.
+    key: &'a str,
     attempt: i32,
     at: Timestamp,
     pod: &'a str,
 }
 
+/// (run, step, call id): one call across every revision.
 type CallId<'a> = (&'a str, &'a str, &'a str);
+/// (run, step, step key, call id): one call of one journal.
+type JournalCall<'a> = (&'a str, &'a str, &'a str, &'a str);
+
+/// The step key of chunk `j`'s journal: its revision's checkpoint's key in
+/// the run as it ended, else the key the operator derives for it.
+fn step_key(f: &Facts<'_>, j: &StepJournal) -> String {
+    f.e.final_runs
+        .iter()
+        .filter(|r| {
+            r.name_any() == j.spec.run_name && r.uid().unwrap_or_default() == j.spec.run_uid
+        })
+        .flat_map(|r| r.status.iter().flat_map(|s| s.steps.iter()))
+        .find(|c| {
+            // A verify probe carries its step's key.
+            (c.role.is_step() || c.role == StepRole::Verify)
+                && c.name == j.spec.step
+                && c.plan_revision == j.spec.plan_revision
+        })
+        .map(|c| c.idempotency_key.clone())
+        .unwrap_or_else(|| {
+            idempotency_key(
+                &j.spec.run_uid,
+                PodRole::Step,
+                &j.spec.step,
+                j.spec.plan_revision,
+            )
+        })
+}
+
+/// The journals as the API server holds them at the end, per call.
+struct Journals<'a> {
+    entries: BTreeMap<JournalCall<'a>, Vec<&'a JournalEntry>>,
+    /// Per (run, step, step key, seq, attempt): how the call was settled.
+    settled: BTreeMap<(&'a str, &'a str, &'a str, i64, i32), EffectOutcome>,
+}
+
+impl<'a> Journals<'a> {
+    fn recorded(
+        &self,
+        run: &'a str,
+        step: &'a str,
+        key: &'a str,
+        call: &'a str,
+    ) -> &[&'a JournalEntry] {
+        self.entries
+            .get(&(run, step, key, call))
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    fn settlement(
+        &self,
+        run: &'a str,
+        step: &'a str,
+        key: &'a str,
+        seq: i64,
+        attempt: i32,
+    ) -> Option<EffectOutcome> {
+        self.settled.get(&(run, step, key, seq, attempt)).copied()
+    }
+
+    /// The call's making by `attempt` under `key` was settled `NotApplied`:
+    /// it did not act.
+    fn not_applied(
+        &self,
+        run: &'a str,
+        step: &'a str,
+        call: &'a str,
+        key: &'a str,
+        attempt: i32,
+    ) -> bool {
+        self.recorded(run, step, key, call)
+            .first()
+            .is_some_and(|x| {
+                self.settlement(run, step, key, x.seq, attempt) == Some(EffectOutcome::NotApplied)
+            })
+    }
+}
 
 pub(super) fn check(f: &Facts<'_>) -> Calls {
     let e = f.e;
@@ -65,6 +159,7 @@ pub(super) fn check(f: &Facts<'_>) -> Calls {
             call.id.as_str(),
         );
         made.entry(id).or_default().push(Made {
+            key: line.key(),
             attempt: line.attempt.unwrap_or(0) as i32,
             at: call.at,
             pod: &line.pod,
@@ -73,70 +168,97 @@ pub(super) fn check(f: &Facts<'_>) -> Calls {
     for xs in made.values_mut() {
         xs.sort_by_key(|m| m.at);
     }
-    // Per call: its entries (every revision), and per (seq, attempt) the settlement.
-    let mut entries: BTreeMap<CallId<'_>, Vec<&JournalEntry>> = BTreeMap::new();
-    let mut settled: BTreeMap<(&str, &str, i64, i32), EffectOutcome> = BTreeMap::new();
-    for j in e.journals {
+    // Per call of a journal: its entries, and per (seq, attempt) the settlement.
+    let keys: Vec<String> = e.journals.iter().map(|j| step_key(f, j)).collect();
+    let mut entries: BTreeMap<JournalCall<'_>, Vec<&JournalEntry>> = BTreeMap::new();
+    let mut settled: BTreeMap<(&str, &str, &str, i64, i32), EffectOutcome> = BTreeMap::new();
+    let mut effects: BTreeMap<CallId<'_>, Effect> = BTreeMap::new();
+    for (j, key) in e.journals.iter().zip(&keys) {
         let (run, step) = (j.spec.run_name.as_str(), j.spec.step.as_str());
         for x in &j.spec.entries {
             entries
-                .entry((run, step, x.call_id.as_str()))
+                .entry((run, step, key.as_str(), x.call_id.as_str()))
                 .or_default()
                 .push(x);
+            if let Some(effect) = x.effect {
+                effects.insert((run, step, x.call_id.as_str()), effect);
+            }
         }
         for s in j.status.iter().flat_map(|s| s.settlements.iter()) {
             if s.outcome != EffectOutcome::Unknown {
                 out.settled += 1;
                 out.settled_applied += usize::from(s.outcome == EffectOutcome::Applied);
-                settled.insert((run, step, s.seq, s.attempt), s.outcome);
+                settled.insert((run, step, key.as_str(), s.seq, s.attempt), s.outcome);
             }
         }
     }
-
+    let j = Journals { entries, settled };
     for (&(run, step, call), xs) in &made {
-        let recorded = entries
-            .get(&(run, step, call))
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        let non_idempotent = recorded
-            .iter()
-            .any(|x| x.effect == Some(Effect::NonIdempotent));
-        let seq = recorded.first().map(|x| x.seq);
-        for (p, m) in xs.iter().enumerate().skip(1) {
-            let before = &xs[p - 1];
-            let allowed = if non_idempotent {
-                seq.and_then(|s| settled.get(&(run, step, s, before.attempt)))
-                    == Some(&EffectOutcome::NotApplied)
-            } else {
-                !recorded
-                    .iter()
-                    .any(|x| x.state == CallState::Done && x.attempt == before.attempt)
+        let effect = effects.get(&(run, step, call)).copied();
+        let leaves = f.leaves(run, step);
+        for (p, m) in xs.iter().enumerate() {
+            // Under its own key: against the last making under that key.
+            if let Some(before) = xs[..p].iter().rev().find(|y| y.key == m.key) {
+                let allowed = if effect == Some(Effect::NonIdempotent) {
+                    j.not_applied(run, step, call, before.key, before.attempt)
+                } else {
+                    !j.recorded(run, step, m.key, call)
+                        .iter()
+                        .any(|x| x.state == CallState::Done && x.attempt == before.attempt)
+                };
+                if !allowed {
+                    out.duplicates.push(format!(
+                        "duplicate: run {run} step {step} call {call} made again by pod {} (attempt {}) at {}, after pod {} (attempt {}) made it at {}{}",
+                        m.pod,
+                        m.attempt,
+                        m.at,
+                        before.pod,
+                        before.attempt,
+                        before.at,
+                        if effect == Some(Effect::NonIdempotent) {
+                            " and it was not settled NotApplied"
+                        } else {
+                            " and recorded its answer"
+                        }
+                    ));
+                }
+            }
+            // Under another key: a tool's effect again needs a person's leave.
+            let kinds: &[LeaveKind] = match effect {
+                Some(Effect::NonIdempotent) => &[LeaveKind::Retry, LeaveKind::Repeat],
+                Some(Effect::Idempotent) => &[LeaveKind::Repeat],
+                _ => continue,
             };
-            if !allowed {
+            let acted: BTreeSet<&str> = xs[..p]
+                .iter()
+                .filter(|y| y.key != m.key && !j.not_applied(run, step, call, y.key, y.attempt))
+                .map(|y| y.key)
+                .collect();
+            let allowed = leaves
+                .iter()
+                .filter(|l| kinds.contains(&l.kind) && l.before(m.at))
+                .count();
+            if acted.len() > allowed {
                 out.duplicates.push(format!(
-                    "duplicate: run {run} step {step} call {call} made again by pod {} (attempt {}) at {}, after attempt {} made it at {}{}",
+                    "duplicate: run {run} step {step} call {call} ({effect:?}) made again by pod {} (attempt {}) at {} under a new key, after it was made under {} key(s) ({}) and a person allowed {allowed} repeat(s) before it",
                     m.pod,
                     m.attempt,
                     m.at,
-                    before.attempt,
-                    before.at,
-                    if non_idempotent {
-                        " and it was not settled NotApplied"
-                    } else {
-                        " and recorded its answer"
-                    }
+                    acted.len(),
+                    acted.into_iter().collect::<Vec<_>>().join(", "),
+                    effect = effect.unwrap_or(Effect::None),
                 ));
             }
         }
     }
 
-    let made_by = |run: &str, step: &str, call: &str, attempt: i32| {
+    let made_by = |run: &str, step: &str, key: &str, call: &str, attempt: i32| {
         made.get(&(run, step, call))
-            .is_some_and(|xs| xs.iter().any(|m| m.attempt == attempt))
+            .is_some_and(|xs| xs.iter().any(|m| m.key == key && m.attempt == attempt))
     };
-    for (&(run, step, call), xs) in &entries {
+    for (&(run, step, key, call), xs) in &j.entries {
         for x in xs.iter().filter(|x| x.state == CallState::Done) {
-            if !made_by(run, step, call, x.attempt) {
+            if !made_by(run, step, key, call, x.attempt) {
                 out.lost.push((
                     run.to_owned(),
                     format!(
@@ -147,17 +269,18 @@ pub(super) fn check(f: &Facts<'_>) -> Calls {
             }
         }
     }
-    for (&(run, step, seq, attempt), outcome) in &settled {
+    for (&(run, step, key, seq, attempt), outcome) in &j.settled {
         if *outcome != EffectOutcome::Applied {
             continue;
         }
-        let call = entries
+        let call = j
+            .entries
             .iter()
-            .filter(|((r, s, _), _)| *r == run && *s == step)
+            .filter(|((r, s, k, _), _)| (*r, *s, *k) == (run, step, key))
             .flat_map(|(_, xs)| xs.iter())
             .find(|x| x.seq == seq)
             .map(|x| x.call_id.as_str());
-        if !call.is_some_and(|c| made_by(run, step, c, attempt)) {
+        if !call.is_some_and(|c| made_by(run, step, key, c, attempt)) {
             out.lost.push((
                 run.to_owned(),
                 format!(
@@ -169,7 +292,7 @@ pub(super) fn check(f: &Facts<'_>) -> Calls {
     }
 
     for r in e.final_runs {
-        let run = r.name_any();
+        let run = r.metadata.name.as_deref().unwrap_or("");
         for c in r.status.iter().flat_map(|s| s.steps.iter()) {
             // The step's own checkpoint, not its probe's.
             if !c.role.is_step()
@@ -178,30 +301,22 @@ pub(super) fn check(f: &Facts<'_>) -> Calls {
             {
                 continue;
             }
-            let Some(declared) = e.declared_calls.get(&(run.clone(), c.name.clone())) else {
+            let Some(declared) = e.declared_calls.get(&(run.to_owned(), c.name.clone())) else {
                 continue;
             };
+            let (name, key) = (c.name.as_str(), c.idempotency_key.as_str());
             for call in declared {
-                let answered = entries
-                    .get(&(run.as_str(), c.name.as_str(), call.as_str()))
-                    .is_some_and(|xs| {
-                        xs.iter().any(|x| {
-                            x.state == CallState::Done
-                                || (x.state == CallState::Intent
-                                    && settled.get(&(
-                                        run.as_str(),
-                                        c.name.as_str(),
-                                        x.seq,
-                                        x.attempt,
-                                    )) == Some(&EffectOutcome::Applied))
-                        })
-                    });
+                let answered = j.recorded(run, name, key, call).iter().any(|x| {
+                    x.state == CallState::Done
+                        || (x.state == CallState::Intent
+                            && j.settlement(run, name, key, x.seq, x.attempt)
+                                == Some(EffectOutcome::Applied))
+                });
                 if !answered {
                     out.lost.push((
-                        run.clone(),
+                        run.to_owned(),
                         format!(
-                            "lost: run {run} step {} committed Succeeded but its journal holds no answer to call {call}",
-                            c.name
+                            "lost: run {run} step {name} committed Succeeded but its journal holds no answer to call {call}"
                         ),
                     ));
                 }
@@ -218,8 +333,8 @@ mod tests {
     use crate::ledger::{CallExecution, LedgerEntry, Outcome};
     use crate::support::journal::{chunk, entry};
     use agentrun_operator::api::{
-        AgentRun, CallKind, CallState, EffectOutcome, JournalSpec, RunPhase, Settlement,
-        StepJournal, StepJournalStatus,
+        AgentRun, Approval, CallKind, CallState, EffectOutcome, JournalSpec, RunPhase, Settlement,
+        StepJournal, StepJournalStatus, StepPhase,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -234,7 +349,12 @@ mod tests {
 
     /// Attempt `attempt` of step `a` made call `id` (at `seq`) at second `at`.
     fn made(uid: &str, attempt: u32, seq: i64, id: &str, at: i64) -> LedgerEntry {
-        let mut s = started(uid, "k", "2026-01-01T10:00:00Z");
+        made_under("k", uid, attempt, seq, id, at)
+    }
+
+    /// [`made`], by an attempt under step key `key`.
+    fn made_under(key: &str, uid: &str, attempt: u32, seq: i64, id: &str, at: i64) -> LedgerEntry {
+        let mut s = started(uid, key, "2026-01-01T10:00:00Z");
         s.attempt = Some(attempt);
         s.executed(CallExecution {
             seq,
@@ -467,6 +587,183 @@ mod tests {
             v.findings
                 .iter()
                 .any(|f| f.ends_with("holds no answer to call call_1")),
+            "{:?}",
+            v.findings
+        );
+    }
+
+    /// Run `r` whose journaled step `a` was re-planned: revision 1 (key k1)
+    /// made call_0 and call_1 and was superseded, revision 2 (key k2) ran
+    /// the loop from an empty journal and committed. `settled`: how
+    /// revision 1's call_1 was settled, if it was.
+    fn replanned(settled: Option<EffectOutcome>) -> (AgentRun, Vec<StepJournal>, Vec<LedgerEntry>) {
+        let mut first = committed("a", "k1", "r");
+        first.phase = StepPhase::Superseded;
+        first.result = None;
+        let mut second = committed("a", "k2", "r");
+        second.plan_revision = 2;
+        let mut r = run("r", 5, vec![first, second], RunPhase::Succeeded);
+        r.spec.steps[0].journal = Some(Box::new(JournalSpec::default()));
+        let mut old = chunk(
+            "r-a-t-r1-journal-",
+            0,
+            &r,
+            "a",
+            1,
+            vec![
+                entry(0, CallKind::Model, CallState::Done, "k1", 1),
+                entry(1, CallKind::Tool, CallState::Intent, "k1", 1),
+            ],
+        );
+        old.status = settled.map(|outcome| StepJournalStatus {
+            settlements: vec![Settlement {
+                seq: 1,
+                attempt: 1,
+                outcome,
+                response: None,
+                by: "verify".into(),
+                at: Time(ts("2026-01-01T10:00:15Z")),
+            }],
+        });
+        let kinds = [
+            CallKind::Model,
+            CallKind::Tool,
+            CallKind::Model,
+            CallKind::Tool,
+        ];
+        let mut new = chunk(
+            "r-a-t-r2-journal-",
+            0,
+            &r,
+            "a",
+            1,
+            (0..4)
+                .map(|seq| entry(seq, kinds[seq as usize], CallState::Done, "k2", 1))
+                .collect(),
+        );
+        new.spec.plan_revision = 2;
+        let mut ledger = exec_at(
+            "1",
+            "k1",
+            "2026-01-01T10:00:00Z",
+            Outcome::Killed,
+            "2026-01-01T10:00:10Z",
+        )
+        .to_vec();
+        ledger.extend(exec_at(
+            "2",
+            "k2",
+            "2026-01-01T10:00:40Z",
+            Outcome::Succeeded,
+            "2026-01-01T10:00:50Z",
+        ));
+        ledger.extend([
+            made_under("k1", "1", 1, 0, "call_0", 1),
+            made_under("k1", "1", 1, 1, "call_1", 2),
+        ]);
+        ledger
+            .extend((0..4).map(|seq| made_under("k2", "2", 1, seq, CALLS[seq as usize], 41 + seq)));
+        (r, vec![old, new], ledger)
+    }
+
+    fn judge_replanned(settled: Option<EffectOutcome>, approvals: &[Approval]) -> Verdict {
+        let (r, journals, ledger) = replanned(settled);
+        let mut o = Observer::default();
+        saw_finish(&mut o);
+        judge_journaled(
+            &o,
+            &[r],
+            approvals,
+            ledger,
+            &["k1", "k2"],
+            &journals,
+            &[("r", "a", CALLS)],
+        )
+    }
+
+    #[test]
+    fn a_re_planned_loop_asks_its_model_again_but_repeats_a_tool_only_with_leave() {
+        // Revision 2's journal starts empty: call_0 (a model) asked again
+        // under k2 is no duplicate; call_1, a refund revision 1 may have
+        // made, made again with nobody's leave is.
+        let v = judge_replanned(None, &[]);
+        assert_eq!(v.call_duplicates, 1, "{:?}", v.findings);
+        assert!(
+            v.findings.iter().any(|f| f.starts_with(
+                "duplicate: run r step a call call_1 (NonIdempotent) made again by pod pod-2 (attempt 1)"
+            ) && f.contains("under a new key, after it was made under 1 key(s) (k1) and a person allowed 0 repeat(s)")),
+            "{:?}",
+            v.findings
+        );
+        assert_eq!(v.calls_lost, 0, "{:?}", v.findings);
+        // A person approved the repeat before revision 2 made it.
+        let approved = decided_at(
+            repeating(
+                about(
+                    approval("Approve", Some("Approved"), "Approved", "Reject"),
+                    "r-a-r2",
+                    "k2",
+                ),
+                "k1",
+            ),
+            "2026-01-01T10:00:30Z",
+        );
+        let v = judge_replanned(None, &[approved.clone()]);
+        assert_eq!(v.call_duplicates, 0, "{:?}", v.findings);
+        // ... but not after it.
+        let late = decided_at(approved, "2026-01-01T10:00:45Z");
+        assert_eq!(judge_replanned(None, &[late]).call_duplicates, 1);
+        // Settled NotApplied at revision 1: it never acted, no leave needed.
+        let v = judge_replanned(Some(EffectOutcome::NotApplied), &[]);
+        assert_eq!(v.call_duplicates, 0, "{:?}", v.findings);
+        // Settled Applied: it did act.
+        let v = judge_replanned(Some(EffectOutcome::Applied), &[]);
+        assert_eq!(v.call_duplicates, 1, "{:?}", v.findings);
+    }
+
+    #[test]
+    fn a_journal_is_judged_under_its_own_revisions_key() {
+        let judged = |journals: &[StepJournal], ledger: Vec<LedgerEntry>, r: AgentRun| {
+            let mut o = Observer::default();
+            saw_finish(&mut o);
+            judge_journaled(
+                &o,
+                &[r],
+                &[],
+                ledger,
+                &["k1", "k2"],
+                journals,
+                &[("r", "a", CALLS)],
+            )
+        };
+        // Revision 2 committed with only call_0 answered: revision 1's
+        // call_1, settled Applied, is no answer in revision 2's journal.
+        let (r, mut journals, mut ledger) = replanned(Some(EffectOutcome::Applied));
+        journals[1].spec.entries.truncate(1);
+        ledger.retain(|l| {
+            !l.call
+                .as_ref()
+                .is_some_and(|c| l.key() == "k2" && c.seq > 0)
+        });
+        let v = judged(&journals, ledger, r);
+        assert!(
+            v.findings.iter().any(|f| f
+                == "lost: run r step a committed Succeeded but its journal holds no answer to call call_1"),
+            "{:?}",
+            v.findings
+        );
+        // Revision 2's attempt 1 recorded call_0 Done without making it:
+        // revision 1's attempt 1 making it does not stand behind that.
+        let (r, journals, mut ledger) = replanned(None);
+        ledger.retain(|l| {
+            !l.call
+                .as_ref()
+                .is_some_and(|c| l.key() == "k2" && c.seq == 0)
+        });
+        let v = judged(&journals, ledger, r);
+        assert!(
+            v.findings.iter().any(|f| f
+                == "lost: run r step a call call_0 (seq 0) recorded Done by attempt 1, which the ledger never saw make it"),
             "{:?}",
             v.findings
         );
