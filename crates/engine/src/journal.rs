@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use agentrun_api::{
-    CallKind, CallState, CallTokens, EffectOutcome, JournalEntry, Settlement, StepJournal,
+    CallKind, CallState, CallTokens, Effect, EffectOutcome, JournalEntry, Settlement, StepJournal,
     TokenUsage, entry_bytes,
 };
 
@@ -37,6 +37,9 @@ pub struct Journal {
     /// Settlements recorded in the chunks' status, by seq and the attempt
     /// whose intent each settles.
     pub settled: BTreeMap<(i64, i32), EffectOutcome>,
+    /// A tool call with an effect was answered (`Done`) or its intent was
+    /// settled `Applied`: the step acted, whatever its later calls did.
+    pub applied: bool,
 }
 
 /// A call that may have acted.
@@ -94,6 +97,21 @@ pub fn read(chunks: &[&StepJournal], run_uid: &str, prefix: &str) -> Journal {
             last = Some((e, c.metadata.name.as_deref().unwrap_or_default()));
         }
     }
+    j.applied = by_index
+        .values()
+        .take(j.chunks as usize)
+        .flat_map(|c| c.spec.entries.iter())
+        .any(|e| {
+            e.kind == CallKind::Tool
+                && e.effect != Some(Effect::None)
+                && match e.state {
+                    CallState::Done => true,
+                    CallState::Intent => {
+                        j.settled.get(&(e.seq, e.attempt)) == Some(&EffectOutcome::Applied)
+                    }
+                    CallState::NotApplied => false,
+                }
+        });
     j.open = last.and_then(|(e, chunk)| {
         (e.state == CallState::Intent && !j.settled.contains_key(&(e.seq, e.attempt))).then(|| {
             OpenCall {

@@ -284,12 +284,21 @@ impl<'a> Machine<'_, 'a> {
             .filter(|c| {
                 c.role == StepRole::Step && c.name == *name && c.plan_revision < plan.revision
             })
-            .filter(|c| c.effect.is_some_and(EffectOutcome::acted))
-            .max_by_key(|c| c.plan_revision)
-            .map(|c| RepeatedEffect {
+            .filter_map(|c| {
+                // A journaled step's journal says what it did, too, and
+                // more precisely: a call answered is Applied, not Unknown.
+                let journal = self.journal_effect(&c.name, c.plan_revision);
+                let effect = journal
+                    .filter(|e| *e == EffectOutcome::Applied)
+                    .or(c.effect.filter(|e| e.acted()))
+                    .or(journal)?;
+                Some((c, effect))
+            })
+            .max_by_key(|(c, _)| c.plan_revision)
+            .map(|(c, effect)| RepeatedEffect {
                 idempotency_key: c.idempotency_key.clone(),
                 plan_revision: c.plan_revision,
-                effect: c.effect.unwrap_or(EffectOutcome::Unknown),
+                effect,
             })
     }
 

@@ -52,6 +52,21 @@ impl<'a> Machine<'_, 'a> {
         self.journal(&cp.name, cp.plan_revision).open.is_some()
     }
 
+    /// What a step's journal at revision `rev` says its effect was: a tool
+    /// call with an effect answered or settled `Applied` (Applied), else a
+    /// call that started and was never answered nor settled (Unknown).
+    pub(super) fn journal_effect(&self, step: &str, rev: i64) -> Option<EffectOutcome> {
+        if self.view.journals.is_empty() {
+            return None;
+        }
+        let j = self.journal(step, rev);
+        if j.applied {
+            Some(EffectOutcome::Applied)
+        } else {
+            j.open.map(|_| EffectOutcome::Unknown)
+        }
+    }
+
     /// Before a journaled step's question is asked: note which call may have
     /// acted, so the probe and the person are asked about that call; returns
     /// how to say so.
@@ -106,6 +121,12 @@ impl<'a> Machine<'_, 'a> {
         by: &str,
     ) {
         let now = self.view.now;
+        let (name, rev) = (
+            &self.draft.status.steps[c].name,
+            self.draft.status.steps[c].plan_revision,
+        );
+        // The calls before this one that acted still did.
+        let applied = self.journal(name, rev).applied;
         let cp = &mut self.draft.status.steps[c];
         let Some(call) = cp.journal.as_mut().and_then(|j| j.unknown.as_mut()) else {
             return;
@@ -123,6 +144,7 @@ impl<'a> Machine<'_, 'a> {
         cp.next_attempt_at = None;
         cp.effect = match outcome {
             EffectOutcome::Applied => Some(EffectOutcome::Applied),
+            _ if applied => Some(EffectOutcome::Applied),
             _ => cp.effect.filter(|e| *e == EffectOutcome::Applied),
         };
         cp.message = Some(text.clone());

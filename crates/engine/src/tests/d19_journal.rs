@@ -374,3 +374,106 @@ fn the_journal_an_attempt_reports_at_its_end_counts_when_the_cache_has_not_caugh
     w.settle();
     assert_eq!(w.status().tokens_used, 480);
 }
+
+/// quote (a read, true for 3 s) → refund (journaled, NonIdempotent, no
+/// probe): attempt 1 records `entries`, the last an intent, and is evicted;
+/// a person answers Retry once quote went stale, which settles that call
+/// `NotApplied`, so the run re-plans before attempt 2 would start.
+fn retried_after_stale(entries: Vec<agentrun_api::JournalEntry>) -> World {
+    let mut s = step("refund")
+        .with_effect(Effect::NonIdempotent)
+        .with_retry(2, "5s", "5s");
+    s.journal = Some(Box::new(JournalSpec::default()));
+    let mut w = World::new(AgentRun::test().with_steps([
+        step("quote").with_effect(Effect::None).with_fresh_for("3s"),
+        s,
+    ]));
+    w.settle();
+    w.succeed(
+        "run-quote-85b807-r1-a1",
+        &ok_message(serde_json::json!({"price": 42}), 0),
+    );
+    w.update_pod(&a(1), |p| p.running());
+    w.settle();
+    w.journal("refund", 1, entries);
+    w.update_pod(&a(1), |p| p.evicted(true));
+    w.settle();
+    let name = cp(&w, "refund", 1)
+        .approval
+        .clone()
+        .expect("asked about the call");
+    w.advance(6);
+    assert!(w.decide_approval(&name, Answer::Retry, "alice"));
+    w.settle();
+    w
+}
+
+#[test]
+fn a_call_settled_not_applied_does_not_unsay_the_calls_before_it_that_acted() {
+    // Call 1 (a refund) was answered; call 3 started and was never
+    // answered, and a person says it did not act. The step still acted —
+    // through call 1 — so the re-plan asks before the loop runs afresh
+    // under a new key (and would refund again). Found by the chaos run:
+    // the settlement cleared the step's effect, and revision 2 refunded
+    // twice unasked.
+    let w = retried_after_stale(open_intent());
+    let plan = w.status().plan.unwrap();
+    assert_eq!(plan.revision, 2, "quote went stale: {}", plan.reason);
+    let old = cp(&w, "refund", 1);
+    assert_eq!(
+        (old.phase, old.effect),
+        (StepPhase::Superseded, Some(EffectOutcome::Applied)),
+        "{:?}",
+        old.message
+    );
+    let mut w = w;
+    w.succeed(
+        "run-quote-85b807-r2-a1",
+        &ok_message(serde_json::json!({"price": 42}), 0),
+    );
+    let new = cp(&w, "refund", 2);
+    assert_eq!(
+        new.phase,
+        StepPhase::WaitingForApproval,
+        "{:?}",
+        new.message
+    );
+    assert!(
+        !w.pods.contains_key(&format!("{REFUND}-r2-a1")),
+        "the refund is not made again unasked"
+    );
+    let asked = &w.approvals[new.approval.as_ref().unwrap()];
+    let repeats = asked
+        .spec
+        .context
+        .as_ref()
+        .unwrap()
+        .repeats
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (
+            repeats.plan_revision,
+            repeats.effect,
+            repeats.idempotency_key
+        ),
+        (1, EffectOutcome::Applied, old.idempotency_key)
+    );
+
+    // Only the model had answered: nothing acted, and revision 2 runs the
+    // loop afresh without asking.
+    let mut w = retried_after_stale(vec![
+        journal_entry(0, CallKind::Model, CallState::Done),
+        journal_entry(1, CallKind::Tool, CallState::Intent),
+    ]);
+    assert_eq!(cp(&w, "refund", 1).effect, None);
+    w.succeed(
+        "run-quote-85b807-r2-a1",
+        &ok_message(serde_json::json!({"price": 42}), 0),
+    );
+    assert!(
+        w.pods.contains_key(&format!("{REFUND}-r2-a1")),
+        "{:?}",
+        cp(&w, "refund", 2).message
+    );
+}
