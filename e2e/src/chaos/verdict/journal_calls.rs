@@ -708,7 +708,7 @@ mod tests {
             ),
             "2026-01-01T10:00:30Z",
         );
-        let v = judge_replanned(None, &[approved.clone()]);
+        let v = judge_replanned(None, std::slice::from_ref(&approved));
         assert_eq!(v.call_duplicates, 0, "{:?}", v.findings);
         // ... but not after it.
         let late = decided_at(approved, "2026-01-01T10:00:45Z");
