@@ -24,7 +24,7 @@
 //! | a Reconcile question no injected fault explains (D6) | `reconcile_unexpected` | unexpected |
 //! | a step after a wait step started before the wait's `wakeAt` (D10) | `early_wake` | early |
 //! | a verify probe started while an execution of its key was live (D2) | `early_probe` | early probes |
-//! | a journaled call made again, unless settled `NotApplied` (a tool) or never answered (a model) (D19) | `journal_calls` | duplicate |
+//! | a journaled call made again under its key, unless settled `NotApplied` (a tool) or never answered (a model); a tool call an earlier revision made, made under a new key without a person's leave (D19) | `journal_calls` | duplicate |
 //! | a journaled call's answer or `Applied` settlement no making stands behind, or a succeeded step's declared call missing from its journal (D19) | `journal_calls` | lost runs |
 //! | a step execution whose Pod lacks the run or step label | (here) | unlabelled |
 //!
