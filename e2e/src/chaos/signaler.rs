@@ -24,6 +24,12 @@ fn hash_of(seed: u64, s: &str) -> u64 {
     h.finish()
 }
 
+/// Whether the API server answered the request with a refusal (a 4xx
+/// other than 408 and 429), rather than failing to answer it.
+fn decided(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 408 && s.code != 429)
+}
+
 /// Sends the namespace's open Signals, each twice, until aborted.
 pub(super) async fn send(signals: Api<Signal>, shared: Arc<Shared>, seed: u64) {
     let mut first_seen: BTreeMap<String, Instant> = BTreeMap::new();
@@ -69,6 +75,12 @@ pub(super) async fn send(signals: Api<Signal>, shared: Arc<Shared>, seed: u64) {
                     *lock(&shared.signals_sent) += 1;
                     info!(signal = %name, "sent");
                 }
+                // No answer (the API server restarting, a connection cut) or
+                // one that asks to come back (429, 5xx): nothing was decided,
+                // so it is sent again on the next round, as a sender retries.
+                Err(err) if !decided(&err) => {
+                    warn!(signal = %name, error = %err, "sending failed without an answer; sending again");
+                }
                 // Expired or superseded meanwhile (the run failed): the API
                 // server refuses, rightly. A repeat refused while the Signal
                 // waits or was received is a finding: it must be admitted.
@@ -91,5 +103,28 @@ pub(super) async fn send(signals: Api<Signal>, shared: Arc<Shared>, seed: u64) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decided;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("x", "y")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    /// A repeat counts as refused only when the API server said no: a 5xx,
+    /// a 429 or no answer at all (the API server restarting during the
+    /// chaos run) is sent again, not judged.
+    #[test]
+    fn only_an_answer_of_no_counts_as_a_refusal() {
+        assert!(decided(&api(422)) && decided(&api(403)) && decided(&api(409)));
+        assert!(!decided(&api(500)) && !decided(&api(503)) && !decided(&api(429)));
+        assert!(!decided(&kube::Error::LinesCodecMaxLineLengthExceeded));
     }
 }
