@@ -492,9 +492,11 @@ async fn kubectl_get_apv_shows_run_step_kind_decision_and_expiry() {
 async fn every_sample_applies_with_server_side_dry_run() {
     let env = TestEnv::new("samples_dry_run").await;
     let dir = repo_root().join("config/samples");
-    // The example Approval in docs/examples validates too.
+    // The example Approval in docs/examples validates too, and so do the
+    // samples `make demo` applies.
     let examples = repo_root().join("docs/examples");
-    let mut samples: Vec<PathBuf> = [&dir, &examples]
+    let demo = repo_root().join("e2e/demo-samples");
+    let mut samples: Vec<PathBuf> = [&dir, &examples, &demo]
         .into_iter()
         .flat_map(|d| {
             std::fs::read_dir(d).unwrap_or_else(|e| panic!("reading {}: {e}", d.display()))

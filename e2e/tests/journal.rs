@@ -11,11 +11,14 @@
 //!   namespace user with RBAC on stepjournals ──▶ refused
 //!   a1 evicted, every call answered ──▶ a2, same key, nobody asked
 //!   a1 evicted during a NonIdempotent call ──▶ probe (AGENTRUN_CALL_KEY) ──▶ settlement in status ──▶ a2
+//!   the Python SDK, as a1 with its bound token: a model call recorded, then asked
+//!   again with another prompt ──▶ JournalMismatch naming position 0, nothing recorded
 //! ```
 
 use std::time::Duration;
 
-use agentrun_e2e::support::journal::{JOURNAL_WRITER_ENV, as_pod, chunk, entry};
+use agentrun_e2e::support::env::{kubeconfig, repo_root};
+use agentrun_e2e::support::journal::{JOURNAL_WRITER_ENV, as_pod, chunk, entry, pod_token};
 use agentrun_e2e::support::policies::{
     Policies, assert_refused, kubectl_as, manifest, wait_enforced,
 };
@@ -330,4 +333,125 @@ async fn a_lost_attempt_whose_calls_were_answered_runs_again_and_an_open_call_is
     );
     assert_eq!(status(&done).tokens_used, 680);
     s.finish().await;
+}
+
+/// The Python SDK's loop (sdk/python) as attempt 1 of the run's `refund`
+/// step, with a token bound to its Pod: asks the model `prompt` at
+/// position 0; prints what it got, or the mismatch and exits 3.
+fn python_loop(env: &[(&str, String)], prompt: &str) -> (std::process::ExitStatus, String, String) {
+    const SCRIPT: &str = r#"
+import base64, json, os, sys, tempfile
+from agentrun_step.journal import Journal, JournalMismatch
+if "PLANE_CA_B64" in os.environ:
+    ca = tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False)
+    ca.write(base64.b64decode(os.environ["PLANE_CA_B64"])); ca.close()
+    os.environ["AGENTRUN_JOURNAL_CA_FILE"] = ca.name
+j = Journal.from_env()
+prompt = sys.argv[1]
+ask = lambda req: ({"role": "assistant", "content": "answer to " + prompt}, {"input": 12, "output": 3})
+try:
+    got = j.model({"model": "gpt-test", "messages": [{"role": "user", "content": prompt}]}, ask)
+except JournalMismatch as e:
+    print(json.dumps({"mismatch": str(e), "seq": e.seq})); sys.exit(3)
+print(json.dumps({"answer": got, "new": j.new, "replayed": j.replayed}))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", SCRIPT, prompt])
+        .env("PYTHONPATH", repo_root().join("sdk/python"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("python3 runs (the SDK's tests need it too)");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_python_sdk_refuses_a_changed_prompt_on_retry_and_names_the_position() {
+    let (s, _p) = start("journal-sdk-mismatch").await;
+    let ns = s.namespace().to_owned();
+    s.create_run("refund", refund_run(None)).await;
+    let (run, pod) = s.wait_step_running("refund", "refund", TIMEOUT).await;
+    let uid = run.uid().unwrap();
+    let key = step_checkpoint(&run, "refund").idempotency_key;
+    let token = tempfile_with(&pod_token(&s.env().client(), &ns, &pod).await);
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig()).expect("the plane's kubeconfig");
+    let cluster = kc.clusters[0].cluster.clone().expect("a cluster");
+    // The CA as a file (the kubeconfig names one) or as base64 the script decodes.
+    let ca = match (
+        &cluster.certificate_authority,
+        &cluster.certificate_authority_data,
+    ) {
+        (Some(path), _) => ("AGENTRUN_JOURNAL_CA_FILE", path.clone()),
+        (None, Some(data)) => ("PLANE_CA_B64", data.clone()),
+        (None, None) => panic!("the plane's kubeconfig names no CA"),
+    };
+    let server = cluster.server.clone().expect("a server");
+    let (host, port) = server
+        .strip_prefix("https://")
+        .and_then(|hp| hp.trim_end_matches('/').rsplit_once(':'))
+        .unwrap_or_else(|| panic!("an https://host:port server, got {server}"));
+    let env = [
+        (
+            "KUBERNETES_SERVICE_HOST",
+            host.trim_matches(['[', ']']).to_owned(),
+        ),
+        ("KUBERNETES_SERVICE_PORT", port.to_owned()),
+        (
+            "AGENTRUN_JOURNAL",
+            journal_prefix("refund", &uid, "refund", 1),
+        ),
+        ("AGENTRUN_NAMESPACE", ns.clone()),
+        ("AGENTRUN_RUN", "refund".to_owned()),
+        ("AGENTRUN_RUN_UID", uid.clone()),
+        ("AGENTRUN_STEP", "refund".to_owned()),
+        ("AGENTRUN_PLAN_REVISION", "1".to_owned()),
+        ("AGENTRUN_ATTEMPT", "1".to_owned()),
+        ("AGENTRUN_IDEMPOTENCY_KEY", key),
+        ("AGENTRUN_JOURNAL_TOKEN_FILE", token.display().to_string()),
+        (ca.0, ca.1),
+    ];
+    // The loop asks, and its answer is recorded through the API server.
+    let (status, out, err) = python_loop(&env, "refund order 4711");
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains(r#""new": 1"#), "{out}");
+    // Its container restarts with the same prompt: replayed, not asked.
+    let (status, out, err) = python_loop(&env, "refund order 4711");
+    assert!(status.success(), "{out}{err}");
+    assert!(
+        out.contains(r#""replayed": 1"#) && out.contains(r#""new": 0"#),
+        "{out}"
+    );
+    // ... and with another prompt: refused, naming the position.
+    let (status, out, err) = python_loop(&env, "refund order 4712");
+    assert_eq!(status.code(), Some(3), "{out}{err}");
+    assert!(out.contains(r#""seq": 0"#), "{out}");
+    assert!(out.contains("journal position 0"), "{out}");
+    // The journal holds the first answer, once.
+    let journals: Api<StepJournal> = Api::namespaced(s.env().client(), &ns);
+    let c0 = journals
+        .get(&format!("{}0", journal_prefix("refund", &uid, "refund", 1)))
+        .await
+        .unwrap();
+    assert_eq!(c0.spec.entries.len(), 1);
+    assert!(
+        c0.spec.entries[0]
+            .response
+            .as_deref()
+            .is_some_and(|r| r.contains("answer to refund order 4711")),
+        "{:?}",
+        c0.spec.entries[0].response
+    );
+    s.finish().await;
+}
+
+/// A file holding `text`, kept for the test's life.
+fn tempfile_with(text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("agentrun-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("token-{}", text.len()));
+    std::fs::write(&path, text).unwrap();
+    path
 }

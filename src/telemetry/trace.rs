@@ -5,7 +5,9 @@
 //! ```text
 //!   run  (trace id and span id from the run UID; emitted when the run ends)
 //!    ├─ attempt  step/planner/compactor, one per attempt (span id from UID, step,
-//!    │           revision, attempt = the step Pod's TRACEPARENT parent)
+//!    │   │       revision, attempt = the step Pod's TRACEPARENT parent)
+//!    │   └─ call  each model or tool call the attempt journaled (D19), emitted
+//!    │            with the attempt from the journal the cache holds
 //!    ├─ compensation
 //!    ├─ approval wait
 //!    ├─ re-plan
@@ -30,8 +32,8 @@ use opentelemetry::{Context, KeyValue, global};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracerProvider};
 
 use super::ids;
-use super::transitions::{AttemptOutcome, Transition};
-use crate::api::AgentRun;
+use super::transitions::{self, AttemptOutcome, Transition};
+use crate::api::{AgentRun, CallState, StepJournal};
 use crate::engine::PodRole;
 
 const TRACER: &str = "agentrun-operator";
@@ -131,6 +133,11 @@ impl RunTrace {
     /// The run's root span as a (remote) parent: what every other span of the
     /// run hangs from, whichever process emits it.
     pub fn parent(&self) -> Context {
+        self.child(self.run_span)
+    }
+
+    /// Span `span` of the run as a (remote) parent.
+    fn child(&self, span: SpanId) -> Context {
         let flags = if sampled(self.trace_id) {
             TraceFlags::SAMPLED
         } else {
@@ -138,7 +145,7 @@ impl RunTrace {
         };
         Context::new().with_remote_span_context(SpanContext::new(
             self.trace_id,
-            self.run_span,
+            span,
             flags,
             true,
             TraceState::default(),
@@ -197,8 +204,15 @@ fn run_attributes(run: &AgentRun) -> Vec<KeyValue> {
     ]
 }
 
-/// Emits the spans that the acknowledged write from `old` to `new` ended.
-pub fn record(run: &AgentRun, new: &crate::api::AgentRunStatus, facts: &[Transition]) {
+/// Emits the spans that the acknowledged write from `old` to `new` ended;
+/// `journals` are the run's journal chunks as the cache holds them (each
+/// ended attempt's journaled calls become its children).
+pub fn record(
+    run: &AgentRun,
+    new: &crate::api::AgentRunStatus,
+    facts: &[Transition],
+    journals: &[&StepJournal],
+) {
     let Some(uid) = run.metadata.uid.as_deref() else {
         return;
     };
@@ -226,6 +240,16 @@ pub fn record(run: &AgentRun, new: &crate::api::AgentRunStatus, facts: &[Transit
                     AttemptOutcome::Disrupted => Some("the attempt was disrupted".to_owned()),
                     _ => None,
                 };
+                let id = SpanId::from_bytes(ids::attempt_span_id(
+                    uid,
+                    e.role.label(),
+                    &e.step,
+                    e.plan_revision,
+                    e.attempt,
+                ));
+                if e.role == PodRole::Step {
+                    calls(&t, run, id, e, journals);
+                }
                 emit(
                     &t,
                     Finished {
@@ -234,13 +258,7 @@ pub fn record(run: &AgentRun, new: &crate::api::AgentRunStatus, facts: &[Transit
                         } else {
                             "attempt"
                         },
-                        id: SpanId::from_bytes(ids::attempt_span_id(
-                            uid,
-                            e.role.label(),
-                            &e.step,
-                            e.plan_revision,
-                            e.attempt,
-                        )),
+                        id,
                         parent: Some(t.parent()),
                         start: system(e.started),
                         end: system(e.ended),
@@ -318,6 +336,93 @@ pub fn record(run: &AgentRun, new: &crate::api::AgentRunStatus, facts: &[Transit
     }
 }
 
+/// One span per call attempt `e` journaled, as a child of its span: what
+/// was asked (model or tool, its name and effect), how it ended, its
+/// tokens. Calls the attempt replayed were not made again and get none; a
+/// call the cache has not caught up with when the attempt ends gets none
+/// either (no span is ever emitted twice, one may be missing).
+fn calls(
+    t: &RunTrace,
+    run: &AgentRun,
+    attempt: SpanId,
+    e: &transitions::AttemptEnded,
+    journals: &[&StepJournal],
+) {
+    if journals.is_empty() {
+        return;
+    }
+    let prefix = crate::engine::journal_prefix(
+        run.metadata.name.as_deref().unwrap_or_default(),
+        &t.uid,
+        &e.step,
+        e.plan_revision,
+    );
+    let parent = t.child(attempt);
+    let made = journals
+        .iter()
+        .filter(|j| {
+            j.spec.run_uid == t.uid
+                && j.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .flat_map(|j| j.spec.entries.iter())
+        .filter(|c| c.attempt == e.attempt);
+    for c in made {
+        let start = c.started_at.as_ref().map_or(e.started, |s| s.0);
+        let end = c.finished_at.as_ref().map_or(e.ended, |s| s.0).max(start);
+        let mut attributes = vec![
+            KeyValue::new("agentrun.step", e.step.clone()),
+            KeyValue::new("agentrun.call.seq", c.seq),
+            KeyValue::new("agentrun.call.id", c.call_id.clone()),
+            KeyValue::new("agentrun.call.kind", format!("{:?}", c.kind)),
+            KeyValue::new("agentrun.call.state", format!("{:?}", c.state)),
+        ];
+        if let Some(n) = &c.name {
+            attributes.push(KeyValue::new("agentrun.call.name", n.clone()));
+        }
+        if let Some(effect) = c.effect {
+            attributes.push(KeyValue::new("agentrun.call.effect", format!("{effect:?}")));
+        }
+        if let Some(k) = &c.key {
+            attributes.push(KeyValue::new("agentrun.call.key", k.clone()));
+        }
+        if let Some(tk) = c.tokens {
+            // The OpenTelemetry GenAI conventions' names.
+            attributes.push(KeyValue::new("gen_ai.usage.input_tokens", tk.input));
+            attributes.push(KeyValue::new("gen_ai.usage.output_tokens", tk.output));
+        }
+        let error = match c.state {
+            CallState::Intent => Some("the call started and was never answered".to_owned()),
+            CallState::NotApplied => Some(
+                c.error
+                    .clone()
+                    .unwrap_or_else(|| "the tool did not act".to_owned()),
+            ),
+            CallState::Done => c.error.clone(),
+        };
+        emit(
+            t,
+            Finished {
+                name: "call",
+                id: SpanId::from_bytes(ids::call_span_id(
+                    &t.uid,
+                    &e.step,
+                    e.plan_revision,
+                    c.seq,
+                    e.attempt,
+                )),
+                parent: Some(parent.clone()),
+                start: system(start),
+                end: system(end),
+                attributes,
+                error,
+            },
+        );
+    }
+}
+
 /// A status write of the run, as a child of the run's span.
 pub fn status_write(
     run: &AgentRun,
@@ -382,11 +487,15 @@ mod tests {
         jiff::Timestamp::from_second(1_800_000_000 + s).unwrap()
     }
 
+    /// The tests install the global tracer provider: one at a time.
+    static GLOBAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// The spans carry the derived ids whichever process emits them: an
     /// attempt's span id is the one its Pod's TRACEPARENT names, and every
     /// span hangs from the run's root.
     #[test]
     fn spans_take_the_ids_derived_from_the_run() {
+        let _one = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
         let exporter = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
             .with_id_generator(DerivedIds::default())
@@ -425,7 +534,7 @@ mod tests {
                 ended: at(90),
             },
         ];
-        record(&run, &Default::default(), &facts);
+        record(&run, &Default::default(), &facts, &[]);
         status_write(&run, at(85).into(), at(86).into(), "ok", 2);
         let _ = provider.force_flush();
         let spans = exporter.get_finished_spans().unwrap();
@@ -465,5 +574,133 @@ mod tests {
                 "{n} hangs from the run"
             );
         }
+    }
+
+    /// Each call an attempt journaled is a child of its attempt's span,
+    /// with what was asked and how it ended; calls of another attempt (a
+    /// replay makes none) and of another run are not its.
+    #[test]
+    fn an_attempts_journaled_calls_are_its_children() {
+        use crate::api::{CallKind, CallTokens, Effect, JournalEntry, StepJournalSpec};
+        let _one = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_id_generator(DerivedIds::default())
+            .with_simple_exporter(exporter.clone())
+            .build();
+        global::set_tracer_provider(provider.clone());
+
+        let mut run = AgentRun::new("r", Default::default());
+        run.metadata.uid = Some("uid-1".into());
+        let entry = |seq: i64, kind: CallKind, state: CallState, attempt: i32| JournalEntry {
+            seq,
+            call_id: format!("call_{seq}"),
+            kind,
+            request_digest: "d".into(),
+            effect: (kind == CallKind::Tool).then_some(Effect::NonIdempotent),
+            key: (kind == CallKind::Tool).then(|| format!("key-{seq}")),
+            name: Some(
+                if kind == CallKind::Tool {
+                    "issue_refund"
+                } else {
+                    "gpt"
+                }
+                .into(),
+            ),
+            state,
+            attempt,
+            response: None,
+            error: None,
+            tokens: (kind == CallKind::Model).then_some(CallTokens {
+                input: 300,
+                output: 40,
+                cached: 0,
+            }),
+            started_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(12))),
+            finished_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(13))),
+        };
+        let chunk = |run_uid: &str| {
+            StepJournal::new(
+                &format!(
+                    "{}0",
+                    crate::engine::journal_prefix("r", "uid-1", "refund", 1)
+                ),
+                StepJournalSpec {
+                    run_name: "r".into(),
+                    run_uid: run_uid.into(),
+                    step: "refund".into(),
+                    plan_revision: 1,
+                    chunk: 0,
+                    first_seq: 0,
+                    attempt: 2,
+                    sealed: false,
+                    entries: vec![
+                        entry(0, CallKind::Model, CallState::Done, 1),
+                        entry(1, CallKind::Model, CallState::Done, 2),
+                        entry(2, CallKind::Tool, CallState::Intent, 2),
+                    ],
+                },
+            )
+        };
+        let (ours, theirs) = (chunk("uid-1"), chunk("uid-2"));
+        let facts = [Transition::AttemptEnded(AttemptEnded {
+            role: PodRole::Step,
+            step: "refund".into(),
+            plan_revision: 1,
+            attempt: 2,
+            idempotency_key: "k".into(),
+            pod: None,
+            outcome: AttemptOutcome::Disrupted,
+            effect: None,
+            tokens: 0,
+            started: at(10),
+            ended: at(20),
+        })];
+        record(&run, &Default::default(), &facts, &[&ours, &theirs]);
+        let _ = provider.force_flush();
+        let spans = exporter.get_finished_spans().unwrap();
+        let _ = provider.shutdown();
+
+        let calls: Vec<_> = spans.iter().filter(|s| s.name == "call").collect();
+        assert_eq!(calls.len(), 2, "attempt 2's calls, once each: {calls:#?}");
+        let attempt = ids::attempt_span_id("uid-1", "step", "refund", 1, 2);
+        for c in &calls {
+            assert_eq!(
+                c.parent_span_id.to_bytes(),
+                attempt,
+                "a child of its attempt"
+            );
+            assert_eq!((c.start_time, c.end_time), (at(12).into(), at(13).into()));
+        }
+        let attr = |s: &opentelemetry_sdk::trace::SpanData, k: &str| {
+            s.attributes
+                .iter()
+                .find(|a| a.key.as_str() == k)
+                .map(|a| a.value.to_string())
+        };
+        let model = calls[0];
+        assert_eq!(
+            model.span_context.span_id().to_bytes(),
+            ids::call_span_id("uid-1", "refund", 1, 1, 2)
+        );
+        assert_eq!(
+            attr(model, "gen_ai.usage.input_tokens").as_deref(),
+            Some("300")
+        );
+        assert_eq!(model.status, Status::Unset);
+        let tool = calls[1];
+        assert_eq!(
+            attr(tool, "agentrun.call.name").as_deref(),
+            Some("issue_refund")
+        );
+        assert_eq!(
+            attr(tool, "agentrun.call.effect").as_deref(),
+            Some("NonIdempotent")
+        );
+        assert_eq!(attr(tool, "agentrun.call.key").as_deref(), Some("key-2"));
+        assert_eq!(
+            tool.status,
+            Status::error("the call started and was never answered")
+        );
     }
 }

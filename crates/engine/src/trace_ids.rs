@@ -6,6 +6,7 @@
 //!   trace  = sha256("agentrun.dev/trace\0"   uid)[..16]
 //!   run    = sha256("agentrun.dev/run\0"     uid)[..8]            root span
 //!   attempt= sha256("agentrun.dev/attempt\0" uid role step rev n)[..8]   the Pod's TRACEPARENT parent
+//!   call   = sha256("agentrun.dev/call\0"    uid step rev seq n)[..8]  a journaled call of attempt n
 //!   approval wait, re-plan: the same, with their own tag
 //! ```
 
@@ -56,6 +57,27 @@ pub fn attempt_span_id(
             role,
             step,
             &plan_revision.to_string(),
+            &attempt.to_string(),
+        ],
+    )
+}
+
+/// The journaled call at `seq` of a step's journal at `plan_revision`, as
+/// attempt `attempt` made it (D19).
+pub fn call_span_id(
+    run_uid: &str,
+    step: &str,
+    plan_revision: i64,
+    seq: i64,
+    attempt: i32,
+) -> [u8; 8] {
+    derive(
+        "agentrun.dev/call",
+        &[
+            run_uid,
+            step,
+            &plan_revision.to_string(),
+            &seq.to_string(),
             &attempt.to_string(),
         ],
     )

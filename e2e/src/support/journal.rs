@@ -22,6 +22,12 @@ use crate::support::env::client_with_token;
 /// A client that is step Pod `pod` of namespace `ns`: a token the API
 /// server binds to the Pod (`kubectl create token --bound-object-kind Pod`).
 pub async fn as_pod(client: &Client, ns: &str, pod: &str) -> Client {
+    client_with_token(&pod_token(client, ns, pod).await).await
+}
+
+/// A token of Pod `pod`'s ServiceAccount bound to the Pod (what the API
+/// server projects into a journaled step's Pod), valid ten minutes.
+pub async fn pod_token(client: &Client, ns: &str, pod: &str) -> String {
     let p: Pod = Api::namespaced(client.clone(), ns)
         .get(pod)
         .await
@@ -44,7 +50,7 @@ pub async fn as_pod(client: &Client, ns: &str, pod: &str) -> Client {
         "--duration=10m",
     ])
     .await;
-    client_with_token(out.trim()).await
+    out.trim().to_owned()
 }
 
 /// Chunk `n` of the journal with chunk prefix `prefix`, owned by its run,

@@ -57,7 +57,18 @@ pub(super) async fn write_status(
             let facts = transitions::between(&current_status, &decision.status, ctx.clock.now());
             ctx.metrics.observe(&facts);
             write_span("ok");
-            trace::record(run, &decision.status, &facts);
+            let journals: Vec<_> = if facts
+                .iter()
+                .any(|f| matches!(f, transitions::Transition::AttemptEnded(_)))
+            {
+                ctx.journal_index
+                    .read(&ctx.journals, &target.ns, &target.uid)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let journals: Vec<&crate::api::StepJournal> = journals.iter().map(|j| &**j).collect();
+            trace::record(run, &decision.status, &facts, &journals);
             failpoints::hit("after-status-write");
             if commits_an_outcome(&current_status, &decision.status) {
                 failpoints::hit("after-checkpoint");

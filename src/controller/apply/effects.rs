@@ -101,9 +101,24 @@ pub(super) async fn act(
                 .map_err(|err| target.failed(format!("updating signal {name}"), err))?,
             Action::SettleCall { chunk, settlement } => {
                 let journals: Api<StepJournal> = Api::namespaced(ctx.client.clone(), &target.ns);
-                super::journal::settle(&journals, &chunk, &settlement)
-                    .await
-                    .map_err(|err| target.failed(format!("settling a call in {chunk}"), err))?
+                match super::journal::settle(&journals, &chunk, &settlement).await {
+                    Ok(()) => {}
+                    // Another write moved the chunk: the next decision tries again.
+                    Err(err) if is_status(&err, 409) => {
+                        return Err(target.failed(format!("settling a call in {chunk}"), err));
+                    }
+                    // Refused: the run says so, and it is tried again with
+                    // backoff whatever the code (a policy or RBAC fixed, a
+                    // chunk restored), since the step waits for it (D16).
+                    Err(kube::Error::Api(status)) => refused.push(Refusal {
+                        name: chunk,
+                        cause: RefusalCause::Transient,
+                        message: status.message,
+                    }),
+                    Err(err) => {
+                        return Err(target.failed(format!("settling a call in {chunk}"), err));
+                    }
+                }
             }
             Action::DeleteRun => delete_run(runs, target).await?,
             Action::Event {

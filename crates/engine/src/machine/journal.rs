@@ -223,6 +223,16 @@ impl<'a> Machine<'_, 'a> {
             }
             return;
         }
+        // The API server refused the settlement in this reconcile (a
+        // policy, the operator's RBAC, the chunk gone): the step waits for
+        // it, and the run says why (D16); it is tried again with backoff.
+        if let Some(r) = self.view.refused.iter().find(|r| r.name == call.chunk) {
+            let what = format!(
+                "step {}: the settlement of call {} ({}) as {:?}",
+                self.draft.status.steps[i].name, call.seq, call.call_id, outcome
+            );
+            return self.stall(&what, "StepJournal", r);
+        }
         self.draft.actions.push(Action::SettleCall {
             chunk: call.chunk.clone(),
             settlement: journal::settlement(

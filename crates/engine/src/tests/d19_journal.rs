@@ -477,3 +477,49 @@ fn a_call_settled_not_applied_does_not_unsay_the_calls_before_it_that_acted() {
         cp(&w, "refund", 2).message
     );
 }
+
+#[test]
+fn a_settlement_the_api_server_refuses_stalls_the_run_visibly_until_it_lands() {
+    let mut w = evicted_after(refund(true, true), open_intent());
+    let probe = format!("{REFUND}-r1-v1");
+    w.update_pod(&probe, |p| p.succeeded(r#"{"effect": "NotApplied"}"#));
+    let d = w.decide();
+    w.run.status = Some(d.status);
+    // The settlement write is refused (an admission policy, say).
+    let chunk = "run-refund-d5e7dc-r1-journal-0";
+    w.refused = vec![Refusal {
+        name: chunk.into(),
+        cause: RefusalCause::Transient,
+        message: "ValidatingAdmissionPolicy 'agentrun-journals' denied request".into(),
+    }];
+    let d = w.step();
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::SettleCall { .. })),
+        "not sent again in the same reconcile: {:?}",
+        d.actions
+    );
+    assert!(
+        d.actions.iter().any(|a| matches!(a, Action::Event { type_: EventType::Warning, message, .. }
+            if message.contains("settlement of call 3 (call_3) as NotApplied") && message.contains("denied request"))),
+        "a Warning Event with the API's message: {:?}",
+        d.actions
+    );
+    let (status, _) = condition_of(&w, ConditionType::Stalled);
+    assert_eq!(status, "True");
+    assert!(
+        !w.created.contains(&a(2)),
+        "no attempt before the settlement lands"
+    );
+    // The cause goes away: the settlement lands, the stall clears, attempt 2 runs.
+    w.refused.clear();
+    w.advance(5);
+    w.settle();
+    assert!(
+        w.pods.contains_key(&a(2)),
+        "{:?}",
+        cp(&w, "refund", 1).message
+    );
+    assert_eq!(condition_of(&w, ConditionType::Stalled).0, "False");
+}
