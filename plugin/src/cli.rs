@@ -11,7 +11,7 @@ use crate::commands::console::ConsoleArgs;
 use crate::commands::decide::{DecideArgs, decide, reconcile_answer};
 use crate::commands::steer::set_spec;
 use crate::commands::{
-    Output, confirm, describe, history, list, logs, pending, retry, signal, watch,
+    Output, confirm, describe, history, list, logs, pending, retry, signal, submit, watch,
 };
 
 /// `kubectl agentrun`: inspect, answer and steer AgentRuns.
@@ -105,6 +105,9 @@ pub enum Command {
     /// A new run that starts RUN again from a step, keeping what came before
     /// it (docs/recover.md); --dry-run shows what it would keep, run and ask.
     Retry(retry::RetryArgs),
+    /// A new run from an AgentRunTemplate, with its parameters filled in
+    /// (docs/templates.md); created as you, so it may use only what you may.
+    Submit(submit::SubmitArgs),
     /// A web console on 127.0.0.1, with your own credentials: runs, a
     /// timeline per run, an approvals inbox (docs/console.md).
     Console(ConsoleArgs),
@@ -198,6 +201,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Watch { run } => watch::watch(&client, &ns, &run).await?,
         Command::Retry(args) => retry::retry(&client, &ns, &args).await?,
+        Command::Submit(args) => submit::submit(&client, &ns, &args).await?,
         Command::Signal(args) => signal::signal(&client, &ns, &args).await?,
         Command::History(args) => history::history(&client, &ns, &args).await?,
         Command::Console(args) => {

@@ -70,7 +70,8 @@ pub const DEFAULT_REPLANS: i32 = 10;
     validation = Rule::new("!has(self.planner) || !has(self.planner.wait)").message("spec.planner.wait: a planner runs a container; it cannot wait").field_path(".planner").reason(Reason::FieldValueForbidden),
     // On the spec, not the field: a rule on an optional field does not run
     // when an update adds or removes it.
-    validation = Rule::new("has(self.forkOf) == has(oldSelf.forkOf) && (!has(self.forkOf) || self.forkOf == oldSelf.forkOf)").message("spec.forkOf is immutable: a fork starts from one source, and a run is a fork from its creation or never").field_path(".forkOf").reason(Reason::FieldValueForbidden)
+    validation = Rule::new("has(self.forkOf) == has(oldSelf.forkOf) && (!has(self.forkOf) || self.forkOf == oldSelf.forkOf)").message("spec.forkOf is immutable: a fork starts from one source, and a run is a fork from its creation or never").field_path(".forkOf").reason(Reason::FieldValueForbidden),
+    validation = Rule::new("has(self.template) == has(oldSelf.template) && (!has(self.template) || self.template == oldSelf.template)").message("spec.template is immutable: it records what the run was created from").field_path(".template").reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentRunSpec {
@@ -136,6 +137,12 @@ pub struct AgentRunSpec {
     /// `kubectl agentrun retry`; immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork_of: Option<Box<ForkSource>>,
+
+    /// The template this run was created from, its generation then, and the
+    /// parameters it was given (D21). Written by whoever created the run
+    /// (`kubectl agentrun submit`, a schedule); immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<Box<super::TemplateRef>>,
 
     /// Wall-clock limit for the whole run, counted from its start.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -43,6 +43,9 @@ pub const REQUESTED_BY: &str = "agentrun.dev/requested-by";
 /// annotation names a value that run did not have. Set at creation only: the
 /// chart's validating policy refuses adding or changing it later.
 pub const RERUN: &str = "agentrun.dev/rerun";
+/// Label on a run created from an AgentRunTemplate: the template's name
+/// (`kubectl get ar -l agentrun.dev/template=refund`).
+pub const TEMPLATE: &str = "agentrun.dev/template";
 /// Annotation on a RunRecord: when its run finished (RFC 3339, to the
 /// second, as the record says), what the retention counts from; the pruning
 /// reads metadata only.

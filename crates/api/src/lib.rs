@@ -29,6 +29,8 @@ mod notify;
 mod record;
 mod run_status;
 mod signal;
+mod template;
+mod template_render;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -44,6 +46,8 @@ pub use notify::*;
 pub use record::*;
 pub use run_status::*;
 pub use signal::*;
+pub use template::*;
+pub use template_render::{RenderError, parse_param, render};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -60,6 +64,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Signal::crd(),
         RunRecord::crd(),
         StepJournal::crd(),
+        AgentRunTemplate::guarded_crd(),
     ]
 }
 
@@ -75,6 +80,16 @@ pub fn crds_yaml() -> String {
 /// Free-form JSON kept as written (a step's result).
 fn any_json(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
+}
+
+/// A list of up to 64 JSON values kept as written (a parameter's `enum`).
+fn any_json_list(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 64,
+        "items": {"x-kubernetes-preserve-unknown-fields": true},
+    })
 }
 
 /// A JSON object kept as written (a step's `resultSchema`).

@@ -11,6 +11,7 @@ pub mod pending;
 pub mod retry;
 pub mod signal;
 pub mod steer;
+pub mod submit;
 pub mod watch;
 
 use std::io::{BufRead, IsTerminal, Write};
