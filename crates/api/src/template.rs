@@ -16,8 +16,10 @@
 //! Parameters fill only what cannot change who runs what: a container's
 //! `args` and `env` values, a step's `when` and its approval `question`.
 //! Admission refuses a template that puts one in an image, a ServiceAccount,
-//! a Secret or ConfigMap reference, a priority class or an approval gate
-//! ([`guard_crd`]); the renderer refuses one anywhere else outside those four.
+//! a Secret reference, a priority class or an approval gate ([`guard_crd`]:
+//! the API server prices every rule, and a ConfigMap reference's too would
+//! pass its budget); the renderer refuses one anywhere else outside those
+//! four, ConfigMap references included.
 
 use std::collections::BTreeMap;
 
@@ -37,7 +39,7 @@ pub const MAX_PARAM_NAME: usize = 63;
 /// Bounds the template schema puts on unbounded lists and strings it
 /// guards, so the API server can price the rules (a CEL rule's cost grows
 /// with both).
-const GUARDED_LIST_MAX: i64 = 256;
+const GUARDED_LIST_MAX: i64 = 32;
 const GUARDED_STRING_MAX: i64 = 1024;
 
 /// The refusal of a parameter where it could change who runs what.
@@ -87,11 +89,8 @@ pub struct AgentRunTemplateSpec {
 }
 
 /// One parameter of a template.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(
-    validation = Rule::new("!has(self.default) || !has(self.required) || !self.required").message("a required parameter has no default: whoever starts a run gives it").reason(Reason::FieldValueForbidden),
-)]
 pub struct TemplateParam {
     /// The name `{{ params.<name> }}` refers to.
     #[schemars(
@@ -105,7 +104,7 @@ pub struct TemplateParam {
     #[serde(rename = "enum", default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::any_json_list")]
     pub enum_: Option<Vec<serde_json::Value>>,
-    /// The value when none is given.
+    /// The value when none is given (never for a `required` one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::any_json")]
     pub default: Option<serde_json::Value>,
@@ -177,11 +176,7 @@ fn guarded(path: &[String]) -> bool {
     last == "image"
         || (under("podTemplate") && matches!(last, "serviceAccountName" | "priorityClassName"))
         || (under("imagePullSecrets") && last == "name")
-        || ((under("secretKeyRef")
-            || under("secretRef")
-            || under("configMapKeyRef")
-            || under("configMapRef"))
-            && last == "name")
+        || ((under("secretKeyRef") || under("secretRef")) && last == "name")
         || (under("approval") && last != "question" && last != "timeout")
 }
 

@@ -87,7 +87,10 @@ fn resolve(
     }
     let mut out = BTreeMap::new();
     for p in params {
-        let Some(v) = given.get(&p.name).or(p.default.as_ref()) else {
+        // A required parameter is given by whoever starts the run: its
+        // default, if the template has one, never applies.
+        let fallback = p.default.as_ref().filter(|_| !p.required);
+        let Some(v) = given.get(&p.name).or(fallback) else {
             if p.required {
                 return Err(RenderError::Missing(p.name.clone()));
             }
