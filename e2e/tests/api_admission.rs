@@ -133,6 +133,18 @@ async fn every_admission_rule_refuses_its_invalid_object_with_a_clear_message() 
 /// user who may send it: (the rule's text, the test).
 const PROVEN_ELSEWHERE: &[(&str, &str)] = &[
     (
+        "spec.template is immutable: it records what the run was created from",
+        "templates.rs: a_run_submitted_from_a_template_runs_with_its_parameters",
+    ),
+    (
+        agentrun_operator::api::PARAM_FORBIDDEN,
+        "templates.rs: a_template_that_puts_a_parameter_where_it_changes_who_runs_what_is_refused",
+    ),
+    (
+        "spec.params: parameter names must be unique",
+        "templates.rs: a_template_that_puts_a_parameter_where_it_changes_who_runs_what_is_refused",
+    ),
+    (
         "approval.approvers.users: a user name cannot be blank",
         "approvers.rs: malformed_approver_policies_are_refused_with_clear_messages",
     ),
@@ -182,7 +194,7 @@ const PROVEN_ELSEWHERE: &[(&str, &str)] = &[
     ),
 ];
 
-/// Every CEL rule of the AgentRun and Approval CRDs, as the fixed text its
+/// Every CEL rule of the AgentRun, Approval and AgentRunTemplate CRDs, as the fixed text its
 /// refusal carries: its message, or the longest literal of its
 /// messageExpression.
 fn rule_texts() -> std::collections::BTreeSet<String> {
@@ -216,7 +228,11 @@ fn rule_texts() -> std::collections::BTreeSet<String> {
         }
     }
     let mut out = std::collections::BTreeSet::new();
-    for crd in [AgentRun::crd(), Approval::crd()] {
+    for crd in [
+        AgentRun::crd(),
+        Approval::crd(),
+        agentrun_operator::api::AgentRunTemplate::guarded_crd(),
+    ] {
         walk(
             &serde_json::to_value(crd).expect("the CRD as JSON"),
             &mut out,

@@ -206,6 +206,26 @@ async fn a_template_that_puts_a_parameter_where_it_changes_who_runs_what_is_refu
             out.stderr
         );
     }
+    // Two parameters of one name.
+    let twice = kubectl([
+        "apply",
+        "-f",
+        &template(
+            &ns,
+            "twice",
+            json!([{"name": "x"}, {"name": "x", "type": "integer"}]),
+            json!({"steps": [step(json!({}))]}),
+        ),
+    ])
+    .await;
+    assert!(!twice.success(), "{twice:?}");
+    assert!(
+        twice
+            .stderr
+            .contains("spec.params: parameter names must be unique"),
+        "{}",
+        twice.stderr
+    );
     // The same placeholders in args, env values, when and a question are fine.
     let fine = json!({"steps": [step(json!({
         "when": "{{ params.x }} == 'y'",

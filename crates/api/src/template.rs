@@ -74,7 +74,7 @@ pub const PARAM_FORBIDDEN: &str = "a parameter ({{ params.<name> }}) may not be 
     )
 )]
 #[x_kube(
-    validation = Rule::new("!has(self.params) || self.params.all(p, self.params.exists_one(q, q.name == p.name))").message("spec.params: parameter names must be unique").field_path(".params").reason(Reason::FieldValueDuplicate),
+    validation = Rule::new("!has(self.params) || self.params.all(p, self.params.exists_one(q, q.name == p.name))").message("spec.params: parameter names must be unique").field_path(".params"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentRunTemplateSpec {
