@@ -490,18 +490,29 @@ mod tests {
     /// The tests install the global tracer provider: one at a time.
     static GLOBAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    /// The spans carry the derived ids whichever process emits them: an
-    /// attempt's span id is the one its Pod's TRACEPARENT names, and every
-    /// span hangs from the run's root.
-    #[test]
-    fn spans_take_the_ids_derived_from_the_run() {
-        let _one = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
+    /// A provider with the derived ids that keeps the spans in memory,
+    /// installed globally for as long as the guard is held.
+    fn capture() -> (
+        std::sync::MutexGuard<'static, ()>,
+        InMemorySpanExporter,
+        SdkTracerProvider,
+    ) {
+        let one = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
         let exporter = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
             .with_id_generator(DerivedIds::default())
             .with_simple_exporter(exporter.clone())
             .build();
         global::set_tracer_provider(provider.clone());
+        (one, exporter, provider)
+    }
+
+    /// The spans carry the derived ids whichever process emits them: an
+    /// attempt's span id is the one its Pod's TRACEPARENT names, and every
+    /// span hangs from the run's root.
+    #[test]
+    fn spans_take_the_ids_derived_from_the_run() {
+        let (_one, exporter, provider) = capture();
 
         let mut run = AgentRun::new("r", Default::default());
         run.metadata.uid = Some("uid-1".into());
@@ -582,13 +593,7 @@ mod tests {
     #[test]
     fn an_attempts_journaled_calls_are_its_children() {
         use crate::api::{CallKind, CallTokens, Effect, JournalEntry, StepJournalSpec};
-        let _one = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
-        let exporter = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_id_generator(DerivedIds::default())
-            .with_simple_exporter(exporter.clone())
-            .build();
-        global::set_tracer_provider(provider.clone());
+        let (_one, exporter, provider) = capture();
 
         let mut run = AgentRun::new("r", Default::default());
         run.metadata.uid = Some("uid-1".into());

@@ -213,6 +213,22 @@ pub fn decided_at(mut a: Approval, at: &str) -> Approval {
     a
 }
 
+/// An approved repeat of step `a` under `k2` (it acted under `k1` at plan
+/// revision 1), decided at `at`.
+pub fn repeat_approved(at: &str) -> Approval {
+    decided_at(
+        repeating(
+            about(
+                approval("Approve", Some("Approved"), "Approved", "Reject"),
+                "r-a-r2",
+                "k2",
+            ),
+            "k1",
+        ),
+        at,
+    )
+}
+
 /// A Reconcile approval on key `k` answered `Retry` by `chaos-approver` at `at`.
 pub fn retry_at(at: &str) -> Approval {
     decided_at(

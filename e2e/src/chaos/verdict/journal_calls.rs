@@ -697,17 +697,7 @@ mod tests {
         );
         assert_eq!(v.calls_lost, 0, "{:?}", v.findings);
         // A person approved the repeat before revision 2 made it.
-        let approved = decided_at(
-            repeating(
-                about(
-                    approval("Approve", Some("Approved"), "Approved", "Reject"),
-                    "r-a-r2",
-                    "k2",
-                ),
-                "k1",
-            ),
-            "2026-01-01T10:00:30Z",
-        );
+        let approved = repeat_approved("2026-01-01T10:00:30Z");
         let v = judge_replanned(None, std::slice::from_ref(&approved));
         assert_eq!(v.call_duplicates, 0, "{:?}", v.findings);
         // ... but not after it.

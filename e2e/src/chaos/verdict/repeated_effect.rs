@@ -134,21 +134,6 @@ mod tests {
         judge_disrupted(&o, &[replanned(effect, first)], approvals, ledger, &[])
     }
 
-    /// An approved repeat of step `a` under `k2`, decided at `at`.
-    fn repeat_approved(at: &str) -> Approval {
-        decided_at(
-            repeating(
-                about(
-                    approval("Approve", Some("Approved"), "Approved", "Reject"),
-                    "r-a-r2",
-                    "k2",
-                ),
-                "k1",
-            ),
-            at,
-        )
-    }
-
     #[test]
     fn a_non_idempotent_step_run_again_under_a_new_key_is_a_duplicate() {
         // The re-plan loop: charge acted at revision 1, then ran at 2 and 3.
