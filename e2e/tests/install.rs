@@ -513,6 +513,11 @@ async fn operator_runs_a_gated_run_under_the_charts_rbac() {
             "AGENTRUN_NOTIFY_ALLOW_CIDR".to_owned(),
             "127.0.0.1/32".to_owned(),
         ),
+        // The release's journal-writer ClusterRole, as its Deployment passes it.
+        (
+            agentrun_e2e::support::journal::JOURNAL_WRITER_ENV.to_owned(),
+            format!("{}-journal-writer", release.roles_prefix()),
+        ),
     ]);
 
     // A kubeconfig that acts as the chart's ServiceAccount.
@@ -557,6 +562,56 @@ async fn operator_runs_a_gated_run_under_the_charts_rbac() {
     assert_eq!(phase(&run), Some(RunPhase::Succeeded), "{:?}", run.status);
     // TTL: the operator deletes the finished run itself.
     wait_for_deleted(&s.runs(), "gated", TIMEOUT).await;
+
+    // A journaled loop loses its Pod between its refund call and the
+    // answer: the probe finds the refund, and the operator settles the call
+    // in the journal's status under the chart's Role (D19).
+    let mut agent = sim_step(
+        "agent",
+        "NonIdempotent",
+        json!({"result": {"ok": true}, "journal": {"calls": [
+            {"kind": "Model"}, {"kind": "Tool", "actMs": 50, "recordMs": 20000},
+        ]}}),
+    );
+    agent["journal"] = json!({});
+    agent["verify"] = json!({
+        "image": "registry.example/agent-step:1",
+        "env": [{"name": "SIM_STEP", "value": json!({"runMs": 50, "probe": {"result": {"refund": "rf-1"}}}).to_string()}],
+    });
+    s.create_run("looped", json!({"steps": [agent]})).await;
+    let (_, pod) = s.wait_step_running("looped", "agent", TIMEOUT).await;
+    let made = || {
+        s.ledger()
+            .calls()
+            .any(|(e, c)| e.run.as_deref() == Some("looped") && c.id == "call_1")
+    };
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while !made() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "call_1 was never made"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.pods()
+        .delete(&pod, &Default::default())
+        .await
+        .expect("deleting the loop's Pod");
+    let looped = s.wait_finished("looped", TIMEOUT).await;
+    assert_eq!(
+        phase(&looped),
+        Some(RunPhase::Succeeded),
+        "{:?}",
+        looped.status
+    );
+    let outcomes = ok_async({
+        let mut cmd = kubectl_cmd();
+        cmd.args(["get", "sj", "-n", &ns])
+            .args(["-o", "jsonpath={.items[*].status.settlements[*].outcome}"]);
+        cmd
+    })
+    .await;
+    assert_eq!(outcomes.trim(), "Applied", "settled by the operator");
 
     // The Lease was taken under the chart's Role.
     let lease = ok_async({

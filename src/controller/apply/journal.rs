@@ -96,7 +96,9 @@ pub(super) async fn settle(
     chunk: &str,
     settlement: &Settlement,
 ) -> Result<(), kube::Error> {
-    let current = api.get_status(chunk).await?;
+    // The chunk itself (its status comes with it): the chart grants the
+    // operator `get` on stepjournals, and `patch` on their status only.
+    let current = api.get(chunk).await?;
     let mut settlements = current
         .status
         .as_ref()
