@@ -326,13 +326,20 @@ impl World {
     /// Steps until the status stops changing (at most `n` decisions).
     pub fn settle(&mut self) -> Decision {
         for _ in 0..50 {
-            let before = (self.status(), self.approvals.clone(), self.signals.clone());
+            let before = (
+                self.status(),
+                self.approvals.clone(),
+                self.signals.clone(),
+                self.journals.clone(),
+            );
             let d = self.step();
-            // An Approval's or Signal's status change wakes the run too (its watch).
+            // An Approval's, Signal's or journal chunk's change wakes the
+            // run too (their watches).
             if (
                 d.status.clone(),
                 self.approvals.clone(),
                 self.signals.clone(),
+                self.journals.clone(),
             ) == before
             {
                 return d;

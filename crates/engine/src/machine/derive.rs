@@ -40,21 +40,33 @@ impl<'a> Machine<'_, 'a> {
             .draft
             .actions
             .iter()
-            .any(|a| matches!(a, Action::CreatePod(_) | Action::CreateApproval(_)));
+            // Whatever a refusal stalls is sent again: the stall stands
+            // until it lands (a settlement is written, not created, but
+            // the same).
+            .any(|a| {
+                matches!(
+                    a,
+                    Action::CreatePod(_)
+                        | Action::CreateApproval(_)
+                        | Action::CreateSignal(_)
+                        | Action::SettleCall { .. }
+                )
+            });
         let at = Stamp {
             generation: self.view.run.metadata.generation,
             now: self.view.now,
         };
         let conds = &mut self.draft.status.conditions;
         succeeded(conds, phase, &seen, plan.steps.len(), at);
-        progressing(
-            conds,
-            phase,
-            stalled.as_ref(),
-            self.view.run.spec.suspend,
-            at,
-        );
         stalled_condition(conds, stalled, phase, creating, at);
+        // Progressing follows Stalled as it stands after this decision: a
+        // decision that sends again what was refused is still stalled, and
+        // flipping Progressing back and forth would write the status twice
+        // a reconcile, each write waking the next, past every backoff.
+        let still_stalled = cond::get(conds, ConditionType::Stalled)
+            .filter(|c| c.status == TRUE && !phase.is_terminal())
+            .map(|c| c.reason.parse::<Reason>().unwrap_or(Reason::FailedCreate));
+        progressing(conds, phase, still_stalled, self.view.run.spec.suspend, at);
         awaiting_approval(conds, seen.waiting.as_ref(), phase, at);
         ready_and_reconciling(conds, phase, at);
         self.stale(plan, at);
@@ -339,14 +351,14 @@ fn succeeded(conds: &mut Vec<Condition>, phase: RunPhase, seen: &Seen, steps: us
 fn progressing(
     conds: &mut Vec<Condition>,
     phase: RunPhase,
-    stalled: Option<&(Reason, String)>,
+    stalled: Option<Reason>,
     suspended: bool,
     at: Stamp,
 ) {
     let (status, r) = if phase.is_terminal() {
         (FALSE, Reason::Finished)
-    } else if let Some((why, _)) = stalled {
-        (FALSE, *why)
+    } else if let Some(why) = stalled {
+        (FALSE, why)
     } else if suspended {
         (FALSE, Reason::Suspended)
     } else if phase == RunPhase::WaitingForApproval {

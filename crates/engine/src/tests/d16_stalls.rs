@@ -174,3 +174,31 @@ fn a_pod_that_does_not_stop_past_its_grace_period_is_a_visible_stall() {
     assert!(w.pods.contains_key("run-a-2b8d3c-r1-a2"));
     assert_eq!(condition_of(&w, ConditionType::Stalled).0, "False");
 }
+
+/// A stalled run whose next reconcile sends the refused creation again
+/// writes no status: its conditions stand until the creation lands. (They
+/// flipped — Progressing True, then False again once refused — so every
+/// reconcile wrote the status twice, and each write woke the next
+/// reconcile at once, past every backoff: 40 reconciles a second for one
+/// run whose Pod the API server kept refusing.)
+#[test]
+fn sending_a_refused_creation_again_writes_no_status() {
+    for cause in [RefusalCause::Transient, RefusalCause::NameTaken] {
+        let mut w = World::new(AgentRun::test().with_steps([step("a")]));
+        let d = w.decide();
+        w.run.status = Some(d.status);
+        w.refused = vec![refusal("run-a-2b8d3c-r1-a1", cause)];
+        w.step();
+        assert_eq!(condition_of(&w, ConditionType::Stalled).0, "True");
+        // Backoff over: the next reconcile sends the Pod again.
+        w.refused.clear();
+        w.advance(1);
+        let d = w.decide();
+        assert_eq!(creates(&d), ["run-a-2b8d3c-r1-a1"], "{cause:?}");
+        assert_eq!(
+            d.status.conditions,
+            w.status().conditions,
+            "{cause:?}: the conditions stand while it is sent again"
+        );
+    }
+}

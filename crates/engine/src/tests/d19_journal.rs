@@ -512,6 +512,29 @@ fn a_settlement_the_api_server_refuses_stalls_the_run_visibly_until_it_lands() {
         !w.created.contains(&a(2)),
         "no attempt before the settlement lands"
     );
+    // The next reconcile sends it again: the stall stands until it lands
+    // (cleared and set again, it would write the status twice a reconcile,
+    // each write waking the next).
+    w.refused.clear();
+    let d = w.decide();
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::SettleCall { .. })),
+        "{:?}",
+        d.actions
+    );
+    let stalled = d
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ConditionType::Stalled.as_str())
+        .map(|c| c.status.clone());
+    assert_eq!(
+        stalled.as_deref(),
+        Some("True"),
+        "still stalled while it is sent again"
+    );
     // The cause goes away: the settlement lands, the stall clears, attempt 2 runs.
     w.refused.clear();
     w.advance(5);
