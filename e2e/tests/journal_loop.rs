@@ -95,16 +95,22 @@ fn intent_open(chunks: &[StepJournal]) -> bool {
         .any(|e| e.seq == 1 && e.state == CallState::Intent)
 }
 
-#[tokio::test]
-async fn a_loop_killed_between_its_intent_and_its_call_makes_the_call_once_after_not_applied() {
-    let s = Scenario::start("jloop-intent").await;
-    s.create_run("refund", loop_run(20_000, 50)).await;
+/// Deletes the loop's Pod once call_1's intent is recorded (its call is
+/// `actMs` later, so it is not made).
+async fn kill_after_intent(s: &Scenario) {
     let (_, pod) = s.wait_step_running("refund", "agent", TIMEOUT).await;
-    wait_journal(&s, "call_1's intent", intent_open).await;
+    wait_journal(s, "call_1's intent", intent_open).await;
     s.pods()
         .delete(&pod, &DeleteParams::default())
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_loop_killed_between_its_intent_and_its_call_makes_the_call_once_after_not_applied() {
+    let s = Scenario::start("jloop-intent").await;
+    s.create_run("refund", loop_run(20_000, 50)).await;
+    kill_after_intent(&s).await;
     let run = s.wait_finished("refund", TIMEOUT).await;
     assert_eq!(phase(&run), Some(RunPhase::Succeeded));
     let ledger = s.ledger();
@@ -248,12 +254,7 @@ async fn a_settlement_the_api_server_refuses_stalls_the_run_visibly_until_it_lan
     let message = "settlements are frozen in this namespace";
     let policy = refuse_settlements(&s, message).await;
     s.create_run("refund", loop_run(20_000, 50)).await;
-    let (_, pod) = s.wait_step_running("refund", "agent", TIMEOUT).await;
-    wait_journal(&s, "call_1's intent", intent_open).await;
-    s.pods()
-        .delete(&pod, &DeleteParams::default())
-        .await
-        .unwrap();
+    kill_after_intent(&s).await;
     // The probe finds call_1 not made; its settlement is refused: the run
     // says so, with the policy's message, and attempt 2 does not start.
     let run = s
